@@ -1,0 +1,143 @@
+"""The one frozen dataclass that describes a model completely (ViT, hybrid or BiT ResNet)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitlab.errors import VitlabError
+
+CLASSIFIERS = ("token", "gap", "map")
+POSEMBS = ("learn", "sincos2d")
+GELUS = ("tanh", "exact")
+RESAMPLE_MODES = ("bilinear_ac", "bilinear", "bicubic", "bicubic_aa")
+
+
+def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    if len(value) != 2:
+        raise VitlabError(f"expected an int or a (height, width) pair, got {value!r}")
+    return (int(value[0]), int(value[1]))
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    """A BiT ResNet body: used as the hybrid stem and as the ResNet baselines."""
+
+    layers: tuple[int, ...] = (3, 4, 6, 3)
+    width_factor: int = 1
+    # "bit": 7x7 stride-2 conv + 3x3 stride-2 max-pool (the paper's); "small": 3x3 stride-1 conv,
+    # no pool, for 28-32 px inputs.
+    stem: str = "bit"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))
+        if self.stem not in ("bit", "small"):
+            raise VitlabError(f"ResNet stem must be 'bit' or 'small', got {self.stem!r}")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything needed to build a model; saved as `config.json` in native checkpoints.
+
+    `arch="vit"` is a (possibly hybrid) Vision Transformer; `arch="resnet"` a BiT ResNet classifier
+    that uses `resnet`, `in_chans`, `num_classes` and `image_size` only.
+    """
+
+    image_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    dim: int = 768
+    depth: int = 12
+    heads: int = 12
+    mlp_dim: int = 3072
+    classifier: str = "token"
+    representation_size: int | None = None
+    posemb: str = "learn"
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    drop_path: float = 0.0
+    layer_norm_eps: float = 1e-6
+    gelu: str = "tanh"
+    qkv_bias: bool = True
+    head_bias_init: float = 0.0
+    # How position embeddings are resampled when the grid changes; "bilinear_ac" is the official
+    # scipy.ndimage.zoom(order=1), i.e. bilinear with align_corners=True.
+    posemb_resample: str = "bilinear_ac"
+    resnet: ResNetConfig | None = None
+    arch: str = "vit"
+    name: str = "custom"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", _pair(self.image_size))
+        if isinstance(self.resnet, dict):
+            object.__setattr__(self, "resnet", ResNetConfig(**self.resnet))
+        if self.arch not in ("vit", "resnet"):
+            raise VitlabError(f"arch must be 'vit' or 'resnet', got {self.arch!r}")
+        if self.arch == "resnet":
+            if self.resnet is None:
+                raise VitlabError("arch='resnet' needs a resnet=ResNetConfig(...)")
+            return
+        if self.classifier not in CLASSIFIERS:
+            raise VitlabError(f"classifier must be one of {CLASSIFIERS}, got {self.classifier!r}")
+        if self.posemb not in POSEMBS:
+            raise VitlabError(f"posemb must be one of {POSEMBS}, got {self.posemb!r}")
+        if self.gelu not in GELUS:
+            raise VitlabError(f"gelu must be one of {GELUS}, got {self.gelu!r}")
+        if self.posemb_resample not in RESAMPLE_MODES:
+            raise VitlabError(f"posemb_resample must be one of {RESAMPLE_MODES}, got {self.posemb_resample!r}")
+        if self.dim % self.heads:
+            raise VitlabError(f"dim={self.dim} is not divisible by heads={self.heads}")
+        stride = self.stride
+        for side in self.image_size:
+            if side % stride:
+                raise VitlabError(
+                    f"image size {self.image_size} is not a multiple of the total stride {stride}; "
+                    f"use a size divisible by {stride}"
+                )
+
+    @property
+    def stride(self) -> int:
+        """Pixels per token along each side (patch size times the ResNet stem's reduction)."""
+        if self.resnet is None:
+            return self.patch_size
+        from vitlab.models.resnet import resnet_reduction
+
+        return self.patch_size * resnet_reduction(self.resnet)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.image_size[0] // self.stride, self.image_size[1] // self.stride)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.classifier == "token" else 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["image_size"] = list(self.image_size)
+        if self.resnet is not None:
+            out["resnet"]["layers"] = list(self.resnet.layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise VitlabError(f"unknown model config fields {unknown}; known fields: {sorted(known)}")
+        data = dict(data)
+        if data.get("resnet") is not None and not isinstance(data["resnet"], ResNetConfig):
+            data["resnet"] = ResNetConfig(**data["resnet"])
+        return cls(**data)

@@ -1,0 +1,191 @@
+"""Named models of the paper: "vit-b/16", "r50+vit-b/16", "resnet-50", ... -> config -> module."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+from vitlab.models.config import ResNetConfig, ViTConfig
+
+# size -> (depth, width, mlp, heads); the paper's Table 1 plus Ti/S of the official configs and
+# big_vision's "mu" for tests and tiny demos.
+VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "mu": (1, 32, 128, 2),
+    "ti": (12, 192, 768, 3),
+    "s": (12, 384, 1536, 6),
+    "b": (12, 768, 3072, 12),
+    "l": (24, 1024, 4096, 16),
+    "h": (32, 1280, 5120, 16),
+}
+PATCH_SIZES = (8, 14, 16, 32)
+# The official configs keep dropout 0.1 only for L/16 and H/14 (and the R50 hybrids).
+_DROPOUT_01 = {("l", 16), ("h", 14)}
+
+# name -> (base ViT size, ResNet layers, patch size on the feature map, dropout)
+HYBRIDS: dict[str, tuple[str, tuple[int, ...], int, float]] = {
+    "r50+vit-b/16": ("b", (3, 4, 9), 1, 0.1),
+    "r26+vit-b/32": ("b", (2, 2, 2, 2), 1, 0.0),
+    "r26+vit-s/32": ("s", (2, 2, 2, 2), 1, 0.0),
+    "r50+vit-l/32": ("l", (3, 4, 6, 3), 1, 0.1),
+    "r+vit-ti/16": ("ti", (), 8, 0.0),
+}
+RESNETS: dict[int, tuple[int, ...]] = {
+    26: (2, 2, 2, 2),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+}
+
+# Short override names accepted by create_model, mapped to config fields.
+_ALIASES = {"num_layers": "depth", "hidden_size": "dim", "num_heads": "heads", "width": "dim", "patch": "patch_size"}
+
+_VIT_RE = re.compile(r"^vit-(mu|ti|s|b|l|h)/(\d+)(-gap)?$")
+_RESNET_RE = re.compile(r"^resnet-(\d+)(?:x(\d+))?(-small)?$")
+
+
+def normalize_name(name: str) -> str:
+    """'ViT-B_16' and 'vit_b/16' -> 'vit-b/16'; 'R50+ViT-B_16' -> 'r50+vit-b/16'."""
+    n = name.strip().lower().replace("vit_", "vit-").replace("resnet_", "resnet-")
+    n = re.sub(r"(vit-[a-z]+)_(\d+)", r"\1/\2", n)
+    return n
+
+
+def model_names() -> list[str]:
+    """Every registered name, in the order of the paper's tables."""
+    names = [f"vit-{s}/{p}" for s in VIT_SIZES if s != "mu" for p in PATCH_SIZES]
+    names.append("vit-b/16-gap")
+    names += list(HYBRIDS)
+    names += [f"resnet-{d}" for d in RESNETS]
+    return names
+
+
+def get_config(name: str, **overrides: Any) -> ViTConfig:
+    """The config of a named model with field overrides applied."""
+    n = normalize_name(name)
+    overrides = {_ALIASES.get(k, k): v for k, v in overrides.items()}
+    if n == "custom":
+        base = ViTConfig(name="custom").to_dict()
+    elif m := _VIT_RE.match(n):
+        size, patch = m.group(1), int(m.group(2))
+        depth, dim, mlp, heads = VIT_SIZES[size]
+        base = ViTConfig(
+            name=n, patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp, heads=heads,
+            classifier="gap" if m.group(3) else "token",
+            dropout=0.1 if (size, patch) in _DROPOUT_01 else 0.0,
+        ).to_dict()
+    elif n in HYBRIDS:
+        size, layers, patch, dropout = HYBRIDS[n]
+        depth, dim, mlp, heads = VIT_SIZES[size]
+        base = ViTConfig(
+            name=n, patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp, heads=heads,
+            dropout=dropout, resnet=ResNetConfig(layers=layers),
+        ).to_dict()
+    elif m := _RESNET_RE.match(n):
+        depth = int(m.group(1))
+        if depth not in RESNETS:
+            raise VitlabError(f"unknown ResNet depth {depth}; choose one of {sorted(RESNETS)}")
+        width = int(m.group(2) or 1)
+        resnet = {"layers": RESNETS[depth], "width_factor": width, "stem": "small" if m.group(3) else "bit"}
+        for key in ("width_factor", "stem", "layers"):
+            if key in overrides:
+                resnet[key] = overrides.pop(key)
+        base = ViTConfig(name=n, arch="resnet", resnet=ResNetConfig(**resnet), patch_size=1).to_dict()
+    else:
+        raise VitlabError(
+            f"unknown model {name!r}; run `vitlab models` for the list "
+            "(e.g. vit-b/16, vit-s/32-gap, r50+vit-b/16, resnet-50, resnet-152x2, custom)"
+        )
+    base.update(overrides)
+    return ViTConfig.from_dict(base)
+
+
+def build_model(config: ViTConfig) -> nn.Module:
+    """The module for a config: VisionTransformer (plain or hybrid) or a BiT ResNet classifier."""
+    if config.arch == "resnet":
+        from vitlab.models.resnet import ResNet
+
+        return ResNet(config)
+    from vitlab.models.vit import VisionTransformer
+
+    return VisionTransformer(config)
+
+
+def create_model(
+    name: str = "vit-b/16",
+    num_classes: int = 1000,
+    image_size: int | tuple[int, int] = 224,
+    seed: int | None = None,
+    **overrides: Any,
+) -> nn.Module:
+    """Build a named model, e.g. `create_model("vit-b/16", num_classes=10, image_size=384)`.
+
+    Small custom models by overrides: `create_model("custom", dim=64, depth=6, heads=4,
+    mlp_dim=128, patch_size=4, image_size=28, in_chans=1, num_classes=10)`.
+    With `seed`, the initial weights are the same on every call.
+    """
+    config = get_config(name, num_classes=num_classes, image_size=image_size, **overrides)
+    if seed is None:
+        return build_model(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(config)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def analytic_macs(config: ViTConfig) -> int:
+    """Multiply-accumulates of one forward pass (linear layers, convolutions and attention matmuls).
+
+    torchvision and timm tables quote this number as "GFLOPS"; a FLOP count is twice it.
+    """
+    h, w = config.image_size
+    if config.arch == "resnet" or config.resnet is not None:
+        macs, (fh, fw), chans = _resnet_macs(config.resnet, config.in_chans, (h, w))
+    else:
+        macs, (fh, fw), chans = 0, (h, w), config.in_chans
+    if config.arch == "resnet":
+        return macs + chans * config.num_classes
+    p = config.patch_size
+    gh, gw = fh // p, fw // p
+    n_patch = gh * gw
+    n = n_patch + config.num_prefix_tokens
+    d, m = config.dim, config.mlp_dim
+    macs += n_patch * chans * p * p * d
+    per_block = 4 * n * d * d + 2 * n * n * d + 2 * n * d * m
+    macs += config.depth * per_block
+    if config.representation_size:
+        macs += d * config.representation_size
+    macs += (config.representation_size or d) * config.num_classes
+    return macs
+
+
+def _resnet_macs(cfg: ResNetConfig, in_chans: int, size: tuple[int, int]) -> tuple[int, tuple[int, int], int]:
+    import math
+
+    def out(s: int, stride: int) -> int:
+        return math.ceil(s / stride)
+
+    width = 64 * cfg.width_factor
+    h, w = size
+    k, s = (7, 2) if cfg.stem == "bit" else (3, 1)
+    h, w = out(h, s), out(w, s)
+    macs = h * w * in_chans * k * k * width
+    if cfg.stem == "bit":
+        h, w = out(h, 2), out(w, 2)
+    chans = width
+    for i, depth in enumerate(cfg.layers):
+        f = width * 2**i
+        for j in range(depth):
+            stride = 2 if (i > 0 and j == 0) else 1
+            ho, wo = out(h, stride), out(w, stride)
+            macs += h * w * chans * f + ho * wo * f * 9 * f + ho * wo * f * 4 * f
+            if chans != 4 * f or stride != 1:
+                macs += ho * wo * chans * 4 * f
+            h, w, chans = ho, wo, 4 * f
+    return macs, (h, w), chans

@@ -1,0 +1,205 @@
+"""BiT ResNet as in the official ViT code (`vit_jax/models_resnet.py`): the hybrid stem and the baselines.
+
+Weight-standardised convolutions ((w - mean) / (std + 1e-5)), GroupNorm (32 groups, eps 1e-6),
+post-activation bottleneck units with the stride on the 3x3 convolution, TF-style 'SAME' padding,
+and the last GroupNorm scale of each unit initialised to zero. Key names follow timm's ResNetV2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vitlab.models.config import ResNetConfig, ViTConfig
+
+
+def resnet_reduction(cfg: ResNetConfig) -> int:
+    """Total downscaling of the body: the stem, then a factor 2 for every stage after the first."""
+    stem = 4 if cfg.stem == "bit" else 1
+    return stem * 2 ** max(len(cfg.layers) - 1, 0)
+
+
+def resnet_channels(cfg: ResNetConfig) -> int:
+    """Channels of the body's output feature map."""
+    width = 64 * cfg.width_factor
+    if not cfg.layers:
+        return width
+    return width * 2 ** (len(cfg.layers) - 1) * 4
+
+
+def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TF 'SAME' padding (before, after) for one spatial axis: the extra pixel goes after."""
+    out = math.ceil(size / stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def _pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> torch.Tensor:
+    top, bottom = _same_padding(x.shape[-2], kernel, stride)
+    left, right = _same_padding(x.shape[-1], kernel, stride)
+    if top == bottom == left == right == 0:
+        return x
+    return F.pad(x, (left, right, top, bottom), value=value)
+
+
+class StdConv2dSame(nn.Conv2d):
+    """Weight-standardised convolution with TF 'SAME' padding, exactly as the official StdConv."""
+
+    def __init__(self, in_chans: int, out_chans: int, kernel_size: int, stride: int = 1, eps: float = 1e-5):
+        super().__init__(in_chans, out_chans, kernel_size, stride=stride, padding=0, bias=False)
+        self.eps = eps
+
+    def standardized_weight(self) -> torch.Tensor:
+        w = self.weight
+        mean = w.mean(dim=(1, 2, 3), keepdim=True)
+        std = w.std(dim=(1, 2, 3), keepdim=True, unbiased=False)
+        return (w - mean) / (std + self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _pad_same(x, self.kernel_size[0], self.stride[0])
+        return F.conv2d(x, self.standardized_weight(), None, self.stride)
+
+
+def _group_norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(32, channels, eps=1e-6)
+
+
+class Downsample(nn.Module):
+    """The projection branch (`conv_proj` + `gn_proj`)."""
+
+    def __init__(self, in_chans: int, out_chans: int, stride: int):
+        super().__init__()
+        self.conv = StdConv2dSame(in_chans, out_chans, 1, stride)
+        self.norm = _group_norm(out_chans)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x))
+
+
+class Bottleneck(nn.Module):
+    """Post-activation bottleneck unit (`ResidualUnit` of the official code)."""
+
+    def __init__(self, in_chans: int, features: int, stride: int):
+        super().__init__()
+        out_chans = features * 4
+        self.downsample = Downsample(in_chans, out_chans, stride) if (in_chans != out_chans or stride != 1) else None
+        self.conv1 = StdConv2dSame(in_chans, features, 1)
+        self.norm1 = _group_norm(features)
+        self.conv2 = StdConv2dSame(features, features, 3, stride)
+        self.norm2 = _group_norm(features)
+        self.conv3 = StdConv2dSame(features, out_chans, 1)
+        self.norm3 = _group_norm(out_chans)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        residual = x if self.downsample is None else self.downsample(x)
+        y = F.relu(self.norm1(self.conv1(x)))
+        y = F.relu(self.norm2(self.conv2(y)))
+        y = self.norm3(self.conv3(y))
+        return F.relu(residual + y)
+
+
+class Stage(nn.Module):
+    def __init__(self, in_chans: int, features: int, depth: int, first_stride: int):
+        super().__init__()
+        self.blocks = nn.Sequential(
+            *[Bottleneck(in_chans if i == 0 else features * 4, features, first_stride if i == 0 else 1) for i in range(depth)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class Stem(nn.Module):
+    """'bit': conv_root 7x7/2 + gn_root + ReLU + 3x3/2 'SAME' max-pool. 'small': 3x3/1 conv + GN + ReLU."""
+
+    def __init__(self, in_chans: int, width: int, kind: str = "bit"):
+        super().__init__()
+        self.kind = kind
+        self.conv = StdConv2dSame(in_chans, width, 7 if kind == "bit" else 3, 2 if kind == "bit" else 1)
+        self.norm = _group_norm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm(self.conv(x)))
+        if self.kind == "bit":
+            x = F.max_pool2d(_pad_same(x, 3, 2, value=float("-inf")), 3, 2)
+        return x
+
+
+class ResNetBody(nn.Module):
+    """Stem + stages; returns the final feature map (B, C, H/r, W/r)."""
+
+    def __init__(self, cfg: ResNetConfig, in_chans: int = 3):
+        super().__init__()
+        width = 64 * cfg.width_factor
+        self.stem = Stem(in_chans, width, cfg.stem)
+        stages, chans = [], width
+        for i, depth in enumerate(cfg.layers):
+            stages.append(Stage(chans, width * 2**i, depth, 1 if i == 0 else 2))
+            chans = width * 2**i * 4
+        self.stages = nn.Sequential(*stages)
+        self.out_channels = resnet_channels(cfg)
+        self.reduction = resnet_reduction(cfg)
+        init_resnet_(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stages(self.stem(x))
+
+
+def lecun_normal_(weight: torch.Tensor) -> torch.Tensor:
+    """flax's default kernel init: truncated normal with variance 1/fan_in."""
+    fan_in = weight[0].numel()
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+    return nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
+
+
+def init_resnet_(module: nn.Module) -> None:
+    """Official init: lecun-normal convolutions, GroupNorm ones/zeros, zero scale on each unit's last GN."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            lecun_normal_(m.weight)
+        elif isinstance(m, nn.GroupNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    for m in module.modules():
+        if isinstance(m, Bottleneck):
+            nn.init.zeros_(m.norm3.weight)
+
+
+class ResNet(nn.Module):
+    """BiT ResNet classifier (the paper's baselines): body, global average pool, linear head."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        assert config.resnet is not None
+        self.config = config
+        body = ResNetBody(config.resnet, config.in_chans)
+        self.stem, self.stages = body.stem, body.stages
+        self.num_features = body.out_channels
+        self.head = nn.Linear(self.num_features, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.constant_(self.head.bias, config.head_bias_init)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The final feature map (B, C, h, w)."""
+        return self.stages(self.stem(x))
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        pooled = features.mean(dim=(2, 3))
+        return pooled if pre_logits else self.head(pooled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
+        """Replace the head by a zero-initialised one with `num_classes` outputs (paper B.1.1).
+
+        `keep_representation` is accepted for symmetry with the ViT; a ResNet has no such layer."""
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        self.config = self.config.replace(num_classes=num_classes)

@@ -1,0 +1,340 @@
+"""The Vision Transformer of the paper (Eq. 1-4), numerically as the official Flax code.
+
+Key names follow timm, so timm and torchvision weights map 1:1 and our checkpoints load in timm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from vitlab.errors import VitlabError
+from vitlab.models.config import ViTConfig
+from vitlab.models.posemb import resample_posemb, sincos_2d
+from vitlab.models.resnet import ResNetBody, lecun_normal_
+
+
+class PatchEmbed(nn.Module):
+    """Patches -> tokens with one strided convolution; hybrids first run a BiT ResNet body."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.patch_size = config.patch_size
+        self.stride = config.stride
+        self.backbone = ResNetBody(config.resnet, config.in_chans) if config.resnet is not None else None
+        in_chans = self.backbone.out_channels if self.backbone is not None else config.in_chans
+        self.proj = nn.Conv2d(in_chans, config.dim, config.patch_size, stride=config.patch_size)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Returns tokens (B, h*w, D) and the grid (h, w)."""
+        if x.shape[-2] % self.stride or x.shape[-1] % self.stride:
+            raise VitlabError(
+                f"input size {tuple(x.shape[-2:])} is not a multiple of the model's stride {self.stride}; "
+                f"resize or crop the images to multiples of {self.stride}"
+            )
+        if self.backbone is not None:
+            x = self.backbone(x)
+        x = self.proj(x)
+        grid = (x.shape[-2], x.shape[-1])
+        return x.flatten(2).transpose(1, 2), grid
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection (rows ordered q, k, v; heads contiguous)."""
+
+    def __init__(self, dim: int, heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        drop = self.attn_drop if self.training else 0.0
+        attn = None
+        if return_attention:
+            # Same weights, explicit softmax: the probabilities are what the fused kernel computes.
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = F.dropout(attn, drop, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        out = out.transpose(1, 2).reshape(b, n, d)
+        return self.proj_drop(self.proj(out)), attn
+
+
+class Mlp(nn.Module):
+    """Dense -> GELU -> Dropout -> Dense -> Dropout (the official MlpBlock)."""
+
+    def __init__(self, dim: int, hidden: int, gelu: str = "tanh", drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drops the whole residual branch per sample while training."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Block(nn.Module):
+    """Pre-LN encoder block: x + MSA(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, config: ViTConfig, drop_path: float = 0.0):
+        super().__init__()
+        eps = config.layer_norm_eps
+        self.norm1 = nn.LayerNorm(config.dim, eps=eps)
+        self.attn = Attention(config.dim, config.heads, config.qkv_bias, config.attention_dropout, config.dropout)
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(config.dim, eps=eps)
+        self.mlp = Mlp(config.dim, config.mlp_dim, config.gelu, config.dropout)
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, attn = self.attn(self.norm1(x), return_attention)
+        x = x + self.drop_path1(y)
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return x, attn
+
+
+class AttentionPool(nn.Module):
+    """big_vision's MAP head: a learned probe attends over the tokens, then LN + MLP residual."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        d = config.dim
+        self.heads = config.heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, d))
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.mlp = Mlp(d, config.mlp_dim, config.gelu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        hd = d // self.heads
+        q = self.q(self.latent.expand(b, -1, -1)).reshape(b, 1, self.heads, hd).transpose(1, 2)
+        k, v = self.kv(x).reshape(b, n, 2, self.heads, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, d)
+        out = self.proj(out)
+        out = out + self.mlp(self.norm(out))
+        return out[:, 0]
+
+
+class RepresentationLayer(nn.Module):
+    """The paper's pre-training head hidden layer: Linear + tanh (`pre_logits`)."""
+
+    def __init__(self, dim: int, size: int):
+        super().__init__()
+        self.fc = nn.Linear(dim, size)
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+class VisionTransformer(nn.Module):
+    """ViT (and R+ViT hybrids). `model(x)` -> logits; `model(x, return_attention=True)` -> (logits, attentions)."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        if config.arch != "vit":
+            raise VitlabError(f"VisionTransformer needs arch='vit', got {config.arch!r}")
+        self.config = config
+        d = config.dim
+        self.patch_embed = PatchEmbed(config)
+        self.num_prefix_tokens = config.num_prefix_tokens
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if config.classifier == "token" else None
+        n_pos = config.grid_size[0] * config.grid_size[1] + self.num_prefix_tokens
+        if config.posemb == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, d))
+        else:
+            self.register_buffer("pos_embed", self._sincos(config.grid_size), persistent=False)
+        self.pos_drop = nn.Dropout(config.dropout)
+        rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
+        self.blocks = nn.ModuleList([Block(config, rate) for rate in rates])
+        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.attn_pool = AttentionPool(config) if config.classifier == "map" else None
+        self.pre_logits = RepresentationLayer(d, config.representation_size) if config.representation_size else None
+        self.num_features = config.representation_size or d
+        self.head = nn.Linear(self.num_features, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.grad_checkpointing = False
+        self.init_weights()
+
+    # ----------------------------------------------------------------------------------- init
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise exactly as the official code (reference section 1.3)."""
+        cfg = self.config
+        if self.patch_embed.backbone is not None:
+            from vitlab.models.resnet import init_resnet_
+
+            init_resnet_(self.patch_embed.backbone)
+        lecun_normal_(self.patch_embed.proj.weight)
+        nn.init.zeros_(self.patch_embed.proj.bias)
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.normal_(self.pos_embed, std=0.02)
+        for block in self.blocks:
+            # q, k and v are separate DenseGenerals in flax: xavier-uniform each (D x D) slice.
+            for w in block.attn.qkv.weight.chunk(3, dim=0):
+                nn.init.xavier_uniform_(w)
+            if block.attn.qkv.bias is not None:
+                nn.init.zeros_(block.attn.qkv.bias)
+            nn.init.xavier_uniform_(block.attn.proj.weight)
+            nn.init.zeros_(block.attn.proj.bias)
+            self._init_mlp(block.mlp)
+        for norm in [m for m in self.modules() if isinstance(m, nn.LayerNorm)]:
+            nn.init.ones_(norm.weight)
+            nn.init.zeros_(norm.bias)
+        if self.attn_pool is not None:
+            bound = math.sqrt(6.0 / (1 + cfg.dim))  # flax xavier on a (1, 1, D) probe
+            nn.init.uniform_(self.attn_pool.latent, -bound, bound)
+            for lin in (self.attn_pool.q, self.attn_pool.proj):
+                nn.init.xavier_uniform_(lin.weight)
+                nn.init.zeros_(lin.bias)
+            for w in self.attn_pool.kv.weight.chunk(2, dim=0):
+                nn.init.xavier_uniform_(w)
+            nn.init.zeros_(self.attn_pool.kv.bias)
+            self._init_mlp(self.attn_pool.mlp)
+        if self.pre_logits is not None:
+            lecun_normal_(self.pre_logits.fc.weight)
+            nn.init.zeros_(self.pre_logits.fc.bias)
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.constant_(self.head.bias, cfg.head_bias_init)
+
+    @staticmethod
+    def _init_mlp(mlp: Mlp) -> None:
+        for lin in (mlp.fc1, mlp.fc2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.normal_(lin.bias, std=1e-6)
+
+    def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
+        pe = sincos_2d(grid, self.config.dim)
+        if self.num_prefix_tokens:
+            pe = torch.cat([torch.zeros(1, self.num_prefix_tokens, self.config.dim), pe], dim=1)
+        return pe
+
+    # -------------------------------------------------------------------------------- forward
+    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
+        """Position embeddings for a token grid; resampled on the fly if it is not the trained grid."""
+        if tuple(grid) == self.config.grid_size:
+            return self.pos_embed
+        if self.config.posemb == "sincos2d":
+            return self._sincos(grid).to(self.pos_embed)
+        return resample_posemb(
+            self.pos_embed, grid, self.config.grid_size, self.num_prefix_tokens, self.config.posemb_resample
+        )
+
+    def _tokens(self, x: torch.Tensor, return_attention: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if x.dim() != 4 or x.shape[1] != self.config.in_chans:
+            raise VitlabError(
+                f"expected images of shape (B, {self.config.in_chans}, H, W), got {tuple(x.shape)}"
+            )
+        x, grid = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        x = self.pos_drop(x + self._pos_embed_for(grid))
+        attentions = []
+        for block in self.blocks:
+            if self.grad_checkpointing and self.training and not return_attention and torch.is_grad_enabled():
+                x, _ = checkpoint(block, x, use_reentrant=False)
+            else:
+                x, attn = block(x, return_attention)
+                if attn is not None:
+                    attentions.append(attn)
+        return self.norm(x), attentions
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, N, D) after the final LayerNorm."""
+        return self._tokens(x, False)[0]
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.config.classifier == "token":
+            return tokens[:, 0]
+        if self.config.classifier == "gap":
+            return tokens.mean(dim=1)
+        return self.attn_pool(tokens)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool, representation layer (if any), head. `pre_logits=True` stops before the head."""
+        x = self.pool(tokens)
+        if self.pre_logits is not None:
+            x = self.pre_logits(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        tokens, attentions = self._tokens(x, return_attention)
+        logits = self.forward_head(tokens)
+        return (logits, attentions) if return_attention else logits
+
+    # ------------------------------------------------------------------------------ utilities
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in the backward pass to save memory."""
+        self.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
+        """Fine-tuning surgery (paper B.1.1): drop the head (and the representation layer unless
+        kept) and add a zero-initialised linear head with `num_classes` outputs."""
+        if not keep_representation and self.pre_logits is not None:
+            self.pre_logits = None
+            self.config = self.config.replace(representation_size=None)
+        self.num_features = self.config.representation_size or self.config.dim
+        ref = self.norm.weight
+        self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        self.config = self.config.replace(num_classes=num_classes)
+
+    @torch.no_grad()
+    def set_image_size(self, image_size: int | tuple[int, int]) -> None:
+        """Permanently resample the position embeddings to the grid of a new image size."""
+        new_config = self.config.replace(image_size=image_size)
+        if new_config.grid_size == self.config.grid_size:
+            self.config = new_config
+            return
+        if isinstance(self.pos_embed, nn.Parameter):
+            new = resample_posemb(
+                self.pos_embed.data, new_config.grid_size, self.config.grid_size,
+                self.num_prefix_tokens, self.config.posemb_resample,
+            )
+            self.pos_embed = nn.Parameter(new)
+            self.config = new_config
+        else:
+            self.config = new_config
+            self.pos_embed = self._sincos(new_config.grid_size).to(self.pos_embed)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters the paper's decoupled weight decay leaves alone (besides biases and norms)."""
+        return {"cls_token", "pos_embed", "attn_pool.latent"}
