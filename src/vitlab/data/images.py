@@ -1,0 +1,147 @@
+"""Robust image decoding with Pillow: every odd-but-valid image becomes RGB or L, every bad file a VitlabError.
+
+Handles EXIF rotation, CMYK, RGBA/LA/palette transparency (composited on white), 16-bit and float
+grey images (rescaled to 8 bit), truncated files, non-image files and decompression bombs.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from vitlab.errors import VitlabError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
+
+# Pillow's own guard: above this many pixels an image is refused (a "decompression bomb").
+MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+
+
+def _to_8bit_grey(img: Image.Image) -> Image.Image:
+    """16-bit ("I;16*", "I") and float ("F") grey images -> 8-bit L, keeping the full value range visible."""
+    arr = np.asarray(img)
+    if img.mode.startswith("I;16") or (img.mode == "I" and arr.max(initial=0) > 255):
+        top = 65535.0 if arr.max(initial=0) > 255 or img.mode.startswith("I;16") else 255.0
+        arr = arr.astype(np.float64) * (255.0 / top)
+    elif img.mode == "F":
+        lo, hi = float(np.nanmin(arr)), float(np.nanmax(arr))
+        if 0.0 <= lo and hi <= 1.0:
+            arr = arr * 255.0
+        elif hi > lo and not (0.0 <= lo and hi <= 255.0):
+            arr = (arr - lo) * (255.0 / (hi - lo))
+    arr = np.clip(np.nan_to_num(arr.astype(np.float64)), 0, 255).round().astype(np.uint8)
+    return Image.fromarray(arr)  # a 2-D uint8 array becomes mode L
+
+
+def _flatten_alpha(img: Image.Image) -> Image.Image:
+    """Composite a transparent image on a white background (what a viewer shows)."""
+    rgba = img.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def normalise_mode(img: Image.Image, mode: str | None = None) -> Image.Image:
+    """Return `img` as "RGB" or "L". `mode=None` keeps grey images grey and makes the rest RGB."""
+    m = img.mode
+    if m in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        img = _to_8bit_grey(img)
+    elif m == "1":
+        img = img.convert("L")
+    elif m == "P":
+        img = _flatten_alpha(img) if "transparency" in img.info else img.convert("RGB")
+    elif m in ("RGBA", "LA", "PA", "RGBa", "La"):
+        img = _flatten_alpha(img)
+        if m in ("LA", "La"):
+            img = img.convert("L")
+    elif m == "CMYK":
+        img = img.convert("RGB")
+    elif m not in ("RGB", "L"):
+        img = img.convert("RGB")  # YCbCr, LAB, HSV, RGBX, ...
+    if mode is not None and img.mode != mode:
+        img = img.convert(mode)
+    return img
+
+
+def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int | None = None) -> Image.Image:
+    """Open, fully decode and normalise an image file; raise VitlabError (one line) if it cannot be used.
+
+    `mode`: "RGB", "L" or None (grey stays L, colour becomes RGB). The EXIF orientation is applied.
+    `max_pixels`: refuse larger images (default: Pillow's decompression-bomb limit).
+    """
+    path = Path(path)
+    limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise VitlabError(f"image not found: {path} (check the path)") from None
+    except OSError as exc:
+        raise VitlabError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if path.is_dir():
+        raise VitlabError(f"{path} is a folder, not an image file")
+    if size == 0:
+        raise VitlabError(f"empty file (0 bytes): {path}")
+    old_truncated = ImageFile.LOAD_TRUNCATED_IMAGES
+    try:
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                w, h = img.size
+                if w * h > limit:
+                    raise VitlabError(
+                        f"image too large ({w}x{h} = {w * h} pixels, limit {limit}; possible decompression bomb): {path}"
+                    )
+                img.load()
+                img = ImageOps.exif_transpose(img) or img
+                out = normalise_mode(img, mode)
+                out.load()
+                return out
+    except VitlabError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise VitlabError(f"image too large (possible decompression bomb): {path}: {exc}") from None
+    except UnidentifiedImageError:
+        raise VitlabError(f"not an image file (Pillow cannot identify it): {path}") from None
+    except MemoryError:
+        raise VitlabError(f"image too large to decode in memory: {path}") from None
+    except Exception as exc:  # truncated, corrupt data, broken headers: all mean "skip this file"
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise VitlabError(f"corrupt or truncated image ({msg}): {path}") from None
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = old_truncated
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """PIL image (L or RGB) -> uint8 tensor (C, H, W)."""
+    arr = np.array(img, dtype=np.uint8)  # a writable copy
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+
+def tensor_to_pil(x: torch.Tensor) -> Image.Image:
+    """uint8 tensor (C, H, W) with C in {1, 3} -> PIL image."""
+    arr = x.detach().cpu().to(torch.uint8).numpy()
+    return Image.fromarray(arr[0]) if arr.shape[0] == 1 else Image.fromarray(arr.transpose(1, 2, 0))
+
+
+def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Image.BILINEAR) -> Image.Image:
+    """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format)."""
+    w, h = img.size
+    if (w, h) != (size, size):
+        scale = size / min(w, h)
+        nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+        img = img.resize((nw, nh), resample=resample, reducing_gap=3.0)
+        left, top = (nw - size) // 2, (nh - size) // 2
+        img = img.crop((left, top, left + size, top + size))
+    return img
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    """True when the file name has a known image extension (content is checked only when opened)."""
+    return str(path).lower().endswith(IMAGE_EXTENSIONS)

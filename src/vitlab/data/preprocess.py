@@ -1,0 +1,168 @@
+"""Evaluation / prediction preprocessing as one serialisable record (stored next to saved weights).
+
+`Preprocess` turns one PIL image into the normalised float tensor a model expects. The same
+torch code (`resize_crop_batch`, `normalize_batch`) runs the batched evaluation transform, so a
+prediction on a file and an evaluation on the same image give the same input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area")
+
+
+def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    h, w = (int(x) for x in v)
+    return (h, w)
+
+
+def _per_channel(v: float | Sequence[float], channels: int) -> tuple[float, ...]:
+    vals = (float(v),) if isinstance(v, (int, float)) else tuple(float(x) for x in v)
+    if len(vals) == channels:
+        return vals
+    if len(vals) == 1:
+        return vals * channels
+    if channels == 1 and len(vals) == 3:
+        return (sum(vals) / 3.0,)  # RGB statistics used on grey input: their mean
+    raise ValueError(f"expected 1 or {channels} values for mean/std, got {len(vals)}")
+
+
+def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear") -> torch.Tensor:
+    """Resize a float batch (B, C, H, W) to `size` (h, w), anti-aliased when shrinking."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+    kwargs = {}
+    if interpolation in ("bilinear", "bicubic"):
+        kwargs = {"align_corners": False, "antialias": True}
+    out = F.interpolate(x, size=size, mode=interpolation, **kwargs)
+    return out
+
+
+def center_crop_batch(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Cut the central `size` (h, w) window of a batch (B, C, H, W)."""
+    h, w = x.shape[-2:]
+    th, tw = size
+    top, left = max(0, (h - th) // 2), max(0, (w - tw) // 2)
+    return x[..., top : top + th, left : left + tw]
+
+
+def resize_crop_batch(
+    x: torch.Tensor, image_size: tuple[int, int], resize: int | None, interpolation: str = "bilinear"
+) -> torch.Tensor:
+    """`resize=None`: plain resize to `image_size` (official eval). Else shorter side -> `resize`, centre crop."""
+    if resize is None:
+        return resize_batch(x, image_size, interpolation)
+    h, w = x.shape[-2:]
+    scale = resize / min(h, w)
+    nh, nw = max(image_size[0], round(h * scale)), max(image_size[1], round(w * scale))
+    return center_crop_batch(resize_batch(x, (nh, nw), interpolation), image_size)
+
+
+def match_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """Grey -> 3 channels by repetition, RGB -> 1 channel by ITU-R 601 luma; works on uint8 or float."""
+    c = x.shape[-3]
+    if c == channels:
+        return x
+    if c == 1 and channels == 3:
+        return x.expand(*x.shape[:-3], 3, *x.shape[-2:]).contiguous()
+    if c == 3 and channels == 1:
+        weights = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float32, device=x.device).view(3, 1, 1)
+        grey = (x.float() * weights).sum(dim=-3, keepdim=True)
+        return grey.round().clamp(0, 255).to(x.dtype) if not x.is_floating_point() else grey.to(x.dtype)
+    raise ValueError(f"cannot convert {c} channels to {channels}")
+
+
+def normalize_batch(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """Float values in [0, 255] -> (x / 255 - mean) / std per channel."""
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+    return (x / 255.0 - m) / s
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How an image becomes model input at evaluation / prediction time.
+
+    image_size: (h, w) of the model input. resize: shorter side before a centre crop of image_size;
+    None = plain resize to image_size (the official ViT evaluation) unless crop_fraction < 1, which
+    then sets resize = round(max(image_size) / crop_fraction). mean/std are on the [0, 1] scale:
+    the default 0.5/0.5 gives values in [-1, 1] like the paper.
+    """
+
+    image_size: tuple[int, int] = (224, 224)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    resize: int | None = None
+    crop_fraction: float = 1.0
+    interpolation: str = "bilinear"
+    channels: int = 3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", _pair(self.image_size))
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {self.channels}")
+        object.__setattr__(self, "mean", _per_channel(self.mean, self.channels))
+        object.__setattr__(self, "std", _per_channel(self.std, self.channels))
+        if not 0.0 < float(self.crop_fraction) <= 1.0:
+            raise ValueError(f"crop_fraction must be in (0, 1], got {self.crop_fraction}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
+
+    @property
+    def effective_resize(self) -> int | None:
+        """The shorter-side size used before the centre crop, or None for a plain resize."""
+        if self.resize is not None:
+            return int(self.resize)
+        if self.crop_fraction < 1.0:
+            return round(max(self.image_size) / self.crop_fraction)
+        return None
+
+    def batch(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
+        x = match_channels(images, self.channels).float()
+        x = resize_crop_batch(x, self.image_size, self.effective_resize, self.interpolation)
+        if self.interpolation == "bicubic":
+            x = x.clamp(0, 255)
+        return normalize_batch(x, self.mean, self.std)
+
+    def __call__(self, image) -> torch.Tensor:
+        """One PIL image (any mode) or uint8 tensor (C, H, W) -> float tensor (channels, h, w)."""
+        if not isinstance(image, torch.Tensor):
+            from vitlab.data.images import normalise_mode, pil_to_tensor
+
+            image = pil_to_tensor(normalise_mode(image, "L" if self.channels == 1 else "RGB"))
+        return self.batch(image.unsqueeze(0))[0]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["image_size"] = list(self.image_size)
+        d["mean"], d["std"] = list(self.mean), list(self.std)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Preprocess:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        if "image_size" in kwargs:
+            kwargs["image_size"] = _pair(kwargs["image_size"])
+        for key in ("mean", "std"):
+            if key in kwargs and not isinstance(kwargs[key], (int, float)):
+                kwargs[key] = tuple(kwargs[key])
+        return cls(**kwargs)
+
+    @classmethod
+    def for_model(cls, image_size: int | Sequence[int], channels: int = 3, crop_fraction: float = 1.0,
+                  mean: float | Sequence[float] = 0.5, std: float | Sequence[float] = 0.5,
+                  interpolation: str = "bilinear") -> Preprocess:
+        """Convenience constructor: [-1, 1] values, plain resize unless crop_fraction < 1."""
+        return cls(image_size=_pair(image_size), mean=_per_channel(mean, channels), std=_per_channel(std, channels),
+                   crop_fraction=crop_fraction, interpolation=interpolation, channels=channels)
