@@ -1,0 +1,126 @@
+"""PNG figures for evaluation and comparisons: confusion matrix, per-epoch curves, bar charts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_confusion_matrix(
+    cm: Sequence[Sequence[int]],
+    class_names: Sequence[str],
+    path: str | Path,
+    title: str | None = None,
+    normalize: bool = False,
+) -> Path:
+    """Confusion matrix heat map (rows = true class, columns = predicted) with counts in the cells.
+
+    `normalize=True` colours by the row-normalised rate (per-class recall on the diagonal); the
+    cells still show the counts.
+    """
+    counts = np.asarray(cm, dtype=np.int64)
+    k = counts.shape[0]
+    rows = counts.sum(axis=1, keepdims=True)
+    shown = np.divide(counts, np.maximum(rows, 1)) if normalize else counts
+    size = max(4.0, min(0.55 * k + 2.0, 24.0))
+    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    im = ax.imshow(shown, cmap="Blues", interpolation="nearest")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xticks(range(k))
+    ax.set_yticks(range(k))
+    ax.set_xticklabels(class_names, rotation=45 if k > 3 else 0, ha="right" if k > 3 else "center")
+    ax.set_yticklabels(class_names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    if k <= 30:
+        threshold = shown.max() / 2 if shown.size else 0
+        for i in range(k):
+            for j in range(k):
+                ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8 if k > 10 else 10,
+                        color="white" if shown[i, j] > threshold else "black")
+    ax.set_title(title or "confusion matrix")
+    return _save(fig, path)
+
+
+def plot_lines(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: str | Path,
+    title: str,
+    xlabel: str = "epoch",
+    ylabel: str = "",
+) -> Path:
+    """One line per name: `series[name] = (xs, ys)`; used for per-epoch validation loss/accuracy."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, (xs, ys) in series.items():
+        pts = [(x, y) for x, y in zip(xs, ys) if y is not None and np.isfinite(y)]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend()
+    if xlabel == "epoch":
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    return _save(fig, path)
+
+
+def plot_bars(
+    values: Mapping[str, float],
+    path: str | Path,
+    title: str,
+    ylabel: str = "",
+    fmt: str = "{:.1f}",
+) -> Path:
+    """A bar per name with its value written on top (e.g. training runtime per model)."""
+    names = list(values)
+    vals = [float(values[n]) for n in names]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 4.2))
+    bars = ax.bar(range(len(names)), vals, color="tab:blue")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=20 if len(names) > 3 else 0)
+    for b, v in zip(bars, vals):
+        ax.annotate(fmt.format(v), (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_fewshot(
+    curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]],
+    path: str | Path,
+    title: str = "few-shot linear evaluation (closed-form ridge)",
+    chance: float | None = None,
+) -> Path:
+    """Accuracy vs shots per class, mean with a +-std band: `curves[name] = (shots, mean, std)`."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, (shots, mean, std) in curves.items():
+        m, s = np.asarray(mean, float), np.asarray(std, float)
+        ax.plot(shots, 100 * m, marker="o", label=name)
+        ax.fill_between(shots, 100 * (m - s), 100 * (m + s), alpha=0.2)
+    if chance is not None:
+        ax.axhline(100 * chance, color="grey", ls="--", label="chance")
+    ax.set_xscale("log")
+    ax.set_xlabel("shots per class")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
