@@ -1,14 +1,29 @@
-"""Weights in and out: one `load(...)` that detects the format and returns a ready model."""
+"""Weights in and out: one `load(...)` that detects the format and returns a ready model.
+
+Formats in: official Google `.npz` (ViT, hybrids, big_vision layout), timm state dicts, Hugging Face
+folders, torchvision state dicts, the native vitlab folder. Formats out: native, Hugging Face, timm.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
 from vitlab.models.registry import build_model
+from vitlab.weights.native import default_preprocess, save_native
+
+__all__ = [
+    "adapt", "detect_format", "load", "load_state_dict_strict", "load_with_meta", "read_checkpoint",
+    "save_native", "save_hf", "save_timm",
+]
+
+
+def _first(items: list[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (f" ... ({len(items)} in all)" if len(items) > n else "")
 
 
 def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
@@ -17,19 +32,144 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor]
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
     mismatched = [
-        f"{k} (model {tuple(expected[k].shape)}, file {tuple(state_dict[k].shape)})"
+        f"{k} (expected {tuple(expected[k].shape)}, found {tuple(state_dict[k].shape)})"
         for k in expected if k in state_dict and expected[k].shape != state_dict[k].shape
     ]
     problems = []
     if missing:
-        problems.append(f"missing keys {missing[:3]}{' ...' if len(missing) > 3 else ''} ({len(missing)} in all)")
+        problems.append(f"missing keys {_first(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys {unexpected[:3]}{' ...' if len(unexpected) > 3 else ''} ({len(unexpected)} in all)")
+        problems.append(f"unexpected keys {_first(unexpected)}")
     if mismatched:
-        problems.append(f"shape mismatch {mismatched[:3]}{' ...' if len(mismatched) > 3 else ''}")
+        problems.append(f"shape mismatch {_first(mismatched)}")
     if problems:
         raise VitlabError(f"{source} does not fit the model: " + "; ".join(problems))
     model.load_state_dict(state_dict, strict=True)
+
+
+def detect_format(path: str | Path) -> str:
+    """'native', 'hf', 'official', or 'state_dict' (timm / torchvision / HF keys, told apart by the keys)."""
+    from vitlab.weights import hf, native
+    from vitlab.weights.io import STATE_DICT_SUFFIXES
+
+    p = Path(path)
+    if p.is_dir():
+        if native.is_native(p):
+            return "native"
+        if hf.is_hf_folder(p):
+            return "hf"
+        raise VitlabError(
+            f"{p} is a folder but neither a vitlab folder (config.json with format 'vitlab') nor a "
+            "Hugging Face folder (config.json with model_type 'vit' + model.safetensors or pytorch_model.bin)"
+        )
+    if not p.exists():
+        raise VitlabError(f"no such file or folder: {p}")
+    if p.suffix == ".npz":
+        return "official"
+    if p.suffix in STATE_DICT_SUFFIXES:
+        # A weights file inside a native or Hugging Face folder: load the whole folder.
+        if native.is_native(p.parent):
+            return "native"
+        if hf.is_hf_folder(p.parent):
+            return "hf"
+        return "state_dict"
+    raise VitlabError(
+        f"unknown checkpoint format: {p} (expected an official .npz, a .safetensors/.pth/.bin state dict, "
+        "a Hugging Face folder or a vitlab folder)"
+    )
+
+
+def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, torch.Tensor], dict]:
+    """(model config, vitlab state dict, meta) of any supported checkpoint, without building a model.
+
+    `overrides` set config fields the file cannot determine (e.g. `heads=` for timm/torchvision
+    files of an unusual width, `image_size=` for big_vision files with fixed sin-cos embeddings).
+    """
+    from vitlab.weights import hub
+
+    path = hub.resolve(path)
+    fmt = detect_format(path)
+    p = Path(path)
+    if fmt == "native":
+        from vitlab.weights import native
+
+        config, sd, meta = native.read_native(p if p.is_dir() else p.parent)
+        if overrides:
+            config = config.replace(**overrides)
+    elif fmt == "hf":
+        from vitlab.weights import hf
+
+        config, sd, meta = hf.read_hf_folder(p if p.is_dir() else p.parent, **overrides)
+    elif fmt == "official":
+        from vitlab.weights import official
+
+        config, sd, meta = official.read_official(p, **overrides)
+    else:
+        from vitlab.weights.io import read_tensors
+
+        config, sd, meta = convert_state_dict(read_tensors(p), str(p), **overrides)
+    meta = dict(meta)
+    meta["format"] = meta.get("format", fmt)
+    meta["source"] = str(path)
+    if meta.get("preprocess") is None:
+        meta["preprocess"] = default_preprocess(config)
+    return config, sd, meta
+
+
+def convert_state_dict(sd: dict[str, torch.Tensor], source: str = "state dict", **overrides: Any):
+    """Tell timm, torchvision and Hugging Face state dicts apart by their keys and convert them."""
+    from vitlab.weights import hf, timm, torchvision
+
+    if torchvision.is_torchvision(sd):
+        return torchvision.read_torchvision(sd, **overrides)
+    if hf.is_hf_state_dict(sd):
+        return hf.read_hf_state_dict(sd, None, **overrides)
+    if timm.is_timm(sd):
+        return timm.read_timm(sd, **overrides)
+    raise VitlabError(
+        f"{source}: unknown state-dict layout (first keys: {_first(sorted(sd), 4)}); expected timm "
+        "('patch_embed.proj.weight'), torchvision ('conv_proj.weight') or Hugging Face "
+        "('embeddings.patch_embeddings.projection.weight') names"
+    )
+
+
+def _preprocess_object(d: dict | None) -> Any:
+    """A `vitlab.data.preprocess.Preprocess` when the data package provides it, else the plain dict."""
+    if d is None:
+        return None
+    try:
+        from vitlab.data.preprocess import Preprocess
+    except ImportError:
+        return d
+    try:
+        return Preprocess.from_dict(d)
+    except Exception as exc:  # a dict written by another version; keep it readable
+        raise VitlabError(f"cannot read the stored preprocessing {d} ({exc})") from exc
+
+
+def load_with_meta(
+    path: str | Path,
+    num_classes: int | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    keep_representation: bool = False,
+    **overrides: Any,
+) -> tuple[nn.Module, dict]:
+    """Like `load`, also returning meta: `class_names` (list or None), `preprocess` (a `Preprocess`),
+    `format` ('native', 'hf', 'official', 'timm', 'torchvision', 'big_vision') and `source`."""
+    config, sd, meta = read_checkpoint(path, **overrides)
+    model = build_model(config)
+    load_state_dict_strict(model, sd, str(meta["source"]))
+    old_classes = config.num_classes
+    model = adapt(model, num_classes, image_size, keep_representation)
+    meta = dict(meta)
+    if num_classes is not None and num_classes != old_classes:
+        meta["class_names"] = None
+    pre = dict(meta["preprocess"]) if meta.get("preprocess") is not None else None
+    if image_size is not None and pre is not None:
+        pre["image_size"] = list(model.config.image_size)
+    meta["preprocess"] = _preprocess_object(pre)
+    meta["config"] = model.config
+    return model, meta
 
 
 def load(
@@ -37,29 +177,15 @@ def load(
     num_classes: int | None = None,
     image_size: int | tuple[int, int] | None = None,
     keep_representation: bool = False,
+    **overrides: Any,
 ) -> nn.Module:
-    """Load a checkpoint into a ready model, inferring the model config from the file.
+    """Load a checkpoint of any supported format into a ready model (eval mode), config read off the file.
 
-    `num_classes` different from the file's drops the head (and the representation layer unless
+    `num_classes` (when given) drops the head (and the representation layer unless
     `keep_representation`) and adds a zero-initialised head (paper B.1.1); `image_size` resamples
     the position embeddings to the new grid (paper 3.2).
     """
-    from vitlab.weights import official
-
-    p = Path(path)
-    if not p.exists():
-        raise VitlabError(f"no such file or folder: {p}")
-    if p.suffix == ".npz":
-        arrays = official.read_npz(p)
-        if not official.is_official_npz(arrays):
-            raise VitlabError(f"{p} is an .npz but not an official ViT checkpoint (no 'embedding/kernel')")
-        config = official.infer_config(arrays)
-        sd = official.to_state_dict(arrays, config)
-    else:
-        raise VitlabError(f"unknown checkpoint format: {p}")
-    model = build_model(config)
-    load_state_dict_strict(model, sd, str(p))
-    return adapt(model, num_classes, image_size, keep_representation)
+    return load_with_meta(path, num_classes, image_size, keep_representation, **overrides)[0]
 
 
 def adapt(
@@ -70,7 +196,9 @@ def adapt(
 ) -> nn.Module:
     """Fine-tuning surgery: new zero-initialised head for `num_classes`, position embeddings for `image_size`."""
     cfg = model.config
-    if num_classes is not None and (num_classes != cfg.num_classes or (cfg.representation_size and not keep_representation)):
+    if num_classes is not None and (
+        num_classes != cfg.num_classes or (getattr(cfg, "representation_size", None) and not keep_representation)
+    ):
         model.reset_classifier(num_classes, keep_representation=keep_representation)
     if image_size is not None:
         if hasattr(model, "set_image_size"):
@@ -78,3 +206,17 @@ def adapt(
         else:
             model.config = model.config.replace(image_size=image_size)
     return model.eval()
+
+
+def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
+    """Write a Hugging Face folder that `transformers.ViTForImageClassification.from_pretrained` loads."""
+    from vitlab.weights import hf
+
+    return hf.save_hf(model, folder, class_names, preprocess)
+
+
+def save_timm(model: nn.Module, path: str | Path) -> Path:
+    """Write a timm-named state dict (`.safetensors`, or `.pth` by suffix)."""
+    from vitlab.weights import timm
+
+    return timm.save_timm(model, path)

@@ -116,3 +116,12 @@ def to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig) -> dict[str,
         sd["head.weight"] = t(a["head/kernel"].T)
         sd["head.bias"] = t(a["head/bias"])
     return sd
+
+
+def read_official(path: str | Path, **overrides) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, state dict, meta) of an official `.npz`."""
+    arrays = read_npz(path)
+    if not is_official_npz(arrays):
+        raise VitlabError(f"{path} is an .npz but not an official ViT checkpoint (no 'embedding/kernel')")
+    config = infer_config(arrays, **overrides)
+    return config, to_state_dict(arrays, config), {"format": "official", "class_names": None}

@@ -1,0 +1,68 @@
+"""Native vitlab format: save/load round trip is exact, meta comes back, errors are one clear line."""
+
+import json
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.errors import VitlabError
+from vitlab.models.registry import create_model
+from vitlab.weights import load_with_meta, save_native
+
+
+def _tiny(**kw):
+    args = dict(dim=32, depth=2, heads=4, mlp_dim=64, patch_size=4, image_size=16, num_classes=3)
+    args.update(kw)
+    return create_model("custom", seed=0, **args)
+
+
+@pytest.mark.parametrize("kw", [{}, {"classifier": "gap"}, {"classifier": "map"}, {"representation_size": 16},
+                                {"gelu": "exact", "layer_norm_eps": 1e-12}, {"in_chans": 1}])
+def test_native_round_trip_exact(tmp_path, kw):
+    model = _tiny(**kw).eval()
+    with torch.no_grad():  # non-trivial head so the comparison is meaningful
+        model.head.weight.normal_()
+    save_native(model, tmp_path / "m", class_names=["a", "b", "c"])
+    loaded, meta = load_with_meta(tmp_path / "m")
+    x = torch.randn(2, model.config.in_chans, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+    assert loaded.config == model.config
+    assert meta["class_names"] == ["a", "b", "c"]
+    assert meta["format"] == "native"
+    on_disk = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert on_disk["format"] == "vitlab" and on_disk["class_names"] == ["a", "b", "c"]
+    assert {"image_size", "mean", "std"} <= set(on_disk["preprocess"])
+
+
+def test_native_hybrid_and_resnet_round_trip(tmp_path):
+    for name, size in (("r+vit-ti/16", 64), ("resnet-26", 32)):
+        kw = dict(depth=1) if name.startswith("r+") else {}
+        model = create_model(name, num_classes=2, image_size=size, seed=1, **kw).eval()
+        save_native(model, tmp_path / name.replace("/", "_"))
+        loaded = vitlab.load(tmp_path / name.replace("/", "_"))
+        x = torch.randn(1, 3, size, size)
+        with torch.no_grad():
+            assert torch.equal(model(x), loaded(x))
+
+
+def test_native_surgery_on_load(tmp_path):
+    save_native(_tiny(), tmp_path / "m", class_names=["a", "b", "c"])
+    model, meta = load_with_meta(tmp_path / "m", num_classes=5, image_size=24)
+    assert model.head.weight.shape == (5, 32) and torch.count_nonzero(model.head.weight) == 0
+    assert model.pos_embed.shape == (1, 1 + 36, 32)
+    assert meta["class_names"] is None
+
+
+def test_native_errors(tmp_path):
+    model = _tiny()
+    with pytest.raises(VitlabError, match="class names"):
+        save_native(model, tmp_path / "bad", class_names=["only-one"])
+    save_native(model, tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(VitlabError, match="complete"):
+        vitlab.load(tmp_path / "m")
+    with pytest.raises(VitlabError, match="no such file"):
+        vitlab.load(tmp_path / "nothing-here")
