@@ -1,0 +1,100 @@
+"""One inference pass over a data set: logits, frozen features and labels.
+
+Features are the model's pre-logits: for a ViT `forward_head(forward_features(x), pre_logits=True)`
+(the class token or pooled tokens, after the representation layer when there is one, as big_vision's
+`pre_logits`), for a BiT ResNet the globally average-pooled final feature map. Both come from the
+same forward pass as the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from vitlab.errors import VitlabError
+
+
+@dataclass
+class Outputs:
+    """Per-example results of one pass, in data-set order (numpy arrays)."""
+
+    labels: np.ndarray
+    logits: np.ndarray | None = None
+    features: np.ndarray | None = None
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise VitlabError(f"unknown device {device!r}; use cpu, cuda, cuda:0 or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise VitlabError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
+    return dev
+
+
+def _collate(batch: list) -> tuple[list[torch.Tensor], torch.Tensor]:
+    return [b[0] for b in batch], torch.tensor([int(b[1]) for b in batch], dtype=torch.long)
+
+
+def _to_input(images: list[torch.Tensor], preprocess, device: torch.device) -> torch.Tensor:
+    """uint8 images (possibly of different sizes) -> one normalised float batch on `device`."""
+    if all(im.shape == images[0].shape for im in images):
+        return preprocess.batch(torch.stack(images).to(device))
+    return torch.cat([preprocess.batch(im.unsqueeze(0).to(device)) for im in images])
+
+
+@torch.inference_mode()
+def run_model(
+    model: nn.Module,
+    dataset: Dataset,
+    preprocess,
+    *,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    indices: Sequence[int] | np.ndarray | None = None,
+    want_logits: bool = True,
+    want_features: bool = False,
+    progress: bool = True,
+    desc: str = "evaluating",
+) -> Outputs:
+    """Run `model` over `dataset` (or the rows `indices`) with the evaluation `preprocess`.
+
+    `preprocess` has `.batch(uint8 (B,C,H,W)) -> float (B,C,h,w)` (`vitlab.data.Preprocess`).
+    """
+    from tqdm.auto import tqdm
+
+    dev = resolve_device(device)
+    model = model.to(dev).eval()
+    data = dataset if indices is None else Subset(dataset, [int(i) for i in indices])
+    loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate)
+    labels, logits, feats = [], [], []
+    for images, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        x = _to_input(images, preprocess, dev)
+        tokens = model.forward_features(x)
+        if want_features:
+            f = model.forward_head(tokens, pre_logits=True)
+            feats.append(f.float().cpu())
+        if want_logits:
+            logits.append(model.forward_head(tokens).float().cpu())
+        labels.append(y)
+    return Outputs(
+        labels=torch.cat(labels).numpy() if labels else np.zeros(0, np.int64),
+        logits=torch.cat(logits).numpy() if logits else None,
+        features=torch.cat(feats).numpy() if feats else None,
+    )
+
+
+def dataset_labels(dataset: Dataset) -> np.ndarray:
+    """All labels without decoding images (uses `.labels` when the data set has it)."""
+    labels = getattr(dataset, "labels", None)
+    if labels is not None:
+        return np.asarray(torch.as_tensor(labels).numpy(), np.int64)
+    return np.asarray([int(dataset[i][1]) for i in range(len(dataset))], np.int64)
