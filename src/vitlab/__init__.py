@@ -3,7 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from vitlab.errors import VitlabError
-from vitlab.models import ResNetConfig, ViTConfig, VisionTransformer, create_model, get_config, model_names
+from vitlab.models import ResNetConfig, VisionTransformer, ViTConfig, create_model, get_config, model_names
 
 try:
     __version__ = version("vitlab")
