@@ -1,9 +1,49 @@
-"""Hugging Face transformers ViT folders (in and out)."""
+"""Hugging Face transformers ViT: folders in (4.x and 5.x key layouts, `ViTModel` and
+`ViTForImageClassification`, with or without the `vit.` prefix) and out (loadable by
+`transformers.ViTForImageClassification.from_pretrained`).
+
+Numerics come from the folder's config.json: LayerNorm eps (HF default 1e-12), GELU (`gelu` is the
+exact erf form), qkv bias. `ViTModel`'s tanh pooler on the class token is our representation layer.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+from vitlab.models.config import ViTConfig
+
+_GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
+          "gelu_python_tanh": "tanh"}
+_PIL_RESAMPLE = {0: "nearest", 1: "bicubic", 2: "bilinear", 3: "bicubic", 4: "area", 5: "bicubic"}
+
+# HF key (after dropping `vit.`, 4.x and 5.x names) -> vitlab key, per encoder layer.
+_LAYER_KEYS = {
+    "layernorm_before": "norm1",
+    "layernorm_after": "norm2",
+    "attention.output.dense": "attn.proj",  # 4.x
+    "attention.o_proj": "attn.proj",  # 5.x
+    "intermediate.dense": "mlp.fc1",
+    "output.dense": "mlp.fc2",
+    "mlp.fc1": "mlp.fc1",
+    "mlp.fc2": "mlp.fc2",
+}
+_QKV_4 = ("attention.attention.query", "attention.attention.key", "attention.attention.value")
+_QKV_5 = ("attention.q_proj", "attention.k_proj", "attention.v_proj")
+
+
+# ------------------------------------------------------------------------------------------ reading
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise VitlabError(f"{path} is not valid JSON ({exc})") from exc
 
 
 def is_hf_folder(folder: Path) -> bool:
@@ -14,8 +54,272 @@ def is_hf_folder(folder: Path) -> bool:
         data = json.loads(cfg.read_text())
     except ValueError:
         return False
-    return data.get("model_type") == "vit" or "hidden_size" in data
+    return isinstance(data, dict) and (data.get("model_type") in ("vit", "deit") or "hidden_size" in data)
 
 
-def is_hf_state_dict(sd) -> bool:
-    return any("patch_embeddings.projection.weight" in k for k in sd)
+def is_hf_state_dict(sd: dict[str, torch.Tensor]) -> bool:
+    return any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in sd)
+
+
+def _weights_files(folder: Path) -> list[Path]:
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            names = sorted(set(_read_json(folder / index).get("weight_map", {}).values()))
+            return [folder / n for n in names]
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / name]
+    raise VitlabError(f"{folder} has a Hugging Face config.json but no model.safetensors or pytorch_model.bin")
+
+
+def read_hf_folder(folder: str | Path, **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, vitlab state dict, meta) of a Hugging Face ViT folder."""
+    from vitlab.weights.io import read_tensors
+
+    folder = Path(folder)
+    hf_cfg = _read_json(folder / "config.json")
+    sd: dict[str, torch.Tensor] = {}
+    for f in _weights_files(folder):
+        sd.update(read_tensors(f))
+    config, state, meta = read_hf_state_dict(sd, hf_cfg, **overrides)
+    pre = folder / "preprocessor_config.json"
+    if pre.is_file():
+        meta["preprocess"] = preprocess_from_hf(_read_json(pre), config)
+    return config, state, meta
+
+
+def _strip_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in sd.items():
+        if k.startswith("vit."):
+            k = k[4:]
+        out[k] = v
+    return out
+
+
+def read_hf_state_dict(
+    sd: dict[str, torch.Tensor], hf_cfg: dict | None, **overrides: Any
+) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """Map a HF ViT state dict (either layout) to vitlab; `hf_cfg` (config.json) gives the numerics.
+
+    Without a config.json the shapes give the architecture and HF's defaults the numerics.
+    """
+    sd = _strip_prefix(sd)
+    hf_cfg = dict(hf_cfg or {})
+    if hf_cfg.get("model_type") not in (None, "vit"):
+        raise VitlabError(f"Hugging Face model_type {hf_cfg.get('model_type')!r} is not supported; only 'vit'")
+    w = sd.get("embeddings.patch_embeddings.projection.weight")
+    if w is None:
+        raise VitlabError("not a Hugging Face ViT state dict: no 'embeddings.patch_embeddings.projection.weight'")
+    dim, in_chans, patch, _ = w.shape
+    layer_ids = {int(m.group(2)) for k in sd if (m := re.match(r"(encoder\.layer|layers)\.(\d+)\.", k))}
+    depth = max(layer_ids) + 1 if layer_ids else 0
+    layer_root = "encoder.layer" if any(k.startswith("encoder.layer.") for k in sd) else "layers"
+    mlp_dim = next(v.shape[0] for k, v in sd.items()
+                   if re.match(rf"{re.escape(layer_root)}\.0\.(intermediate\.dense|mlp\.fc1)\.weight$", k))
+    act = hf_cfg.get("hidden_act", "gelu")
+    if act not in _GELUS:
+        raise VitlabError(f"Hugging Face hidden_act {act!r} is not supported; use one of {sorted(_GELUS)}")
+    pos = sd["embeddings.position_embeddings"]
+    n_patch = pos.shape[1] - 1
+    image_size = hf_cfg.get("image_size")
+    if image_size is None:
+        side = int(round(n_patch**0.5))
+        image_size = side * patch
+    heads = hf_cfg.get("num_attention_heads")
+    if heads is None:
+        from vitlab.weights.timm import guess_heads
+
+        heads = guess_heads(dim)
+    has_pooler = "pooler.dense.weight" in sd
+    has_classifier = "classifier.weight" in sd
+    if has_pooler and hf_cfg.get("pooler_act", "tanh") != "tanh":
+        raise VitlabError(f"pooler_act {hf_cfg.get('pooler_act')!r} is not supported (only tanh)")
+    if has_pooler and has_classifier:
+        raise VitlabError("a Hugging Face state dict with both a pooler and a classifier is not a ViT model")
+    num_classes = sd["classifier.weight"].shape[0] if has_classifier else 0
+    config = dict(
+        name="hf-vit", image_size=image_size, patch_size=patch, in_chans=in_chans, dim=dim, depth=depth,
+        heads=heads, mlp_dim=mlp_dim, classifier="token", num_classes=num_classes,
+        representation_size=sd["pooler.dense.weight"].shape[0] if has_pooler else None,
+        layer_norm_eps=float(hf_cfg.get("layer_norm_eps", 1e-12)), gelu=_GELUS[act],
+        qkv_bias=bool(hf_cfg.get("qkv_bias", True)),
+        dropout=float(hf_cfg.get("hidden_dropout_prob", 0.0)),
+        attention_dropout=float(hf_cfg.get("attention_probs_dropout_prob", 0.0)),
+        posemb_resample="bicubic",  # HF interpolate_pos_encoding: bicubic, align_corners=False
+    )
+    config.update(overrides)
+    config = ViTConfig(**config)
+    gh, gw = config.grid_size
+    if gh * gw != n_patch:
+        raise VitlabError(
+            f"position embedding has {n_patch} patch slots but image_size {config.image_size} with patch "
+            f"{patch} needs {gh * gw}; fix image_size in config.json"
+        )
+
+    out: dict[str, torch.Tensor] = {
+        "cls_token": sd["embeddings.cls_token"],
+        "pos_embed": pos,
+        "patch_embed.proj.weight": w,
+        "patch_embed.proj.bias": sd["embeddings.patch_embeddings.projection.bias"],
+        "norm.weight": sd["layernorm.weight"],
+        "norm.bias": sd["layernorm.bias"],
+    }
+    used = set(out) | {"embeddings.cls_token", "embeddings.position_embeddings",
+                       "embeddings.patch_embeddings.projection.weight", "embeddings.patch_embeddings.projection.bias",
+                       "layernorm.weight", "layernorm.bias", "embeddings.mask_token"}
+    for i in range(depth):
+        p = f"{layer_root}.{i}."
+        qkv = _QKV_4 if f"{p}{_QKV_4[0]}.weight" in sd else _QKV_5
+        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([sd[f"{p}{n}.weight"] for n in qkv])
+        used |= {f"{p}{n}.weight" for n in qkv}
+        if config.qkv_bias:
+            out[f"blocks.{i}.attn.qkv.bias"] = torch.cat([sd[f"{p}{n}.bias"] for n in qkv])
+            used |= {f"{p}{n}.bias" for n in qkv}
+        for src, dst in _LAYER_KEYS.items():
+            for kind in ("weight", "bias"):
+                if f"{p}{src}.{kind}" in sd:
+                    out[f"blocks.{i}.{dst}.{kind}"] = sd[f"{p}{src}.{kind}"]
+                    used.add(f"{p}{src}.{kind}")
+    if has_pooler:
+        out["pre_logits.fc.weight"], out["pre_logits.fc.bias"] = sd["pooler.dense.weight"], sd["pooler.dense.bias"]
+        used |= {"pooler.dense.weight", "pooler.dense.bias"}
+    if has_classifier:
+        out["head.weight"], out["head.bias"] = sd["classifier.weight"], sd["classifier.bias"]
+        used |= {"classifier.weight", "classifier.bias"}
+    left = sorted(set(sd) - used)
+    if left:
+        raise VitlabError(f"Hugging Face checkpoint has keys vitlab cannot place: {', '.join(left[:3])}"
+                          + (f" ... ({len(left)} in all)" if len(left) > 3 else ""))
+    meta = {"format": "hf", "class_names": _class_names(hf_cfg, num_classes),
+            "preprocess": hf_default_preprocess(config)}
+    return config, out, meta
+
+
+def _class_names(hf_cfg: dict, num_classes: int) -> list[str] | None:
+    id2label = hf_cfg.get("id2label")
+    if not id2label or not num_classes:
+        return None
+    names = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(num_classes)]
+    if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return None
+    return names
+
+
+def hf_default_preprocess(config: ViTConfig) -> dict:
+    """ViTImageProcessor's defaults: plain resize to the model size, bilinear, mean = std = 0.5."""
+    c = config.in_chans
+    return {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
+            "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c}
+
+
+def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
+    """preprocessor_config.json (ViTImageProcessor and friends) -> vitlab preprocessing dict."""
+    out = hf_default_preprocess(config)
+    c = config.in_chans
+    if pp.get("do_normalize", True):
+        for key, src in (("mean", "image_mean"), ("std", "image_std")):
+            if pp.get(src) is not None:
+                v = pp[src]
+                out[key] = list(v) if isinstance(v, (list, tuple)) else [float(v)] * c
+    else:
+        out["mean"], out["std"] = [0.0] * c, [1.0] * c
+    out["interpolation"] = _PIL_RESAMPLE.get(pp.get("resample", 2), "bilinear")
+    size = pp.get("size")
+    crop = pp.get("crop_size")
+    if pp.get("do_center_crop") and crop:
+        out["image_size"] = [crop.get("height", crop.get("shortest_edge")), crop.get("width", crop.get("shortest_edge"))] \
+            if isinstance(crop, dict) else [int(crop)] * 2
+        if isinstance(size, dict) and "shortest_edge" in size:
+            out["resize"] = int(size["shortest_edge"])
+        elif isinstance(size, dict) and "height" in size:
+            out["resize"] = int(min(size["height"], size["width"]))
+    elif isinstance(size, dict) and "height" in size:
+        out["image_size"] = [int(size["height"]), int(size["width"])]
+    elif isinstance(size, int):
+        out["image_size"] = [size, size]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ writing
+def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(HF config.json dict, 4.x-layout state dict) for a plain class-token ViT."""
+    cfg: ViTConfig = model.config
+    if cfg.arch != "vit" or cfg.resnet is not None:
+        raise VitlabError("only plain ViTs can be exported to Hugging Face (transformers 5 has no ViT hybrid); "
+                          "use --to native or --to timm")
+    if cfg.classifier != "token":
+        raise VitlabError(f"Hugging Face ViT pools the class token only; a '{cfg.classifier}' model cannot be exported; "
+                          "use --to native or --to timm")
+    if cfg.representation_size and cfg.num_classes:
+        raise VitlabError("ViTForImageClassification has no representation layer; fine-tune without it "
+                          "(vitlab.load(..., num_classes=K)) before exporting")
+    if cfg.image_size[0] != cfg.image_size[1]:
+        raise VitlabError(f"Hugging Face ViT needs a square image size, got {cfg.image_size}")
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if cfg.posemb != "learn":  # fixed sin-cos table: HF stores it as a learned parameter
+        sd["pos_embed"] = model.pos_embed.detach().cpu()
+    d = cfg.dim
+    out = {
+        "vit.embeddings.cls_token": sd["cls_token"],
+        "vit.embeddings.position_embeddings": sd["pos_embed"],
+        "vit.embeddings.patch_embeddings.projection.weight": sd["patch_embed.proj.weight"],
+        "vit.embeddings.patch_embeddings.projection.bias": sd["patch_embed.proj.bias"],
+        "vit.layernorm.weight": sd["norm.weight"],
+        "vit.layernorm.bias": sd["norm.bias"],
+    }
+    for i in range(cfg.depth):
+        p, q = f"vit.encoder.layer.{i}.", f"blocks.{i}."
+        for j, name in enumerate(("query", "key", "value")):
+            out[f"{p}attention.attention.{name}.weight"] = sd[q + "attn.qkv.weight"][j * d:(j + 1) * d]
+            if cfg.qkv_bias:
+                out[f"{p}attention.attention.{name}.bias"] = sd[q + "attn.qkv.bias"][j * d:(j + 1) * d]
+        for src, dst in (("norm1", "layernorm_before"), ("norm2", "layernorm_after"), ("attn.proj", "attention.output.dense"),
+                         ("mlp.fc1", "intermediate.dense"), ("mlp.fc2", "output.dense")):
+            out[f"{p}{dst}.weight"], out[f"{p}{dst}.bias"] = sd[f"{q}{src}.weight"], sd[f"{q}{src}.bias"]
+    if cfg.num_classes:
+        out["classifier.weight"], out["classifier.bias"] = sd["head.weight"], sd["head.bias"]
+        arch = "ViTForImageClassification"
+    else:  # a feature extractor: ViTModel, keys without the `vit.` prefix
+        out = {k.removeprefix("vit."): v for k, v in out.items()}
+        if cfg.representation_size:
+            out["pooler.dense.weight"], out["pooler.dense.bias"] = sd["pre_logits.fc.weight"], sd["pre_logits.fc.bias"]
+        arch = "ViTModel"
+    hf_cfg = {
+        "architectures": [arch], "model_type": "vit",
+        "hidden_size": d, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.heads,
+        "intermediate_size": cfg.mlp_dim, "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
+        "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attention_dropout,
+        "layer_norm_eps": cfg.layer_norm_eps, "image_size": cfg.image_size[0], "patch_size": cfg.patch_size,
+        "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size,
+        "pooler_output_size": cfg.representation_size or d, "pooler_act": "tanh", "initializer_range": 0.02,
+    }
+    return hf_cfg, {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
+    """Write config.json, model.safetensors and preprocessor_config.json in the Hugging Face layout."""
+    from safetensors.torch import save_file
+
+    hf_cfg, sd = to_hf_state_dict(model)
+    n = model.config.num_classes
+    if n:
+        names = [str(c) for c in class_names] if class_names else [f"LABEL_{i}" for i in range(n)]
+        if len(names) != n:
+            raise VitlabError(f"{len(names)} class names for a model with {n} outputs")
+        hf_cfg["id2label"] = {str(i): name for i, name in enumerate(names)}
+        hf_cfg["label2id"] = {name: i for i, name in enumerate(names)}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    pre = preprocess.to_dict() if hasattr(preprocess, "to_dict") else (preprocess or hf_default_preprocess(model.config))
+    resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
+    h, w = pre.get("image_size", model.config.image_size)
+    proc = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": resample,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": list(pre.get("mean", [0.5] * 3)), "image_std": list(pre.get("std", [0.5] * 3))}
+    # ViTImageProcessor has no centre crop: a stored resize+crop becomes a plain resize to the crop size.
+    proc["size"] = {"height": int(h), "width": int(w)}
+    (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
+    return folder

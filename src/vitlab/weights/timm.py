@@ -1,0 +1,165 @@
+"""timm state dicts in and out. vitlab's key names follow timm, so a plain ViT, a hybrid
+(`vit_base_r50_s16_384`-style `patch_embed.backbone.stem/stages.*`) and a MAP head map 1:1;
+this module infers the config from the shapes and handles timm's layout options.
+
+Numerics of timm ViTs: exact (erf) GELU, LayerNorm eps 1e-6. timm's hybrid StdConv2dSame uses
+eps 1e-8 inside the weight standardisation where the official code (and vitlab) uses 1e-5.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+from vitlab.models.config import ResNetConfig, ViTConfig
+from vitlab.models.resnet import resnet_reduction
+
+# The paper's and timm's widths -> heads (head_dim 64 except H/14 with 80).
+_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1664: 16}
+
+
+def guess_heads(dim: int) -> int:
+    """Attention heads for a width: the state dict does not store it; the standard models fix it."""
+    if dim in _HEADS:
+        return _HEADS[dim]
+    if dim % 64 == 0:
+        return dim // 64
+    raise VitlabError(f"cannot tell the number of attention heads of a width-{dim} model from the file; "
+                      "pass heads=N to vitlab.load (--heads N on the command line)")
+
+
+def is_timm(sd: dict[str, torch.Tensor]) -> bool:
+    return "patch_embed.proj.weight" in sd or any(k.startswith("patch_embed.backbone.") for k in sd) \
+        or ("stem.conv.weight" in sd and any(k.startswith("stages.") for k in sd))
+
+
+def _resnet_layout(sd: dict[str, torch.Tensor], prefix: str) -> tuple[ResNetConfig, int]:
+    """(ResNetConfig, in_chans) read off `prefix + stem.conv.weight` and the stage/block indices."""
+    stem = sd[prefix + "stem.conv.weight"]
+    width, in_chans, k, _ = stem.shape
+    if width % 64:
+        raise VitlabError(f"ResNet stem width {width} is not a multiple of 64")
+    counts: dict[int, int] = {}
+    for key in sd:
+        if m := re.match(rf"{re.escape(prefix)}stages\.(\d+)\.blocks\.(\d+)\.", key):
+            s, b = int(m.group(1)), int(m.group(2))
+            counts[s] = max(counts.get(s, 0), b + 1)
+    layers = tuple(counts[s] for s in sorted(counts))
+    return ResNetConfig(layers=layers, width_factor=width // 64, stem="bit" if k == 7 else "small"), in_chans
+
+
+def _square_side(n: int, what: str) -> int:
+    side = int(round(n**0.5))
+    if side * side != n:
+        raise VitlabError(f"{what} has {n} patch slots, not a square grid; pass image_size=(H, W) explicitly")
+    return side
+
+
+def read_timm(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, vitlab state dict, meta) of a timm ViT / hybrid / non-preact ResNetV2 state dict."""
+    sd = dict(sd)
+    if "patch_embed.proj.weight" not in sd:
+        return _read_timm_resnet(sd, **overrides)
+    for bad, why in (("norm_pre.weight", "a pre-norm (CLIP-style) ViT"), ("reg_token", "register tokens"),
+                     ("blocks.0.ls1.gamma", "LayerScale"), ("blocks.0.attn.q_norm.weight", "QK-norm")):
+        if bad in sd:
+            raise VitlabError(f"this timm checkpoint uses {why} ('{bad}'), which the paper's ViT does not have")
+    if "fc_norm.weight" in sd:
+        if "norm.weight" in sd:
+            raise VitlabError("timm checkpoint has both 'norm' and 'fc_norm'; not a paper ViT")
+        raise VitlabError("this timm checkpoint normalises after pooling ('fc_norm', e.g. BEiT/MAE-style global pool); "
+                          "vitlab's 'gap' follows the official code (LayerNorm, then mean)")
+    w = sd["patch_embed.proj.weight"]
+    dim, _, patch, patch_w = w.shape
+    if patch != patch_w:
+        raise VitlabError(f"non-square patches {patch}x{patch_w} are not supported")
+    resnet, in_chans = None, w.shape[1]
+    if "patch_embed.backbone.stem.conv.weight" in sd:
+        resnet, in_chans = _resnet_layout(sd, "patch_embed.backbone.")
+    depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
+    token = "cls_token" in sd
+    classifier = "token" if token else ("map" if "attn_pool.latent" in sd else "gap")
+    if "pos_embed" in sd:
+        n = sd["pos_embed"].shape[1]
+        if token and int(round(n**0.5)) ** 2 == n:  # timm no_embed_class: no slot for the class token
+            sd["pos_embed"] = torch.cat([sd["pos_embed"].new_zeros(1, 1, dim), sd["pos_embed"]], dim=1)
+            n += 1
+        side = _square_side(n - (1 if token else 0), "pos_embed")
+        posemb = "learn"
+    else:
+        side, posemb = None, "sincos2d"
+    config = dict(
+        name="timm-vit", patch_size=patch, in_chans=in_chans, dim=dim, depth=depth,
+        heads=overrides.pop("heads", None) or guess_heads(dim), mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+        classifier=classifier, qkv_bias="blocks.0.attn.qkv.bias" in sd,
+        representation_size=sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None,
+        num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
+        gelu="exact", layer_norm_eps=1e-6, posemb=posemb, posemb_resample="bicubic_aa", resnet=resnet,
+    )
+    if side is not None:
+        config["image_size"] = side * patch * (resnet_reduction(resnet) if resnet else 1)
+    config.update(overrides)
+    config = ViTConfig(**config)
+    meta = {"format": "timm", "class_names": None, "preprocess": timm_preprocess(config)}
+    return config, sd, meta
+
+
+def _read_timm_resnet(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """timm ResNetV2 with preact=False (the official BiT post-activation units) -> vitlab ResNet."""
+    if "norm.weight" in sd:
+        raise VitlabError("this is a pre-activation timm ResNetV2 (final 'norm'); vitlab's ResNet is the "
+                          "post-activation BiT of the ViT paper's code")
+    resnet, in_chans = _resnet_layout(sd, "")
+    head = sd.pop("head.fc.weight", None)
+    bias = sd.pop("head.fc.bias", None)
+    if head is not None:
+        sd["head.weight"] = head.reshape(head.shape[0], -1)
+        sd["head.bias"] = bias if bias is not None else head.new_zeros(head.shape[0])
+    config = dict(name="timm-resnetv2", arch="resnet", resnet=resnet, in_chans=in_chans, patch_size=1,
+                  num_classes=head.shape[0] if head is not None else 0, image_size=224)
+    config.update(overrides)
+    config = ViTConfig(**config)
+    return config, sd, {"format": "timm", "class_names": None, "preprocess": timm_preprocess(config)}
+
+
+def timm_preprocess(config: ViTConfig) -> dict:
+    """timm's usual ViT eval transform: mean = std = 0.5, bicubic, crop 0.9 at 224 px (1.0 above)."""
+    c = config.in_chans
+    crop = 0.9 if max(config.image_size) <= 224 else 1.0
+    return {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
+            "crop_fraction": crop, "interpolation": "bicubic", "channels": c}
+
+
+def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """vitlab state dict -> timm names (identical for ViTs; ResNet heads become timm's 1x1 conv `head.fc`)."""
+    cfg: ViTConfig = model.config
+    sd = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    if cfg.arch == "resnet":
+        if "head.weight" in sd:
+            w, b = sd.pop("head.weight"), sd.pop("head.bias")
+            sd["head.fc.weight"], sd["head.fc.bias"] = w[:, :, None, None].contiguous(), b
+        return sd
+    if cfg.posemb != "learn":  # timm stores fixed tables as a (frozen) parameter too
+        sd["pos_embed"] = model.pos_embed.detach().cpu().contiguous().clone()
+    return sd
+
+
+def save_timm(model: nn.Module, path: str | Path) -> Path:
+    """Write the timm-named state dict to `.safetensors` (default) or `.pth`/`.bin` (torch.save)."""
+    path = Path(path)
+    if path.suffix not in (".safetensors", ".pth", ".pt", ".bin"):
+        path = path / "model.safetensors" if path.is_dir() or not path.suffix else path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = to_timm_state_dict(model)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(sd, str(path), metadata={"format": "pt"})
+    else:
+        torch.save(sd, path)
+    return path
