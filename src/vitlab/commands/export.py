@@ -1,0 +1,49 @@
+"""`vitlab export WEIGHTS OUT.onnx`: an ONNX file for fast inference, checked against PyTorch."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export weights to ONNX (checked with ONNX Runtime when installed)")
+    p.add_argument("weights", help="any weights vitlab loads (native folder, official .npz, timm, HF, torchvision)")
+    p.add_argument("output", help="the .onnx file to write")
+    p.add_argument("--image-size", type=int, nargs="+", default=None, metavar="S",
+                   help="input size H [W] (default: the model's); resamples position embeddings")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--static-batch", action="store_true", help="fix the batch size to 1")
+    p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.errors import VitlabError
+    from vitlab.export import check_onnx, export_onnx
+    from vitlab.weights import load_with_meta
+
+    size = None
+    if args.image_size:
+        if len(args.image_size) > 2:
+            raise VitlabError("--image-size takes H or H W")
+        size = tuple(args.image_size) if len(args.image_size) == 2 else (args.image_size[0],) * 2
+    model, meta = load_with_meta(args.weights, image_size=size)
+    pre = meta.get("preprocess")
+    metadata = {
+        "class_names": meta.get("class_names"),
+        "preprocess": pre.to_dict() if hasattr(pre, "to_dict") else pre,
+        "model": model.config.to_dict(),
+    }
+    path = export_onnx(model, args.output, opset=args.opset, dynamic_batch=not args.static_batch, metadata=metadata)
+    print(f"wrote {path} (input 'images' {model.config.in_chans}x{model.config.image_size[0]}x"
+          f"{model.config.image_size[1]}, output 'logits' {model.config.num_classes})")
+    if not args.no_check:
+        try:
+            diff = check_onnx(model, path)
+        except VitlabError as exc:
+            print(f"not checked: {exc}")
+        else:
+            print(f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}")
+            if diff > 1e-3:
+                raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e}; please report this")
+    return 0

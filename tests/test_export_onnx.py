@@ -1,0 +1,51 @@
+"""ONNX export: the file runs in ONNX Runtime with the logits of PyTorch."""
+
+import json
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.cli import main
+from vitlab.export import check_onnx, export_onnx
+
+onnx = pytest.importorskip("onnx")
+
+
+def _random_tiny(**kw):
+    model = vitlab.create_model("custom", dim=32, depth=2, heads=4, mlp_dim=64, patch_size=4,
+                                image_size=16, num_classes=5, seed=0, **kw)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model.eval()
+
+
+def test_export_matches_pytorch(tmp_path):
+    pytest.importorskip("onnxruntime")
+    model = _random_tiny()
+    path = export_onnx(model, tmp_path / "m.onnx", metadata={"class_names": list("abcde")})
+    assert check_onnx(model, path, batch=3) < 1e-4
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert json.loads(meta["vitlab"])["class_names"] == list("abcde")
+
+
+def test_export_gap_grayscale(tmp_path):
+    pytest.importorskip("onnxruntime")
+    model = _random_tiny(classifier="gap", in_chans=1)
+    assert check_onnx(model, export_onnx(model, tmp_path / "g.onnx")) < 1e-4
+
+
+def test_cli_export_from_native_folder(tmp_path, capsys):
+    from vitlab.weights import save_native
+
+    save_native(_random_tiny(), tmp_path / "native", class_names=list("abcde"))
+    assert main(["export", str(tmp_path / "native"), str(tmp_path / "m.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "m.onnx").exists() and "wrote" in out
+
+
+def test_cli_export_bad_path_is_one_line(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope"), str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error" in err[0]
