@@ -67,35 +67,79 @@ def normalise_mode(img: Image.Image, mode: str | None = None) -> Image.Image:
     return img
 
 
+class BadImageError(VitlabError):
+    """An image file that cannot be used; `kind` is a short category for summaries, `path` the file."""
+
+    def __init__(self, kind: str, path: str | os.PathLike, detail: str = "", hint: str = ""):
+        self.kind, self.path, self.detail = kind, str(path), detail
+        text = f"{kind}{f' ({detail})' if detail else ''}: {path}"
+        super().__init__(f"{text}; {hint}" if hint else text)
+
+    @property
+    def reason(self) -> str:
+        """The message without the path: what goes next to the path in skipped-file lists."""
+        return f"{self.kind}{f' ({self.detail})' if self.detail else ''}"
+
+
+def check_image_header(path: str | os.PathLike, max_pixels: int | None = None) -> tuple[int, int, str]:
+    """Read only the header: (width, height, mode). Catches missing, empty, non-image and oversized files cheaply."""
+    path = Path(path)
+    limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
+    _check_file(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                w, h = img.size
+                mode = img.mode
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise BadImageError("image too large", path, "possible decompression bomb") from None
+    except UnidentifiedImageError:
+        raise BadImageError("not an image", path, "Pillow cannot identify it") from None
+    except Exception as exc:
+        raise BadImageError("corrupt image", path, _first_line(exc)) from None
+    if w * h > limit:
+        raise BadImageError("image too large", path, f"{w}x{h} pixels > limit {limit}, possible decompression bomb")
+    return w, h, mode
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_file(path: Path) -> None:
+    try:
+        if path.is_dir():
+            raise BadImageError("not a file", path, "it is a folder")
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise BadImageError("missing file", path, hint="check the path") from None
+    except OSError as exc:
+        raise BadImageError("unreadable file", path, exc.strerror or _first_line(exc)) from None
+    if size == 0:
+        raise BadImageError("empty file", path, "0 bytes")
+
+
 def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int | None = None) -> Image.Image:
-    """Open, fully decode and normalise an image file; raise VitlabError (one line) if it cannot be used.
+    """Open, fully decode and normalise an image file; raise VitlabError (BadImageError) if it cannot be used.
 
     `mode`: "RGB", "L" or None (grey stays L, colour becomes RGB). The EXIF orientation is applied.
     `max_pixels`: refuse larger images (default: Pillow's decompression-bomb limit).
     """
     path = Path(path)
     limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise VitlabError(f"image not found: {path} (check the path)") from None
-    except OSError as exc:
-        raise VitlabError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if path.is_dir():
-        raise VitlabError(f"{path} is a folder, not an image file")
-    if size == 0:
-        raise VitlabError(f"empty file (0 bytes): {path}")
+    _check_file(path)
     old_truncated = ImageFile.LOAD_TRUNCATED_IMAGES
     try:
-        ImageFile.LOAD_TRUNCATED_IMAGES = False
+        ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a grey half-image
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 w, h = img.size
                 if w * h > limit:
-                    raise VitlabError(
-                        f"image too large ({w}x{h} = {w * h} pixels, limit {limit}; possible decompression bomb): {path}"
-                    )
+                    raise BadImageError("image too large", path,
+                                        f"{w}x{h} pixels > limit {limit}, possible decompression bomb")
                 img.load()
                 img = ImageOps.exif_transpose(img) or img
                 out = normalise_mode(img, mode)
@@ -103,15 +147,14 @@ def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int
                 return out
     except VitlabError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise VitlabError(f"image too large (possible decompression bomb): {path}: {exc}") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise BadImageError("image too large", path, "possible decompression bomb") from None
     except UnidentifiedImageError:
-        raise VitlabError(f"not an image file (Pillow cannot identify it): {path}") from None
+        raise BadImageError("not an image", path, "Pillow cannot identify it") from None
     except MemoryError:
-        raise VitlabError(f"image too large to decode in memory: {path}") from None
+        raise BadImageError("image too large", path, "out of memory while decoding") from None
     except Exception as exc:  # truncated, corrupt data, broken headers: all mean "skip this file"
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise VitlabError(f"corrupt or truncated image ({msg}): {path}") from None
+        raise BadImageError("corrupt or truncated image", path, _first_line(exc)) from None
     finally:
         ImageFile.LOAD_TRUNCATED_IMAGES = old_truncated
 

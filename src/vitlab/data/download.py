@@ -1,0 +1,148 @@
+"""Where standard data sets live on disk, and the real download code (public addresses + MD5) for them.
+
+Nothing is downloaded implicitly: `vitlab data download NAME` (or `download(name)`) fetches and checks
+the files; without a network the error says what to fetch and where to put it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+import urllib.request
+from pathlib import Path
+
+from vitlab.errors import VitlabError
+
+# name -> mirrors (tried in order) and {file name: MD5 of the published file}.
+RESOURCES: dict[str, dict] = {
+    "fashion-mnist": {
+        "mirrors": [
+            "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+        ],
+        "files": {
+            "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+            "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+            "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+        },
+        "apt": "apt-get install dataset-fashion-mnist",
+    },
+    "mnist": {
+        "mirrors": [
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+        ],
+        "files": {
+            "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+            "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+            "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+        },
+    },
+    "cifar10": {
+        "mirrors": ["https://www.cs.toronto.edu/~kriz/"],
+        "files": {"cifar-10-binary.tar.gz": "c32a1d4ab5d03f1284b67883e8d87530"},
+        "extract": True,
+    },
+    "cifar100": {
+        "mirrors": ["https://www.cs.toronto.edu/~kriz/"],
+        "files": {"cifar-100-binary.tar.gz": "03b5dce01913d631647c71ecec9e9cb8"},
+        "extract": True,
+    },
+}
+
+# Where Debian's `dataset-*` packages install data sets.
+SYSTEM_DIR = Path("/usr/share/datasets")
+
+
+def data_home() -> Path:
+    """Root for downloaded data: $VITLAB_DATA, else ~/.cache/vitlab/datasets."""
+    env = os.environ.get("VITLAB_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "vitlab" / "datasets"
+
+
+def search_dirs(name: str) -> list[Path]:
+    """Folders searched, in order, for a named data set."""
+    return [data_home() / name, SYSTEM_DIR / name]
+
+
+def md5sum(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def missing_message(name: str, searched: list[Path] | None = None) -> str:
+    """One line: what was searched, the command that downloads it, and the manual alternative."""
+    res = RESOURCES[name]
+    searched = searched or search_dirs(name)
+    files = ", ".join(res["files"])
+    where = ", ".join(str(p) for p in searched)
+    apt = f" or `{res['apt']}`" if "apt" in res else ""
+    return (f"{name} not found (searched {where}); run `vitlab data download {name}` (needs a network){apt}, "
+            f"or download {files} from {res['mirrors'][0]} into {searched[0]} and pass {name}:{searched[0]}")
+
+
+def _safe_extract(archive: Path, dest: Path) -> None:
+    """Extract regular files only, refusing absolute paths and '..' (no tar path traversal)."""
+    with tarfile.open(archive, "r:*") as tar:
+        for member in tar.getmembers():
+            target = (dest / member.name).resolve()
+            if not member.isreg() and not member.isdir():
+                continue
+            if not str(target).startswith(str(dest.resolve()) + os.sep):
+                raise VitlabError(f"unsafe path {member.name!r} in {archive}; the archive is not the official one")
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+
+
+def download(name: str, root: str | os.PathLike | None = None, progress: bool = True, timeout: float = 30.0) -> Path:
+    """Download a named data set into `root` (default data_home()/name), check MD5s, extract archives."""
+    if name not in RESOURCES:
+        raise VitlabError(f"no download known for {name!r}; choose one of {', '.join(RESOURCES)}")
+    from tqdm.auto import tqdm
+
+    res = RESOURCES[name]
+    dest = Path(root) if root else data_home() / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for fname, md5 in res["files"].items():
+        target = dest / fname
+        if target.exists() and md5sum(target) == md5:
+            continue
+        errors = []
+        for mirror in res["mirrors"]:
+            url = mirror + fname
+            tmp = target.with_suffix(target.suffix + ".part")
+            try:
+                req = urllib.request.Request(url, headers={"User-Agent": "vitlab"})
+                with urllib.request.urlopen(req, timeout=timeout) as resp, open(tmp, "wb") as out:
+                    total = int(resp.headers.get("Content-Length") or 0) or None
+                    with tqdm(total=total, unit="B", unit_scale=True, desc=fname, disable=not progress) as bar:
+                        for block in iter(lambda r=resp: r.read(1 << 16), b""):
+                            out.write(block)
+                            bar.update(len(block))
+                got = md5sum(tmp)
+                if got != md5:
+                    tmp.unlink(missing_ok=True)
+                    errors.append(f"{url}: MD5 {got} != {md5}")
+                    continue
+                tmp.replace(target)
+                break
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                errors.append(f"{url}: {getattr(exc, 'reason', None) or exc}")
+        else:
+            raise VitlabError(f"could not download {fname} ({'; '.join(errors)}); "
+                              f"without a network, copy it from {res['mirrors'][0]}{fname} into {dest}")
+        if res.get("extract"):
+            _safe_extract(target, dest)
+    return dest

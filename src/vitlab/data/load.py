@@ -1,0 +1,161 @@
+"""`load_data(source, ...)`: one entry point for every source, giving seeded, stratified `DataSplits`.
+
+Sources: `fashion-mnist[:DIR]`, `mnist[:DIR]`, `cifar10[:PATH]`, `cifar100[:PATH]`,
+`cifar100-coarse[:PATH]`, `digits`, `bundled`, a folder of class subfolders, or a CSV of path,label.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from vitlab.data.dataset import DataSplits, FileImageDataset, ImageDataset
+from vitlab.data.splits import (
+    class_subset_map,
+    parse_classes,
+    resolve_classes,
+    stratified_split,
+    take_per_class,
+)
+from vitlab.errors import VitlabError
+
+NAMED_SOURCES = ("fashion-mnist", "mnist", "cifar10", "cifar100", "cifar100-coarse", "digits", "bundled")
+_ALIASES = {"fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "fmnist": "fashion-mnist",
+            "cifar-10": "cifar10", "cifar-100": "cifar100", "sklearn-digits": "digits"}
+
+# Decode file sources into memory when they need less than this many bytes (VITLAB_DATA_MEMORY_MB overrides).
+DEFAULT_MEMORY_BUDGET = 2 * 1024**3
+
+
+def _split_source(source: str) -> tuple[str | None, str | None]:
+    """'cifar10:/x' -> ('cifar10', '/x'); 'mnist' -> ('mnist', None); a path -> (None, path)."""
+    head, sep, rest = source.partition(":")
+    key = _ALIASES.get(head.lower(), head.lower())
+    if key in NAMED_SOURCES and (sep == "" or rest):
+        return key, (rest or None)
+    return None, source
+
+
+def read_source(source: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
+    """Open a source as it is on disk (its own splits only, original classes, nothing decoded yet for files)."""
+    source = str(source).strip()
+    if not source:
+        raise VitlabError("no data source given; use e.g. --data fashion-mnist, --data bundled or --data PATH")
+    key, path = _split_source(source)
+    if key in ("fashion-mnist", "mnist"):
+        from vitlab.data.idx import load_idx_dataset
+
+        return load_idx_dataset(key, path)
+    if key in ("cifar10", "cifar100", "cifar100-coarse"):
+        from vitlab.data.cifar import load_cifar
+
+        return load_cifar(key.replace("-coarse", ""), path, coarse=key.endswith("-coarse"))
+    if key == "digits":
+        from vitlab.data.builtin import load_digits_dataset
+
+        return load_digits_dataset()
+    if key == "bundled":
+        from vitlab.data.builtin import load_bundled
+
+        return load_bundled()
+    p = Path(path).expanduser()
+    from vitlab.data.files import load_csv, load_folder
+
+    if p.is_dir():
+        return load_folder(p, storage_size, progress)
+    if p.is_file() and p.suffix.lower() in (".csv", ".tsv", ".txt"):
+        return load_csv(p, storage_size, progress)
+    if p.exists():
+        raise VitlabError(f"cannot use {p} as data: give a folder of class subfolders or a CSV of path,label")
+    raise VitlabError(f"unknown data source {source!r}: not a folder or CSV file, nor one of {', '.join(NAMED_SOURCES)}")
+
+
+def _select_classes(splits: DataSplits, classes) -> DataSplits:
+    requested = parse_classes(classes)
+    if requested is None:
+        return splits
+    selected = resolve_classes(requested, splits.class_names)
+    mapping = class_subset_map(selected, len(splits.class_names))
+    names = [splits.class_names[i] for i in selected]
+
+    def sub(ds):
+        if ds is None:
+            return None
+        new = mapping[ds.labels.numpy()]
+        keep = np.flatnonzero(new >= 0)
+        out = ds.subset(keep)
+        return out.relabel(new[keep], names)
+
+    return DataSplits(sub(splits.train), sub(splits.val), sub(splits.test), names, splits.skipped,
+                      splits.name, splits.channels, splits.notes)
+
+
+def _memory_budget() -> int:
+    env = os.environ.get("VITLAB_DATA_MEMORY_MB")
+    return int(float(env) * 1024**2) if env else DEFAULT_MEMORY_BUDGET
+
+
+def load_data(source: str, *, classes=None, per_class: int | None = None, val_fraction: float = 0.1,
+              test_fraction: float = 0.1, seed: int = 0, storage_size: int | None = None,
+              in_memory: bool | None = None, progress: bool = True) -> DataSplits:
+    """Load a data source as seeded, stratified train / val / test splits.
+
+    - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
+      split column). A missing val split is carved from train (`val_fraction` of it); a missing test
+      split, for sources without one, is carved too (`test_fraction`). Both are stratified by class.
+    - `classes`: names (case-insensitive) or indices, a list or "A,B,C"; labels become positions in it.
+    - `per_class`: keep N seeded training images per class (val and test stay whole), for few-shot and
+      data-size studies.
+    - File sources are stored at `storage_size` (default: median shorter side, at most 256) and decoded
+      into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk.
+    """
+    raw = read_source(source, storage_size, progress)
+    splits = _select_classes(raw, classes)
+    train, val, test = splits.train, splits.val, splits.test
+    need_val = val is None and val_fraction > 0
+    need_test = test is None and test_fraction > 0
+    if need_val or need_test:
+        fr_val = val_fraction if need_val else 0.0
+        fr_test = test_fraction if need_test else 0.0
+        tr_idx, va_idx, te_idx = stratified_split(train.labels.numpy(), [fr_val, fr_test], seed)
+        base = train
+        train = base.subset(tr_idx)
+        if need_val:
+            val = base.subset(va_idx)
+        if need_test:
+            test = base.subset(te_idx)
+    notes = list(splits.notes)
+    if per_class is not None:
+        keep, short = take_per_class(train.labels.numpy(), int(per_class), seed + 1)
+        train = train.subset(keep)
+        if short:
+            names = ", ".join(splits.class_names[c] for c in short)
+            notes.append(f"--per-class {per_class}: fewer training images than that for {names}; kept all of them")
+    skipped = list(splits.skipped)
+    parts = {"train": train, "val": val, "test": test}
+    file_parts = {k: v for k, v in parts.items() if isinstance(v, FileImageDataset)}
+    if file_parts:
+        if in_memory is None:
+            total = sum(len(v) * v.channels * v.size * v.size for v in file_parts.values())
+            in_memory = total <= _memory_budget()
+        if in_memory:
+            for k, ds in file_parts.items():
+                mem, bad = ds.materialize(progress=progress)
+                skipped.extend(bad)
+                parts[k] = mem
+    for k in ("val", "test"):
+        if parts[k] is not None and len(parts[k]) == 0:
+            parts[k] = None
+    if parts["train"] is None or len(parts["train"]) == 0:
+        first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise VitlabError(f"no usable training image in {source}: {len(skipped)} files skipped{first}")
+    for k, v in parts.items():
+        if v is not None:
+            v.name = f"{splits.name}/{k}"
+    return DataSplits(parts["train"], parts["val"], parts["test"], list(splits.class_names), skipped,
+                      splits.name, splits.channels, notes)
+
+
+__all__ = ["DataSplits", "ImageDataset", "NAMED_SOURCES", "load_data", "read_source"]

@@ -1,0 +1,102 @@
+"""Seeded, stratified selection: train/val/test splits, class subsets with relabelling, N images per class."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from vitlab.errors import VitlabError
+
+
+def stratified_split(labels, fractions: Sequence[float], seed: int = 0) -> list[np.ndarray]:
+    """Split indices into len(fractions)+1 parts (the first is the rest, e.g. train), class by class.
+
+    For each class (in label order) the indices are shuffled with one numpy generator seeded by `seed`
+    and part k gets round(n_class * fractions[k]) of them, so each part keeps the class proportions.
+    At least one image per class stays in the first part. Each part is returned sorted.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    fr = [float(f) for f in fractions]
+    if any(f < 0 for f in fr) or sum(fr) >= 1.0:
+        raise VitlabError(f"split fractions must be >= 0 and sum to less than 1, got {fr}")
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[] for _ in range(len(fr) + 1)]
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n = len(idx)
+        counts = [int(round(n * f)) for f in fr]
+        while sum(counts) > n - 1 and sum(counts) > 0:  # keep one for training
+            k = int(np.argmax(counts))
+            counts[k] -= 1
+        start = n - sum(counts)
+        parts[0].append(idx[:start])
+        for k, cnt in enumerate(counts):
+            parts[k + 1].append(idx[start:start + cnt])
+            start += cnt
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+def take_per_class(labels, n: int, seed: int = 0) -> tuple[np.ndarray, list[int]]:
+    """Seeded choice of `n` indices per class (all of a class if it has fewer); returns (sorted indices, short classes)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if n < 1:
+        raise VitlabError(f"--per-class must be at least 1, got {n}")
+    rng = np.random.default_rng(seed)
+    chosen, short = [], []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) < n:
+            short.append(int(c))
+            chosen.append(idx)
+        else:
+            chosen.append(rng.choice(idx, size=n, replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64), short
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"\s+", " ", str(name).strip().strip("\"'")).casefold()
+
+
+def parse_classes(text: str | Sequence | None) -> list[str] | None:
+    """`"Sandal,Sneaker,Ankle boot"` -> ["Sandal", "Sneaker", "Ankle boot"]; lists pass through; None stays None."""
+    if text is None:
+        return None
+    if isinstance(text, str):
+        items = [t.strip().strip("\"'").strip() for t in text.split(",")]
+    else:
+        items = [str(t).strip() for t in text]
+    items = [t for t in items if t]
+    return items or None
+
+
+def resolve_classes(requested: Sequence, class_names: Sequence[str]) -> list[int]:
+    """Map requested names (case-insensitive, spaces as typed) or indices to class indices, in the requested order."""
+    lookup = {_norm(n): i for i, n in enumerate(class_names)}
+    loose = {re.sub(r"[^0-9a-z]", "", k): i for k, i in lookup.items()}
+    out: list[int] = []
+    for item in requested:
+        key = _norm(item)
+        if key in lookup:
+            idx = lookup[key]
+        elif re.sub(r"[^0-9a-z]", "", key) in loose and re.sub(r"[^0-9a-z]", "", key):
+            idx = loose[re.sub(r"[^0-9a-z]", "", key)]
+        elif key.lstrip("-").isdigit() and 0 <= int(key) < len(class_names):
+            idx = int(key)
+        else:
+            shown = ", ".join(class_names[:30]) + (", ..." if len(class_names) > 30 else "")
+            raise VitlabError(f"unknown class {item!r}; the classes are: {shown}")
+        if idx in out:
+            raise VitlabError(f"class {class_names[idx]!r} is given twice in --classes")
+        out.append(idx)
+    if not out:
+        raise VitlabError("--classes is empty; give class names separated by commas")
+    return out
+
+
+def class_subset_map(selected: Sequence[int], num_classes: int) -> np.ndarray:
+    """Old label -> new label (position in `selected`), -1 for dropped classes."""
+    mapping = np.full(num_classes, -1, dtype=np.int64)
+    mapping[np.asarray(selected, dtype=np.int64)] = np.arange(len(selected))
+    return mapping
