@@ -1,0 +1,167 @@
+"""`vitlab inspect`: the paper's inspection figures (filters, position embeddings, attention
+distance, rollout) for a model, as PNGs plus one self-contained HTML report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from vitlab.errors import VitlabError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="look inside a ViT: embedding filters, position-embedding similarity, attention distance, rollout",
+        description="Write the ViT paper's inspection figures (Fig. 6, 7, 10, 11, 14) as PNGs and one HTML report.",
+    )
+    p.add_argument("model", metavar="MODEL",
+                   help="weights vitlab can load (native folder, .npz, .safetensors/.pth, Hugging Face folder) "
+                        "or a training run folder (its RUN/model/ is used)")
+    p.add_argument("--images", nargs="+", metavar="PATH", help="image files and/or folders (searched recursively)")
+    p.add_argument("--data", metavar="SOURCE", help="take the images from a data set, e.g. fashion-mnist, digits, a folder")
+    p.add_argument("--split", default="test", choices=["test", "val", "train"], help="split of --data (default test)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder for the PNGs, report.html and arrays")
+    p.add_argument("-n", "--num-images", type=int, default=128,
+                   help="images the attention distance averages over (default 128, as the paper)")
+    p.add_argument("--rollout-images", type=int, default=8, help="images shown with rollout overlays (default 8)")
+    p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
+                   help="how rollout fuses the heads (default mean, as the paper)")
+    p.add_argument("--discard-ratio", type=float, default=0.0,
+                   help="rollout: zero this fraction of the lowest fused attention entries per layer (default 0)")
+    p.add_argument("--cls", choices=["exclude", "zero"], default="exclude",
+                   help="attention distance: 'exclude' the class token and renormalise over patches (default) or "
+                        "count attention to it as distance 'zero'")
+    p.add_argument("--components", type=int, default=28, help="principal components of the embedding filters (default 28)")
+    p.add_argument("--image-size", type=int, default=None, help="run at this input size (position embeddings resampled)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--seed", type=int, default=0, help="which images --data picks (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only the report path")
+    p.set_defaults(func=run)
+
+
+def resolve_model_path(path: str) -> str:
+    """A training run folder holds its final model in RUN/model/; anything else is passed through."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file() and (p / "model" / "config.json").is_file():
+        return str(p / "model")
+    return path
+
+
+def load_model(path: str, image_size: int | None = None):
+    """(model, class_names, preprocess) from anything `vitlab.load` reads or a run folder."""
+    from vitlab.weights import load_with_meta
+
+    model, meta = load_with_meta(resolve_model_path(path), image_size=image_size)
+    return model, meta.get("class_names"), meta.get("preprocess")
+
+
+def make_preprocess(model, preprocess):
+    """The weights' preprocessing, or the official fallback: plain resize to the model size, mean = std = 0.5."""
+    from vitlab.data.preprocess import Preprocess
+
+    if isinstance(preprocess, dict):
+        preprocess = Preprocess.from_dict(preprocess)
+    cfg = model.config
+    if preprocess is None:
+        return Preprocess.for_model(cfg.image_size, channels=cfg.in_chans)
+    if tuple(preprocess.image_size) != tuple(cfg.image_size) or preprocess.channels != cfg.in_chans:
+        d = preprocess.to_dict()
+        d["image_size"] = list(cfg.image_size)
+        if preprocess.channels != cfg.in_chans:
+            d.update(channels=cfg.in_chans, mean=[0.5] * cfg.in_chans, std=[0.5] * cfg.in_chans)
+        preprocess = Preprocess.from_dict(d)
+    return preprocess
+
+
+def image_files(paths: list[str]) -> list[Path]:
+    from vitlab.data.images import is_image_file
+
+    files: list[Path] = []
+    for item in paths:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and is_image_file(f))
+            if not found:
+                raise VitlabError(f"no image files in folder {p} (looked for .jpg, .png, ...)")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise VitlabError(f"no such image file or folder: {p}")
+    return files
+
+
+def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, list[str]]:
+    """Normalised (N, C, H, W) images and a label per image (file name or class name)."""
+    from vitlab.data.images import open_image
+
+    tensors, labels = [], []
+    if args.images:
+        for f in image_files(args.images)[: args.num_images]:
+            tensors.append(preprocess(open_image(f)))
+            labels.append(f.stem[:16])
+    remaining = args.num_images - len(tensors)
+    if args.data and remaining > 0:
+        from vitlab.data import load_data
+
+        splits = load_data(args.data, seed=args.seed)
+        ds = getattr(splits, args.split, None) or splits.test or splits.val or splits.train
+        if ds is None or len(ds) == 0:
+            raise VitlabError(f"data set {args.data!r} has no images in its {args.split} split")
+        order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(args.seed))[:remaining]
+        for i in order.tolist():
+            img, y = ds[i]
+            tensors.append(preprocess(img))
+            labels.append(splits.class_names[int(y)] if splits.class_names else str(int(y)))
+    if not tensors:
+        return torch.empty(0), []
+    return torch.stack(tensors), labels
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise VitlabError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise VitlabError("--device cuda given but no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.inspect import check_inspectable, inspect_model
+
+    if args.num_images < 0 or args.rollout_images < 0 or args.batch_size < 1:
+        raise VitlabError("--num-images and --rollout-images must be >= 0 and --batch-size >= 1")
+    if not 0.0 <= args.discard_ratio < 1.0:
+        raise VitlabError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
+    model, class_names, preprocess = load_model(args.model, args.image_size)
+    check_inspectable(model)
+    preprocess = make_preprocess(model, preprocess)
+    images, labels = gather_images(args, preprocess)
+    if not len(images) and not args.quiet:
+        print("no --images or --data given: only the embedding filters and position embeddings are drawn")
+    model = model.to(pick_device(args.device)).eval()
+    res = inspect_model(
+        model, images if len(images) else None, args.out,
+        mean=preprocess.mean, std=preprocess.std, labels=labels, class_names=class_names,
+        batch_size=args.batch_size, rollout_images=args.rollout_images, head_fusion=args.head_fusion,
+        discard_ratio=args.discard_ratio, cls=args.cls, num_components=args.components,
+        title=f"vitlab inspect: {args.model}", progress=not args.quiet,
+    )
+    if not args.quiet:
+        for note in res.notes:
+            print(note)
+        for name, path in res.figures.items():
+            print(f"{name:9s} {path}")
+        if res.attention_distance is not None:
+            per_layer = ", ".join(f"{v:.1f}" for v in res.attention_distance.mean(1))
+            print(f"mean attention distance per layer (px, {len(images)} images): {per_layer}")
+    print(f"report    {res.report}")
+    return 0

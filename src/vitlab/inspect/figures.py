@@ -1,0 +1,171 @@
+"""Matplotlib figures for the four inspection analyses (PNG files, Agg backend, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from vitlab.inspect.filters import FilterPCA, tile_for_display  # noqa: E402
+from vitlab.inspect.posemb import similarity_mosaic  # noqa: E402
+
+
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_filters(pca: FilterPCA, path: str | Path, title: str | None = None, cols: int = 7) -> Path:
+    """Top principal components as P x P x C tiles (grey for one channel), 7 per row as in Fig. 7."""
+    k = len(pca.components)
+    rows = int(np.ceil(k / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(1.1 * cols, 1.1 * rows + 0.5), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if i >= k:
+            continue
+        tile = tile_for_display(pca.components[i])
+        if tile.shape[-1] == 1:
+            ax.imshow(tile[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+        else:
+            ax.imshow(np.clip(tile[..., :3], 0, 1), interpolation="nearest")
+        ax.set_title(f"{100 * pca.explained_variance_ratio[i]:.1f}%", fontsize=6, pad=1)
+    fig.suptitle(title or f"Embedding filters (first {k} principal components)", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_posemb_similarity(sim: np.ndarray, path: str | Path, title: str | None = None) -> Path:
+    """Tiles of cosine similarity on the patch grid, colour scale -1..1 (Fig. 7 centre / Fig. 10)."""
+    h, w, th, tw = sim.shape
+    mosaic = similarity_mosaic(sim, gap=1)
+    size = min(9.0, max(3.5, 0.45 * max(h, w) + 1.5))
+    fig, ax = plt.subplots(figsize=(size * w / max(h, w) + 1.0, size * h / max(h, w)))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+    im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
+    step_r, step_c = th + 1, tw + 1
+    every = max(1, max(h, w) // 12)
+    ax.set_xticks([c * step_c + (tw - 1) / 2 for c in range(0, w, every)], [str(c + 1) for c in range(0, w, every)])
+    ax.set_yticks([r * step_r + (th - 1) / 2 for r in range(0, h, every)], [str(r + 1) for r in range(0, h, every)])
+    ax.tick_params(length=0, labelsize=7)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_xlabel("Input patch column")
+    ax.set_ylabel("Input patch row")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, label="Cosine similarity")
+    ax.set_title(title or "Position embedding similarity", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_attention_distance(
+    distance: np.ndarray, path: str | Path, image_width: int | None = None, title: str | None = None
+) -> Path:
+    """One dot per head at each depth (Fig. 7 right / Fig. 11); right axis as a fraction of the image width."""
+    layers, heads = distance.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * layers + 2.5), 3.6))
+    colours = plt.get_cmap("tab20")(np.arange(heads) % 20)
+    for hd in range(heads):
+        ax.scatter(np.arange(1, layers + 1), distance[:, hd], s=14, color=colours[hd], label=f"head {hd + 1}",
+                   edgecolors="none")
+    ax.set_xlabel("Network depth (layer)")
+    ax.set_ylabel("Mean attention distance (pixels)")
+    ax.set_xticks(np.arange(1, layers + 1, max(1, layers // 12)))
+    ax.set_ylim(0, max(float(np.nanmax(distance)) * 1.1, 1e-6))
+    ax.grid(alpha=0.3)
+    if image_width:
+        sec = ax.secondary_yaxis("right", functions=(lambda y: y / image_width, lambda f: f * image_width))
+        sec.set_ylabel("Fraction of image width")
+    if heads <= 16:
+        ax.legend(fontsize=6, ncol=2, loc="lower right", frameon=False)
+    ax.set_title(title or "Mean attention distance per head", fontsize=10)
+    return _save(fig, path)
+
+
+def upsample_map(token_map: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(h, w) map -> (H, W) with bicubic interpolation, min-max normalised to [0, 1] for overlay."""
+    t = torch.as_tensor(np.asarray(token_map, dtype=np.float32))[None, None]
+    up = F.interpolate(t, size=size, mode="bicubic", align_corners=False)[0, 0].numpy()
+    lo, hi = float(up.min()), float(up.max())
+    return (up - lo) / (hi - lo) if hi > lo else np.zeros_like(up)
+
+
+def _show_image(ax: plt.Axes, image: np.ndarray) -> None:
+    if image.ndim == 3 and image.shape[-1] == 1:
+        ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=1)
+    else:
+        ax.imshow(np.clip(image, 0, 1))
+    ax.set_axis_off()
+
+
+def plot_rollout(
+    images: np.ndarray,
+    maps: np.ndarray,
+    path: str | Path,
+    labels: list[str] | None = None,
+    title: str | None = None,
+    cols: int = 8,
+) -> Path:
+    """Each input image (top) and its rollout map overlaid (below), as in Fig. 6 / Fig. 14.
+
+    `images`: (K, H, W, C) in [0, 1]; `maps`: (K, h, w) on the patch grid.
+    """
+    k = len(images)
+    cols = min(cols, k)
+    blocks = int(np.ceil(k / cols))
+    cell_h = 1.5 * images.shape[1] / images.shape[2]
+    fig, axes = plt.subplots(2 * blocks, cols, figsize=(1.5 * cols, 2 * blocks * (cell_h + 0.2) + 0.4), squeeze=False)
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for i in range(k):
+        r, c = 2 * (i // cols), i % cols
+        img = images[i]
+        _show_image(axes[r, c], img)
+        if labels:
+            axes[r, c].set_title(labels[i], fontsize=6, pad=1)
+        _show_image(axes[r + 1, c], img)
+        axes[r + 1, c].imshow(upsample_map(maps[i], img.shape[:2]), cmap="jet", alpha=0.5, vmin=0, vmax=1)
+    fig.suptitle(title or "Attention rollout (top: input, bottom: rollout overlay)", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_attention_maps(
+    maps: np.ndarray, path: str | Path, image: np.ndarray | None = None, title: str | None = None
+) -> Path:
+    """Raw attention of one image per layer (rows) and head (columns), each tile scaled to its maximum."""
+    layers, heads, h, w = maps.shape
+    gap = 1
+    mosaic = np.full((layers * (h + gap) - gap, heads * (w + gap) - gap), np.nan)
+    for li in range(layers):
+        for hd in range(heads):
+            m = maps[li, hd]
+            peak = m.max()
+            mosaic[li * (h + gap): li * (h + gap) + h, hd * (w + gap): hd * (w + gap) + w] = m / peak if peak > 0 else m
+    extra = 1 if image is not None else 0
+    scale = min(0.6, 10.0 / max(heads, layers))
+    fig, axes = plt.subplots(
+        1, 1 + extra, figsize=(scale * heads + 2.5 * extra + 1.0, max(2.0, scale * layers + 0.8)),
+        squeeze=False, gridspec_kw={"width_ratios": ([1.0] if extra else []) + [max(1.0, heads / 4)]},
+    )
+    if image is not None:
+        _show_image(axes[0, 0], image)
+        axes[0, 0].set_title("input", fontsize=8)
+    ax = axes[0, extra]
+    cmap = plt.get_cmap("inferno").with_extremes(bad="white")
+    ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xticks([hd * (w + gap) + (w - 1) / 2 for hd in range(heads)], [str(i + 1) for i in range(heads)])
+    ax.set_yticks([li * (h + gap) + (h - 1) / 2 for li in range(layers)], [str(i + 1) for i in range(layers)])
+    ax.tick_params(length=0, labelsize=6)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    fig.suptitle(title or "Raw attention per layer and head", fontsize=9)
+    return _save(fig, path)

@@ -1,0 +1,292 @@
+"""Glue: run every analysis that applies to a model on a batch of images, write PNGs + HTML + arrays.
+
+The analyses themselves are pure functions (filters, posemb, distance, rollout); this module only
+collects attention in batches under `torch.no_grad`, calls them, and draws the figures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from vitlab.errors import VitlabError
+from vitlab.inspect import figures
+from vitlab.inspect.distance import attention_distance
+from vitlab.inspect.filters import FilterPCA, embedding_filter_pca
+from vitlab.inspect.posemb import posemb_similarity
+from vitlab.inspect.report import Section, write_report
+from vitlab.inspect.rollout import attention_maps, rollout_maps
+
+FIGURE_NAMES = {
+    "filters": "inspect_filters.png",
+    "posemb": "inspect_posemb.png",
+    "distance": "inspect_distance.png",
+    "rollout": "inspect_rollout.png",
+    "attention": "inspect_attention.png",
+}
+
+
+@dataclass
+class InspectResult:
+    """Everything `inspect_model` computed; arrays are numpy, figures and report are paths."""
+
+    out_dir: Path
+    figures: dict[str, Path] = field(default_factory=dict)
+    report: Path | None = None
+    filter_pca: FilterPCA | None = None
+    posemb_similarity: np.ndarray | None = None  # (h, w, h, w)
+    attention_distance: np.ndarray | None = None  # (layers, heads), pixels, mean over images
+    attention_distance_per_image: np.ndarray | None = None  # (N, layers, heads)
+    rollout_maps: np.ndarray | None = None  # (K, h, w), each divided by its max
+    attention_maps: np.ndarray | None = None  # (layers, heads, h, w) for the first image
+    predictions: np.ndarray | None = None  # (N,) argmax of the logits
+    notes: list[str] = field(default_factory=list)
+
+
+def check_inspectable(model: nn.Module) -> None:
+    """ResNets (and anything without attention) have none of the paper's ViT inspection figures."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "arch", "vit") != "vit" or not hasattr(model, "blocks"):
+        raise VitlabError(
+            "this model is a ResNet (no attention, no position or patch embeddings), so none of the "
+            "inspection analyses apply; pass a ViT or hybrid R+ViT model"
+        )
+
+
+@torch.no_grad()
+def collect(
+    model: nn.Module,
+    images: torch.Tensor,
+    *,
+    batch_size: int = 32,
+    rollout_images: int = 8,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    cls: str = "exclude",
+    progress: bool = True,
+) -> dict[str, np.ndarray]:
+    """One pass over `images` (N, C, H, W, normalised) collecting per-image distances, rollout maps of
+    the first `rollout_images`, raw per-head maps of image 0 and predictions; attention is reduced batch
+    by batch, so memory stays at one batch of attention."""
+    check_inspectable(model)
+    if images.dim() != 4 or len(images) == 0:
+        raise VitlabError(f"expected a non-empty (N, C, H, W) batch of images, got shape {tuple(images.shape)}")
+    device = next(model.parameters()).device
+    stride = model.config.stride
+    grid = (images.shape[-2] // stride, images.shape[-1] // stride)
+    prefix = model.num_prefix_tokens
+    was_training = model.training
+    model.eval()
+    dists, preds, rolls = [], [], []
+    raw = None
+    starts = range(0, len(images), batch_size)
+    for start in tqdm(starts, desc="attention", unit="batch", disable=not progress, leave=False):
+        x = images[start: start + batch_size].to(device)
+        logits, attn = model(x, return_attention=True)
+        preds.append(logits.argmax(-1).cpu())
+        dists.append(attention_distance(attn, grid, stride, prefix, cls))
+        keep = max(0, min(rollout_images - start, len(x)))
+        if keep:
+            rolls.append(rollout_maps([a[:keep] for a in attn], grid, prefix, head_fusion, discard_ratio))
+        if raw is None:
+            raw = attention_maps([a[:1] for a in attn], grid, prefix, index=0)
+    model.train(was_training)
+    return {
+        "distance_per_image": np.concatenate(dists, axis=0),
+        "rollout_maps": np.concatenate(rolls, axis=0) if rolls else np.zeros((0, *grid)),
+        "attention_maps": raw,
+        "predictions": torch.cat(preds).numpy(),
+        "grid": np.array(grid),
+    }
+
+
+def _to_display(images: torch.Tensor, mean, std) -> np.ndarray:
+    """Undo the normalisation for display: (K, C, H, W) -> (K, H, W, C) in [0, 1]."""
+    c = images.shape[1]
+    m = torch.as_tensor(mean, dtype=images.dtype).reshape(-1)[:c].reshape(1, -1, 1, 1) if mean is not None else 0.5
+    s = torch.as_tensor(std, dtype=images.dtype).reshape(-1)[:c].reshape(1, -1, 1, 1) if std is not None else 0.5
+    if isinstance(m, torch.Tensor) and m.shape[1] != c:
+        m, s = m.mean(), s.mean()
+    return (images * s + m).clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
+
+
+def inspect_model(
+    model: nn.Module,
+    images: torch.Tensor | None,
+    out_dir: str | Path,
+    *,
+    mean=(0.5, 0.5, 0.5),
+    std=(0.5, 0.5, 0.5),
+    labels: list[str] | None = None,
+    class_names: list[str] | None = None,
+    batch_size: int = 32,
+    rollout_images: int = 8,
+    head_fusion: str = "mean",
+    discard_ratio: float = 0.0,
+    cls: str = "exclude",
+    num_components: int = 28,
+    title: str = "vitlab inspect",
+    progress: bool = True,
+) -> InspectResult:
+    """Run the analyses that apply to `model` and write `out_dir/inspect_*.png`, `report.html`,
+    `inspect.npz` and `inspect.json`.
+
+    `images` are (N, C, H, W) normalised with `mean`/`std` (used to undo it for display); N is how
+    many images the attention distance averages over. `labels` are true labels of the first images.
+    """
+    check_inspectable(model)
+    cfg = model.config
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    res = InspectResult(out_dir=out)
+    sections: list[Section] = []
+    prefix = model.num_prefix_tokens
+    hybrid = cfg.resnet is not None
+
+    # 1. Embedding filters (plain ViTs only: a hybrid's patch embedding sees ResNet features, not pixels).
+    if hybrid:
+        res.notes.append("embedding filters: skipped, the hybrid's patch embedding sees ResNet features, not pixels")
+    else:
+        w = model.patch_embed.proj.weight
+        res.filter_pca = embedding_filter_pca(w, num_components)
+        k = len(res.filter_pca.components)
+        res.figures["filters"] = figures.plot_filters(
+            res.filter_pca, out / FIGURE_NAMES["filters"],
+            title=f"Embedding filters of {cfg.name} (first {k} principal components)",
+        )
+        evr = res.filter_pca.explained_variance_ratio
+        sections.append(Section(
+            "Embedding filters (paper Fig. 7 left)",
+            f"PCA of the {w.shape[0]} patch-embedding filters of size {w.shape[1]}x{w.shape[2]}x{w.shape[3]} "
+            f"(C x P x P); the top {k} components, each scaled symmetrically around grey. The first 5 explain "
+            f"{100 * evr[:5].sum():.1f}% of the variance.",
+            res.figures["filters"],
+        ))
+
+    # 2. Position-embedding similarity.
+    grid0 = cfg.grid_size
+    res.posemb_similarity = posemb_similarity(model.pos_embed, grid0, prefix)
+    res.figures["posemb"] = figures.plot_posemb_similarity(
+        res.posemb_similarity, out / FIGURE_NAMES["posemb"],
+        title=f"Position embedding similarity ({cfg.name}, {grid0[0]}x{grid0[1]} grid)",
+    )
+    kind = "learned" if cfg.posemb == "learn" else "fixed 2D sin-cos (not learned)"
+    sections.append(Section(
+        "Position-embedding similarity (paper Fig. 7 centre, Fig. 10)",
+        f"Tile (r, c) shows the cosine similarity between the {kind} position embedding of the patch at "
+        f"row r, column c and those of all patches; the class-token slot is excluded; colour scale -1..1.",
+        res.figures["posemb"],
+    ))
+
+    if images is not None and len(images):
+        stats = collect(model, images, batch_size=batch_size, rollout_images=rollout_images,
+                        head_fusion=head_fusion, discard_ratio=discard_ratio, cls=cls, progress=progress)
+        grid = tuple(int(g) for g in stats["grid"])
+        res.attention_distance_per_image = stats["distance_per_image"]
+        res.attention_distance = res.attention_distance_per_image.mean(0)
+        res.rollout_maps = stats["rollout_maps"]
+        res.attention_maps = stats["attention_maps"]
+        res.predictions = stats["predictions"]
+        width = images.shape[-1]
+        n = len(images)
+        # 3. Mean attention distance.
+        res.figures["distance"] = figures.plot_attention_distance(
+            res.attention_distance, out / FIGURE_NAMES["distance"], image_width=width,
+            title=f"Mean attention distance ({cfg.name}, {n} images, {width} px wide)",
+        )
+        how = ("over patch tokens only (class-token row and column dropped, rows renormalised)" if cls == "exclude"
+               else "with attention to the class token counted as distance 0 (class-token row dropped, no renormalisation)")
+        d = res.attention_distance
+        table = [["layer", *[f"head {i + 1}" for i in range(d.shape[1])], "mean", "mean / width"]]
+        for li, row in enumerate(d):
+            table.append([str(li + 1), *[f"{v:.2f}" for v in row], f"{row.mean():.2f}", f"{row.mean() / width:.3f}"])
+        sections.append(Section(
+            "Mean attention distance (paper Fig. 7 right, Fig. 11)",
+            f"Per layer and head, the attention-weighted Euclidean distance between query and key patch centres "
+            f"in pixels (grid distance x stride {cfg.stride}), averaged over query patches and over {n} images; "
+            f"computed {how}. Image width {width} px.",
+            res.figures["distance"], table,
+        ))
+        # 4. Rollout and raw attention.
+        k = len(res.rollout_maps)
+        disp = _to_display(images[:max(k, 1)], mean, std)
+        names = []
+        for i in range(k):
+            pred = int(res.predictions[i])
+            pname = class_names[pred] if class_names and pred < len(class_names) else str(pred)
+            true = labels[i] if labels and i < len(labels) else None
+            names.append(f"{true} / pred {pname}" if true is not None else f"pred {pname}")
+        if k:
+            res.figures["rollout"] = figures.plot_rollout(
+                disp[:k], res.rollout_maps, out / FIGURE_NAMES["rollout"], labels=names,
+                title=f"Attention rollout ({cfg.name}, heads fused by {head_fusion}"
+                      f"{f', discard {discard_ratio:g}' if discard_ratio else ''})",
+            )
+        source = "the class token's row R[0, 1:]" if prefix else "the mean over all query rows (no class token: the output is the mean of all tokens)"
+        sections.append(Section(
+            "Attention rollout (paper Fig. 6, Fig. 14)",
+            f"Abnar & Zuidema (2020): heads fused by {head_fusion}"
+            f"{f' with the lowest {discard_ratio:g} of entries discarded' if discard_ratio else ''}, the identity "
+            f"added for the residual connection and every row renormalised to sum to one, then the product over "
+            f"layers R = A_L ... A_1. The map is {source} on the {grid[0]}x{grid[1]} patch grid, divided by its "
+            f"maximum and overlaid on the input.",
+            res.figures.get("rollout"),
+        ))
+        res.figures["attention"] = figures.plot_attention_maps(
+            res.attention_maps, out / FIGURE_NAMES["attention"], image=disp[0],
+            title=f"Raw attention of image 1 per layer and head ({'class-token row' if prefix else 'mean over queries'})",
+        )
+        sections.append(Section(
+            "Raw attention per layer and head (image 1)",
+            "Without rollout: the attention of the class token (or the mean over queries) to every patch, "
+            "one tile per layer (rows) and head (columns), each tile scaled to its own maximum.",
+            res.figures["attention"],
+        ))
+    else:
+        res.notes.append("attention distance and rollout: skipped, no images given")
+
+    _save_arrays(res, cfg, cls, head_fusion, discard_ratio)
+    summary = [
+        f"model: {cfg.name} ({'hybrid ' if hybrid else ''}ViT, dim {cfg.dim}, depth {cfg.depth}, heads {cfg.heads}, "
+        f"stride {cfg.stride} px, classifier {cfg.classifier}, image {cfg.image_size[0]}x{cfg.image_size[1]})",
+        f"images: {0 if images is None else len(images)}",
+        *res.notes,
+    ]
+    res.report = write_report(out / "report.html", title, sections, summary)
+    return res
+
+
+def _save_arrays(res: InspectResult, cfg, cls: str, head_fusion: str, discard_ratio: float) -> None:
+    arrays = {}
+    if res.filter_pca is not None:
+        arrays["filter_components"] = res.filter_pca.components
+        arrays["filter_explained_variance_ratio"] = res.filter_pca.explained_variance_ratio
+    for name in ("posemb_similarity", "attention_distance", "attention_distance_per_image", "rollout_maps",
+                 "attention_maps", "predictions"):
+        value = getattr(res, name)
+        if value is not None:
+            arrays[name] = value
+    np.savez_compressed(res.out_dir / "inspect.npz", **arrays)
+    info = {
+        "model": cfg.name,
+        "stride": cfg.stride,
+        "class_token": cfg.num_prefix_tokens == 1,
+        "cls_mode": cls,
+        "head_fusion": head_fusion,
+        "discard_ratio": discard_ratio,
+        "figures": {k: v.name for k, v in res.figures.items()},
+        "notes": res.notes,
+    }
+    if res.attention_distance is not None:
+        info["num_images"] = int(len(res.attention_distance_per_image))
+        info["attention_distance_px"] = np.round(res.attention_distance, 4).tolist()
+        info["attention_distance_layer_mean_px"] = np.round(res.attention_distance.mean(1), 4).tolist()
+    if res.filter_pca is not None:
+        info["filter_explained_variance_ratio"] = np.round(res.filter_pca.explained_variance_ratio, 5).tolist()
+    (res.out_dir / "inspect.json").write_text(json.dumps(info, indent=2))

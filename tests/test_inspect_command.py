@@ -1,0 +1,119 @@
+"""`vitlab inspect` end to end on a tiny ViT trained for a few steps on scikit-learn's 8x8 digits."""
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.models.registry import create_model
+from vitlab.weights import save_native
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-layer ViT trained 40 steps on digits, saved in the native format inside a run folder."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0  # (n, 1, 8, 8) in [0, 1]
+    y = torch.tensor(digits.target)
+    torch.manual_seed(0)
+    model = create_model("custom", dim=32, depth=2, heads=2, mlp_dim=64, patch_size=2, image_size=8,
+                         in_chans=1, num_classes=10, seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _step in range(40):
+        idx = torch.randint(0, len(x), (64,))
+        loss = torch.nn.functional.cross_entropy(model((x[idx] - 0.5) / 0.5), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    root = tmp_path_factory.mktemp("inspect")
+    run = root / "run"
+    save_native(model, run / "model", class_names=[str(i) for i in range(10)])
+    images = root / "images"
+    images.mkdir()
+    for i in range(6):
+        Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8)).save(images / f"digit{i}_{digits.target[i]}.png")
+    return model, run, images
+
+
+def test_inspect_command_writes_figures_report_and_arrays(trained, tmp_path, capsys):
+    model, run, images = trained
+    out = tmp_path / "out"
+    rc = main(["inspect", str(run), "--images", str(images), "--out", str(out), "--quiet", "--rollout-images", "4"])
+    assert rc == 0
+    for name in ["filters", "posemb", "distance", "rollout", "attention"]:
+        png = out / f"inspect_{name}.png"
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 5
+    assert not re.search(r"src=\"(?!data:)", html)  # self-contained: no external files
+    first = re.search(r"base64,([A-Za-z0-9+/=]+)", html).group(1)
+    assert base64.b64decode(first)[:4] == b"\x89PNG"
+    info = json.loads((out / "inspect.json").read_text())
+    assert info["num_images"] == 6 and info["cls_mode"] == "exclude"
+    d = np.array(info["attention_distance_px"])
+    assert d.shape == (2, 2)
+    # Bounded by the largest patch-centre distance of a 4x4 grid with stride 2.
+    assert (d > 0).all() and (d < 2 * np.hypot(3, 3)).all()
+    arrays = np.load(out / "inspect.npz")
+    assert arrays["rollout_maps"].shape == (4, 4, 4)
+    assert arrays["attention_maps"].shape == (2, 2, 4, 4)
+    assert arrays["filter_components"].shape == (4, 1, 2, 2)  # 1 x 2 x 2 patches: 4 components at most
+    assert arrays["posemb_similarity"].shape == (4, 4, 4, 4)
+
+
+def test_command_matches_the_functions(trained, tmp_path):
+    """The command's distances equal the pure function on the same preprocessed images."""
+    from vitlab.inspect import mean_attention_distance
+
+    model, run, images = trained
+    out = tmp_path / "out"
+    assert main(["inspect", str(run / "model"), "--images", str(images / "digit0_0.png"), "--out", str(out),
+                 "--quiet", "--cls", "zero"]) == 0
+    img = np.asarray(Image.open(images / "digit0_0.png"), dtype=np.float32) / 255.0
+    x = torch.tensor((img - 0.5) / 0.5)[None, None]
+    with torch.no_grad():
+        _, attn = model(x, return_attention=True)
+    ref = mean_attention_distance(attn, (4, 4), 2, num_prefix_tokens=1, cls="zero")
+    got = np.array(json.loads((out / "inspect.json").read_text())["attention_distance_px"])
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+def test_resnet_gives_one_line_error(tmp_path, capsys):
+    from vitlab.models.config import ResNetConfig, ViTConfig
+    from vitlab.models.registry import build_model
+
+    resnet = build_model(ViTConfig(arch="resnet", resnet=ResNetConfig(layers=(1,), stem="small"), num_classes=3,
+                                   image_size=16))
+    save_native(resnet, tmp_path / "resnet")
+    rc = main(["inspect", str(tmp_path / "resnet"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "ResNet" in err and len(err.splitlines()) == 1
+
+
+def test_bad_image_path_gives_one_line_error(trained, tmp_path, capsys):
+    _, run, _ = trained
+    rc = main(["inspect", str(run), "--images", str(tmp_path / "missing.png"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_hybrid_skips_filters_gap_model_without_class_token(tmp_path):
+    from vitlab.inspect import inspect_model
+
+    hybrid = create_model("r+vit-ti/16", num_classes=3, image_size=64, seed=0, depth=1, dim=48, heads=2, mlp_dim=64)
+    res = inspect_model(hybrid, torch.randn(3, 3, 64, 64), tmp_path / "h", progress=False, rollout_images=2)
+    assert res.filter_pca is None and "filters" not in res.figures
+    assert res.attention_distance.shape == (1, 2)
+    gap = create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=4, image_size=(8, 12),
+                       in_chans=3, num_classes=3, classifier="gap", seed=0)
+    res = inspect_model(gap, torch.randn(2, 3, 8, 12), tmp_path / "g", progress=False)
+    assert res.rollout_maps.shape == (2, 2, 3) and res.posemb_similarity.shape == (2, 3, 2, 3)
+    assert (tmp_path / "g" / "report.html").is_file()
