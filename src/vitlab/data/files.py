@@ -115,7 +115,7 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
         sizes = [info_of[p][:2] for p in paths]
         parts[split] = FileImageDataset(paths, labels, classes, channels, size, f"{name}/{split}", sizes)
     if parts["train"] is None or len(parts["train"]) == 0:
-        raise VitlabError(f"no usable training image in {source}; check the train split")
+        raise VitlabError(f"no usable image in the train split of {source}; check the files")
     return DataSplits(parts["train"], parts["val"], parts["test"], classes, skipped, name, channels)
 
 

@@ -150,7 +150,7 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
             parts[k] = None
     if parts["train"] is None or len(parts["train"]) == 0:
         first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
-        raise VitlabError(f"no usable training image in {source}: {len(skipped)} files skipped{first}")
+        raise VitlabError(f"no usable image in {source} for training: {len(skipped)} files skipped{first}; check the files")
     for k, v in parts.items():
         if v is not None:
             v.name = f"{splits.name}/{k}"

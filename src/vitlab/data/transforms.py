@@ -199,7 +199,10 @@ class TrainTransform(nn.Module):
             x = torch.where(flip, x.flip(-1), x)
         x = x / 255.0
         if self.randaugment is not None:
-            x = self.randaugment(x).clamp(0.0, 1.0)
+            if x.shape[1] == 1:  # kornia's colour ops need 3 channels; on grey input they stay grey
+                x = self.randaugment(x.expand(-1, 3, -1, -1)).mean(dim=1, keepdim=True).clamp(0.0, 1.0)
+            else:
+                x = self.randaugment(x).clamp(0.0, 1.0)
         x = (x - self.mean) / self.std
         if self.erasing is not None:
             x = self.erasing(x)
