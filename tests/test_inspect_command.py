@@ -117,3 +117,12 @@ def test_hybrid_skips_filters_gap_model_without_class_token(tmp_path):
     res = inspect_model(gap, torch.randn(2, 3, 8, 12), tmp_path / "g", progress=False)
     assert res.rollout_maps.shape == (2, 2, 3) and res.posemb_similarity.shape == (2, 3, 2, 3)
     assert (tmp_path / "g" / "report.html").is_file()
+
+
+def test_images_from_a_data_set(trained, tmp_path):
+    _, run, _ = trained
+    out = tmp_path / "out"
+    assert main(["inspect", str(run), "--data", "digits", "-n", "10", "--out", str(out), "--quiet"]) == 0
+    info = json.loads((out / "inspect.json").read_text())
+    assert info["num_images"] == 10
+    assert set(info["figures"]) == {"filters", "posemb", "distance", "rollout", "attention"}
