@@ -41,6 +41,7 @@ class ImageDataset(Dataset):
         self.class_names = list(class_names)
         self.name = name
         self.paths = list(paths) if paths is not None else None
+        self.original_sizes: list[tuple[int, int]] | None = None  # (w, h) of the files, when from files
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -63,11 +64,16 @@ class ImageDataset(Dataset):
     def subset(self, indices) -> ImageDataset:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         paths = [self.paths[i] for i in idx.tolist()] if self.paths is not None else None
-        return ImageDataset(self.images[idx], self.labels[idx], self.class_names, self.name, paths)
+        out = ImageDataset(self.images[idx], self.labels[idx], self.class_names, self.name, paths)
+        if self.original_sizes is not None:
+            out.original_sizes = [self.original_sizes[i] for i in idx.tolist()]
+        return out
 
     def relabel(self, labels, class_names: Sequence[str]) -> ImageDataset:
         """Same images with new labels and class names (for class subsets)."""
-        return ImageDataset(self.images, labels, class_names, self.name, self.paths)
+        out = ImageDataset(self.images, labels, class_names, self.name, self.paths)
+        out.original_sizes = self.original_sizes
+        return out
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.name!r}, n={len(self)}, classes={len(self.class_names)}, "
@@ -166,6 +172,8 @@ class FileImageDataset(ImageDataset):
         idx = torch.as_tensor(keep)
         ds = ImageDataset(out[idx] if len(keep) < n else out, self.labels[idx], self.class_names, self.name,
                           [self.paths[i] for i in keep])
+        if self.original_sizes is not None:
+            ds.original_sizes = [self.original_sizes[i] for i in keep]
         return ds, skipped
 
     def __repr__(self) -> str:

@@ -1,0 +1,67 @@
+"""`vitlab data`: inspect a data source (classes, counts, sizes, unreadable files, sample grid) or download one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="inspect or download a data set")
+    dsub = p.add_subparsers(dest="data_command", metavar="ACTION")
+
+    q = dsub.add_parser("inspect", help="classes, counts per class and split, image sizes, unreadable files, "
+                                        "and a PNG grid of samples per class")
+    q.add_argument("source", help="fashion-mnist, mnist[:DIR], cifar10:PATH, cifar100:PATH, digits, bundled, "
+                                  "a folder of class subfolders, or a CSV of path,label")
+    q.add_argument("--classes", help='keep these classes, in this order: "Sandal,Sneaker,Ankle boot"')
+    q.add_argument("--per-class", type=int, help="keep N training images per class (seeded)")
+    q.add_argument("--val-fraction", type=float, default=0.1)
+    q.add_argument("--test-fraction", type=float, default=0.1)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--samples", type=int, default=8, help="images per class in the grid (default 8)")
+    q.add_argument("--out", help="folder for samples.png, summary.json and skipped_files.txt "
+                                 "(default data-inspect/NAME)")
+    q.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    q.add_argument("--quiet", action="store_true", help="print only the totals and the file names written")
+    q.set_defaults(func=run_inspect)
+
+    d = dsub.add_parser("download", help="download a standard data set and check its MD5 (needs a network)")
+    d.add_argument("name", choices=["fashion-mnist", "mnist", "cifar10", "cifar100"])
+    d.add_argument("--dir", help="target folder (default $VITLAB_DATA/NAME or ~/.cache/vitlab/datasets/NAME)")
+    d.set_defaults(func=run_download)
+    p.set_defaults(func=lambda args: p.print_help() or 0)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from vitlab.data import load_data, write_skipped
+    from vitlab.data.inspect import describe, format_table, sample_grid
+
+    splits = load_data(args.source, classes=args.classes, per_class=args.per_class, val_fraction=args.val_fraction,
+                       test_fraction=args.test_fraction, seed=args.seed, in_memory=False, progress=not args.quiet)
+    out = Path(args.out) if args.out else Path("data-inspect") / re.sub(r"[^A-Za-z0-9_.-]+", "_", splits.name)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = sample_grid(splits, out / "samples.png", per_class=args.samples, seed=args.seed)
+    info = describe(splits)
+    (out / "summary.json").write_text(json.dumps(info, indent=2))
+    line = write_skipped(splits, out)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    elif args.quiet:
+        totals = ", ".join(f"{k} {sum(v)}" for k, v in info["counts"].items())
+        print(f"{info['name']}: {len(info['classes'])} classes, {totals}")
+        print(line)
+    else:
+        print(format_table(info))
+    print(f"wrote {grid} and {out / 'summary.json'}")
+    return 0
+
+
+def run_download(args: argparse.Namespace) -> int:
+    from vitlab.data.download import download
+
+    dest = download(args.name, args.dir)
+    print(f"{args.name}: files in {dest}; use --data {args.name}:{dest}")
+    return 0
