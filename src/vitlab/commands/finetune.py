@@ -1,0 +1,32 @@
+"""`vitlab finetune --weights W`: the paper's fine-tuning (SGD momentum 0.9, no weight decay,
+warm-up + cosine, clipping at 1, zero-initialised new head, optional higher resolution with
+position-embedding resampling). Same flags as `vitlab train`."""
+
+from __future__ import annotations
+
+import argparse
+
+from vitlab.commands.train import _is_main, add_train_arguments, config_from_args, print_summary
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("finetune", help="fine-tune weights (any format vitlab.load reads) with the paper's recipe",
+                       description=__doc__)
+    p.add_argument("--weights", required=False, default=None,
+                   help="checkpoint: a vitlab run's model/ folder, an official .npz, timm/HF/torchvision weights")
+    add_train_arguments(p, "finetune")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.errors import VitlabError
+    from vitlab.train import train
+
+    extra = {"weights": args.weights} if args.weights else {}
+    cfg = config_from_args(args, "finetune", extra)
+    if not cfg.weights:
+        raise VitlabError("vitlab finetune needs --weights PATH (e.g. runs/RUN/model or ViT-B_16.npz)")
+    result = train(cfg)
+    if _is_main():
+        print_summary(result)
+    return 0

@@ -1,0 +1,158 @@
+"""`vitlab train`: train from scratch / pre-train with a named recipe; every value overridable.
+
+Precedence: recipe defaults < `--config FILE.yaml` < flags < `--set key=value`. The resolved config
+is saved as RUN/config.yaml. Under `torchrun --nproc-per-node N -m vitlab train ...` it runs DDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# flag -> (TrainConfig field, type, help)
+_FLAGS: list[tuple[str, str, object, str]] = [
+    ("--data", "data", str, "data source: fashion-mnist, mnist, cifar10:PATH, digits, bundled, a folder, a CSV"),
+    ("--classes", "classes", str, "class subset, names or indices, comma-separated"),
+    ("--per-class", "per_class", int, "keep N training images per class"),
+    ("--model", "model", str, "registry name (vit-ti/16, vit-s/16, resnet-50, custom, ...)"),
+    ("--model-args", "model_args", str, "model overrides, e.g. dim=64,depth=6,heads=4,mlp_dim=128,patch_size=4"),
+    ("--image-size", "image_size", int, "training resolution (default: the data's / the checkpoint's)"),
+    ("--epochs", "epochs", float, "epochs (ignored when --steps > 0)"),
+    ("--steps", "steps", int, "optimizer steps (overrides --epochs)"),
+    ("--batch-size", "batch_size", int, "global batch size (all processes, after accumulation)"),
+    ("--micro-batch", "micro_batch", int, "per-process batch of one forward pass; the rest is gradient accumulation"),
+    ("--optimizer", "optimizer", str, "adamw | adam | sgd"),
+    ("--lr", "lr", float, "base learning rate"),
+    ("--weight-decay", "weight_decay", float, "decoupled weight decay (weight matrices only)"),
+    ("--momentum", "momentum", float, "SGD momentum"),
+    ("--warmup-steps", "warmup_steps", int, "linear warm-up steps"),
+    ("--warmup-epochs", "warmup_epochs", float, "linear warm-up in epochs (when --warmup-steps is not given)"),
+    ("--decay", "decay", str, "cosine | linear | constant"),
+    ("--lr-end", "lr_end", float, "final lr of the linear decay"),
+    ("--grad-clip", "grad_clip", float, "clip gradients at this global norm (0: off)"),
+    ("--label-smoothing", "label_smoothing", float, "label smoothing"),
+    ("--head-bias-init", "head_bias_init", float, "initial head bias (paper i21k: -10)"),
+    ("--drop-path", "drop_path", float, "stochastic depth rate"),
+    ("--dropout", "dropout", float, "dropout rate"),
+    ("--randaugment", "randaugment", str, "RandAugment N,M, e.g. 2,9"),
+    ("--mixup", "mixup", float, "mixup alpha (0: off)"),
+    ("--cutmix", "cutmix", float, "cutmix alpha (0: off)"),
+    ("--random-erasing", "random_erasing", float, "random erasing probability"),
+    ("--crop-scale", "crop_scale", str, "inception-crop area range, e.g. 0.6,1.0"),
+    ("--precision", "precision", str, "auto | bf16 | fp16 | fp32 (autocast; fp16 uses loss scaling)"),
+    ("--device", "device", str, "auto | cpu | cuda | cuda:N"),
+    ("--threads", "threads", int, "CPU threads for torch"),
+    ("--eval-batch-size", "eval_batch_size", int, "batch size for validation and test"),
+    ("--out", "out_dir", str, "folder for run folders (default runs/)"),
+    ("--name", "name", str, "run folder name (default: recipe-data-time)"),
+    ("--seed", "seed", int, "seed of everything"),
+    ("--ckpt-every", "ckpt_every", int, "optimizer steps between mid-epoch checkpoints (0: epoch ends only)"),
+    ("--keep-last", "keep_last", int, "step checkpoints to keep (best.pt is kept apart)"),
+    ("--log-every", "log_every", int, "steps between metrics.jsonl step records"),
+    ("--eval-every", "eval_every", int, "epochs between validations"),
+]
+_SWITCHES = [
+    ("--deterministic", "deterministic", "deterministic algorithms (bit-identical reruns and resumes)"),
+    ("--grad-checkpointing", "grad_checkpointing", "activation checkpointing: recompute blocks in backward to save memory"),
+    ("--compile", "compile", "torch.compile the model"),
+    ("--fsdp", "fsdp", "shard the model over processes (FSDP) instead of replicating it (DDP)"),
+    ("--no-hflip", "hflip", "no horizontal flips"),
+    ("--no-inception-crop", "inception_crop", "plain resize instead of the inception crop"),
+]
+
+
+def add_train_arguments(p: argparse.ArgumentParser, default_recipe: str) -> None:
+    from vitlab.train.config import recipe_names
+
+    p.add_argument("--recipe", default=None,
+                   help=f"named recipe or preset: {', '.join(recipe_names())} (default {default_recipe})")
+    p.add_argument("--config", default=None, metavar="YAML", help="YAML file of settings (a run's config.yaml works)")
+    for flag, dest, typ, help_ in _FLAGS:
+        p.add_argument(flag, dest=f"cfg_{dest}", type=typ, default=None, help=help_)
+    for flag, dest, help_ in _SWITCHES:
+        p.add_argument(flag, dest=f"sw_{dest}", action="store_true", help=help_)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="any TrainConfig field, e.g. --set betas=0.9,0.95 (repeatable)")
+    p.add_argument("--resume", default=None, metavar="RUN", help="continue a run folder (or checkpoint file) exactly")
+    p.add_argument("--quiet", action="store_true", help="no progress bar: one line per epoch (for logs)")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict:
+    out = {}
+    for _, dest, _, _ in _FLAGS:
+        v = getattr(args, f"cfg_{dest}")
+        if v is not None:
+            out[dest] = v
+    for flag, dest, _ in _SWITCHES:
+        if getattr(args, f"sw_{dest}"):
+            out[dest] = not flag.startswith("--no-")
+    for item in args.sets:
+        if "=" not in item:
+            from vitlab.errors import VitlabError
+
+            raise VitlabError(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v
+    if args.quiet:
+        out["quiet"] = True
+    return out
+
+
+def config_from_args(args: argparse.Namespace, default_recipe: str, extra: dict | None = None):
+    """Resolve the run's TrainConfig; `--resume RUN` starts from RUN/config.yaml."""
+    from pathlib import Path
+
+    from vitlab.train.config import resolve_config
+
+    overrides = dict(extra or {})
+    overrides.update(overrides_from_args(args))
+    yaml_path = args.config
+    if args.resume:
+        run = Path(args.resume)
+        folder = run if run.is_dir() else run.parent.parent
+        if yaml_path is None and (folder / "config.yaml").is_file():
+            yaml_path = folder / "config.yaml"
+        overrides["resume"] = str(args.resume)
+    recipe = args.recipe or (None if yaml_path else default_recipe)
+    return resolve_config(recipe, yaml_path, overrides)
+
+
+def print_summary(result, quiet: bool = False) -> None:
+    tm = result.test_metrics
+    lines = []
+    if tm:
+        lo, hi = tm["accuracy_ci95"]
+        lines.append(f"accuracy {tm['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}), macro-F1 {tm['macro_f1']:.4f} "
+                     f"on {tm['n']} held-out images")
+    lines.append(f"wall time {result.wall_time_s:.0f} s, {result.images_per_s:.0f} training images/s")
+    lines.append(f"run folder: {result.run_dir}  (summary.json, metrics.jsonl, loss.png, accuracy.png, "
+                 f"confusion_matrix.png, model/)")
+    for line in lines:
+        print(f"vitlab: {line}", file=sys.stdout)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train from scratch / pre-train with a named recipe (pretrain, small-data, ...)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_arguments(p, "small-data")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.train import train
+
+    cfg = config_from_args(args, "small-data")
+    if cfg.weights:
+        from vitlab.errors import VitlabError
+
+        raise VitlabError("`vitlab train` starts from scratch; use `vitlab finetune --weights W` to start from weights")
+    result = train(cfg)
+    if _is_main():
+        print_summary(result)
+    return 0
+
+
+def _is_main() -> bool:
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0

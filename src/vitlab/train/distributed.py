@@ -1,0 +1,101 @@
+"""Process-group setup for `torchrun` (DDP: gloo on CPU, NCCL on CUDA; FSDP on request) and small
+collective helpers; everything is a no-op in a single process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> DistInfo:
+    """Join the process group that torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK (if any)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    return DistInfo(rank, world, local_rank, backend)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: bool = False) -> nn.Module:
+    """DistributedDataParallel (or FSDP, which shards parameters, gradients and optimizer state)."""
+    if not info.enabled:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        return FSDP(model, use_orig_params=True, **kwargs)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP / FSDP / torch.compile wrappers."""
+    for attr in ("_orig_mod", "module", "_fsdp_wrapped_module"):
+        while hasattr(model, attr) and isinstance(getattr(model, attr), nn.Module):
+            model = getattr(model, attr)
+    return model
+
+
+def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    """Sum a few numbers over all processes (metrics reduced over ranks)."""
+    if not info.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def gather_tensor(t: torch.Tensor, info: DistInfo) -> list[torch.Tensor]:
+    """All processes' copies of a tensor with the same shape on every rank."""
+    if not info.enabled:
+        return [t]
+    out = [torch.empty_like(t) for _ in range(info.world_size)]
+    dist.all_gather(out, t)
+    return out
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def broadcast_object(obj, info: DistInfo):
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

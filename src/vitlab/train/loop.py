@@ -1,0 +1,605 @@
+"""`train(cfg, model=None, data=None) -> TrainResult`: the one training loop behind `vitlab train`,
+`vitlab finetune`, `vitlab demo` and `vitlab compare` - on a CPU, a GPU or many processes (torchrun)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vitlab.errors import VitlabError
+from vitlab.train import distributed as D
+from vitlab.train.checkpoint import (
+    CheckpointManager,
+    find_resume_checkpoint,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+)
+from vitlab.train.config import TrainConfig, validate
+from vitlab.train.optim import build_optimizer, build_scheduler, decay_mask
+from vitlab.train.run_dir import RunDir, new_run_dir
+
+# Measured on the 2-core AMD EPYC (AVX-512 BF16) dev machine, see docs/training.md "Measured defaults".
+CPU_DEFAULT_PRECISION = "fp32"
+
+
+@dataclass
+class TrainResult:
+    """What a finished run hands back (also written to the run folder)."""
+
+    model: nn.Module
+    run_dir: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+    test_metrics: dict[str, Any] | None = None
+    wall_time_s: float = 0.0
+    images_per_s: float = 0.0
+    config: TrainConfig | None = None
+    best_val_acc: float | None = None
+
+
+# ----------------------------------------------------------------------------------------- setup
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise VitlabError("--device cuda asked for, but no CUDA GPU is visible; use --device cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
+
+
+def cpu_bf16_supported() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """auto: bf16 on GPUs that have it, else fp16 (with loss scaling); on CPUs the measured default."""
+    if precision == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return CPU_DEFAULT_PRECISION if (CPU_DEFAULT_PRECISION != "bf16" or cpu_bf16_supported()) else "fp32"
+    return precision
+
+
+def autocast_context(precision: str, device: torch.device):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def set_deterministic(enabled: bool) -> None:
+    """Same seed -> bit-identical run: deterministic kernels only (and cuBLAS's fixed workspace)."""
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
+def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    """Augmentation seed of one micro-batch: a pure function of the position, so a resumed run
+    draws the same crops, flips and mixes as the uninterrupted one."""
+    return (seed * 1_000_003 + step * 9_973 + micro * 131 + rank * 17 + 7) % (2**62)
+
+
+def load_splits(cfg: TrainConfig, progress: bool):
+    from vitlab.data import load_data
+
+    return load_data(cfg.data, classes=cfg.classes, per_class=cfg.per_class, val_fraction=cfg.val_fraction,
+                     seed=cfg.seed, progress=progress)
+
+
+def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any]:
+    """Fine-tuning: the checkpoint with a new zero head (and resampled position embeddings);
+    from scratch: a registry model sized for the data. Returns (model, preprocess or None)."""
+    num_classes = data.num_classes
+    if cfg.weights:
+        from vitlab.weights import load_with_meta
+
+        model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size)
+        return model, meta.get("preprocess")
+    from vitlab.models.registry import create_model
+
+    size = cfg.image_size or data.train.image_size[0]
+    args = dict(cfg.model_args)
+    if cfg.drop_path is not None:
+        args["drop_path"] = cfg.drop_path
+    if cfg.dropout is not None:
+        args["dropout"] = cfg.dropout
+    args.setdefault("in_chans", data.channels)
+    model = create_model(cfg.model, num_classes=num_classes, image_size=size, seed=cfg.seed, **args)
+    return model, None
+
+
+def prepare_given_model(model: nn.Module, num_classes: int, cfg: TrainConfig) -> nn.Module:
+    """A model handed in by the caller: give it a zero head when its classes do not match."""
+    config = getattr(model, "config", None)
+    if config is not None and config.num_classes != num_classes and hasattr(model, "reset_classifier"):
+        model.reset_classifier(num_classes)
+    return model
+
+
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.sum(-targets * F.log_softmax(logits, dim=-1), dim=-1).mean()
+
+
+# ----------------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def predict_split(model: nn.Module, dataset, eval_tf, device: torch.device, precision: str, batch_size: int,
+                  info: D.DistInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (N, K) and labels (N,) of a whole split, sharded over processes and gathered back."""
+    from vitlab.data import make_loader
+
+    was_training = model.training
+    model.eval()
+    loader = make_loader(dataset, batch_size, shuffle=False, rank=info.rank, world_size=info.world_size)
+    logits, labels = [], []
+    for x, y in loader:
+        with autocast_context(precision, device):
+            out = model(eval_tf(x.to(device, non_blocking=True)))
+        logits.append(out.float())
+        labels.append(y.to(device))
+    logits_t = torch.cat(logits) if logits else torch.empty(0, device=device)
+    labels_t = torch.cat(labels) if labels else torch.empty(0, dtype=torch.long, device=device)
+    if info.enabled:
+        # rank r holds padded positions r, r + W, ...: interleave back, drop the wrap-around padding.
+        parts = D.gather_tensor(logits_t.contiguous(), info)
+        lparts = D.gather_tensor(labels_t.contiguous(), info)
+        logits_t = torch.stack(parts, dim=1).reshape(-1, logits_t.shape[-1])[: len(dataset)]
+        labels_t = torch.stack(lparts, dim=1).reshape(-1)[: len(dataset)]
+    model.train(was_training)
+    return logits_t.cpu(), labels_t.cpu()
+
+
+def split_metrics(logits: torch.Tensor, labels: torch.Tensor, class_names: list[str]) -> dict[str, Any]:
+    from vitlab.evaluate.metrics import classification_metrics
+
+    m = classification_metrics(labels, logits.argmax(1), len(class_names), class_names=class_names, logits=logits)
+    m["loss"] = float(F.cross_entropy(logits, labels)) if len(labels) else float("nan")
+    return m
+
+
+# ---------------------------------------------------------------------------------- state I/O
+def _is_fsdp(model: nn.Module) -> bool:
+    return type(model).__name__ in ("FullyShardedDataParallel", "FSDPModule") or hasattr(model, "_fsdp_wrapped_module")
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu().clone() for k, v in D.unwrap(model).state_dict().items()}
+
+
+def full_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        return
+    optimizer.load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------- train
+def train(cfg: TrainConfig, model: nn.Module | None = None, data=None) -> TrainResult:
+    """Train (from scratch, pre-train or fine-tune, by `cfg.recipe`) and evaluate; writes a run folder.
+
+    `model`: train this module instead of building one (its head is replaced when the classes differ);
+    `data`: a `vitlab.data.DataSplits` instead of loading `cfg.data`.
+    """
+    validate(cfg)
+    t_start = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    set_deterministic(cfg.deterministic)
+    device = resolve_device(cfg.device)
+    info = D.init_distributed(device)
+    try:
+        return _train(cfg, model, data, device, info, t_start)
+    finally:
+        D.shutdown(info)
+
+
+def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device, info: D.DistInfo,
+           t_start: float) -> TrainResult:
+    from vitlab.data.transforms import TransformConfig, build_eval_transform, build_train_transform, mix_batch
+
+    main = info.is_main
+    show = main and not cfg.quiet
+    seed_everything(cfg.seed)
+
+    # ---- data and model
+    if data is None:
+        data = load_splits(cfg, progress=show)
+    if data.train is None or len(data.train) == 0:
+        raise VitlabError("the data has no training images")
+    class_names = list(data.class_names)
+    num_classes = len(class_names)
+    preprocess = None
+    if model is None:
+        model, preprocess = build_model_for(cfg, data)
+    else:
+        model = prepare_given_model(model, num_classes, cfg)
+    mcfg = getattr(model, "config", None)
+    if cfg.head_bias_init is not None and isinstance(getattr(model, "head", None), nn.Linear):
+        with torch.no_grad():
+            model.head.bias.fill_(float(cfg.head_bias_init))
+    if cfg.weights and cfg.zero_head and isinstance(getattr(model, "head", None), nn.Linear):
+        with torch.no_grad():  # paper B.1.1: the new head starts at zero (also when the classes match)
+            model.head.weight.zero_()
+            model.head.bias.zero_()
+    image_size = tuple(mcfg.image_size) if mcfg is not None else (cfg.image_size or data.train.image_size[0],) * 2
+    in_chans = mcfg.in_chans if mcfg is not None else data.channels
+    mean, std = cfg.mean, cfg.std
+    if preprocess is not None:  # fine-tuning keeps the normalisation the weights were trained with
+        mean, std = tuple(preprocess.mean), tuple(preprocess.std)
+        cfg.mean, cfg.std = list(mean), list(std)
+    if cfg.image_size is None:
+        cfg.image_size = int(image_size[0])
+    overrides = dict(mean=mean, std=std, inception_crop=cfg.inception_crop, crop_scale=tuple(cfg.crop_scale),
+                     random_erasing=cfg.random_erasing, mixup=cfg.mixup, cutmix=cfg.cutmix,
+                     randaugment=tuple(cfg.randaugment) if cfg.randaugment else None)
+    if cfg.hflip is not None:
+        overrides["hflip"] = cfg.hflip
+    tcfg = TransformConfig.for_source(cfg.data, image_size, in_chans, **overrides)
+    train_tf = build_train_transform(tcfg).to(device)
+    eval_tf = build_eval_transform(tcfg).to(device)
+
+    # ---- batch arithmetic: global batch = micro x processes x accumulation
+    world = info.world_size
+    micro = cfg.micro_batch or max(1, cfg.batch_size // world)
+    accum = max(1, cfg.batch_size // (micro * world))
+    if micro * world * accum != cfg.batch_size:
+        raise VitlabError(f"batch_size {cfg.batch_size} is not micro_batch {micro} x {world} processes x an integer "
+                          f"number of accumulation steps; pick a batch_size divisible by {micro * world}")
+    from vitlab.data import make_loader
+
+    def train_loader(epoch: int, skip: int):
+        return make_loader(data.train, micro, shuffle=True, seed=cfg.seed, epoch=epoch, skip_batches=skip,
+                           drop_last=True, rank=info.rank, world_size=world, num_workers=None)
+
+    batches_per_epoch = train_loader(0, 0).total_batches
+    steps_per_epoch = batches_per_epoch // accum
+    if steps_per_epoch == 0:
+        raise VitlabError(f"batch_size {cfg.batch_size} is larger than the training set ({len(data.train)} images); "
+                          "lower --batch-size")
+    total_steps = cfg.steps if cfg.steps > 0 else max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    num_epochs = math.ceil(total_steps / steps_per_epoch)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_epochs * steps_per_epoch)
+    warmup = min(int(warmup), total_steps)
+
+    # ---- precision, memory, wrappers, optimiser
+    precision = resolve_precision(cfg.precision, device)
+    if precision == "bf16" and device.type == "cpu" and not cpu_bf16_supported():
+        if main:
+            print("vitlab train: this CPU has no bf16 support; using fp32", file=sys.stderr)
+        precision = "fp32"
+    model.to(device)
+    if cfg.grad_checkpointing:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise VitlabError(f"{type(model).__name__} has no activation checkpointing; drop --grad-checkpointing")
+        model.set_grad_checkpointing(True)
+    mask = decay_mask(model)
+    raw_model = model
+
+    # ---- run folder and resume
+    resume_path = find_resume_checkpoint(cfg.resume) if cfg.resume else None
+    if resume_path is not None:
+        run_path = resume_path.parent.parent if resume_path.parent.name == "checkpoints" else Path(cfg.resume)
+    else:
+        run_path = D.broadcast_object(str(new_run_dir(cfg)) if main else None, info)
+    run = RunDir(run_path, enabled=main)
+    ckpts = CheckpointManager(run.path / "checkpoints", cfg.keep_last)
+    state = load_checkpoint(resume_path) if resume_path is not None else None
+    if state is not None:
+        raw_model.load_state_dict(state["model"])
+
+    wrapped = D.wrap_model(raw_model, info, device, fsdp=cfg.fsdp)
+    named = {_plain_name(n): p for n, p in wrapped.named_parameters() if p.requires_grad}
+    groups = [{"params": [p for n, p in named.items() if mask.get(n, False)], "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in named.items() if not mask.get(n, False)], "weight_decay": 0.0}]
+    optimizer = build_optimizer([g for g in groups if g["params"]], cfg.optimizer, cfg.lr, cfg.weight_decay,
+                                tuple(cfg.betas), cfg.momentum)
+    scheduler = build_scheduler(optimizer, total_steps, warmup, cfg.decay, cfg.lr, cfg.lr_end)
+    scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+    forward_model = torch.compile(wrapped) if cfg.compile else wrapped
+    eval_model = wrapped if cfg.fsdp and info.enabled else raw_model
+
+    global_step, epoch, step_in_epoch = 0, 0, 0
+    history: list[dict[str, Any]] = []
+    best_val = None
+    train_time_prev, images_prev = 0.0, 0
+    if state is not None:
+        load_optim_state(wrapped, optimizer, state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        global_step, epoch, step_in_epoch = state["global_step"], state["epoch"], state["step_in_epoch"]
+        history = list(state.get("history", []))
+        best_val = state.get("best_val")
+        train_time_prev, images_prev = state.get("train_time_s", 0.0), state.get("train_images", 0)
+        rngs = state["rng"]
+        set_rng_state(rngs[info.rank] if isinstance(rngs, list) and info.rank < len(rngs) else rngs[0] if isinstance(rngs, list) else rngs)
+        run.truncate_metrics(global_step)
+    else:
+        run.save_config(cfg)
+        if main:
+            from vitlab.data import write_skipped
+
+            write_skipped(data, run.path)
+        # per-process RNG streams for dropout / stochastic depth (data order and augmentation are seeded apart)
+        torch.manual_seed(cfg.seed + 1000 * info.rank)
+
+    n_params = sum(p.numel() for p in raw_model.parameters())
+    if show:
+        print(f"vitlab: {data.summary()}")
+        print(f"vitlab: model {getattr(mcfg, 'name', type(raw_model).__name__)} ({n_params:,} parameters), "
+              f"image {image_size[0]}x{image_size[1]}, {precision} on {device}"
+              f"{f' x {world} processes' if world > 1 else ''}; batch {cfg.batch_size} = {micro} x {world} x {accum} "
+              f"accumulation; {total_steps} steps ({steps_per_epoch}/epoch), warm-up {warmup}")
+        print(f"vitlab: run folder {run.path}" + (f" (resuming from step {global_step})" if state is not None else ""))
+
+    def make_state() -> dict[str, Any]:
+        rngs = [rng_state()]
+        if info.enabled:
+            import torch.distributed as dist
+
+            all_rngs: list[Any] = [None] * world
+            dist.all_gather_object(all_rngs, rngs[0])
+            rngs = all_rngs
+        return {"model": full_model_state(wrapped), "optimizer": full_optim_state(wrapped, optimizer),
+                "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+                "rng": rngs, "global_step": global_step, "epoch": epoch, "step_in_epoch": step_in_epoch,
+                "history": history, "best_val": best_val, "epoch_sums": list(epoch_sums), "train_time_s": train_time_prev + train_time,
+                "train_images": images_prev + train_images, "config": cfg.to_dict()}
+
+    def save_checkpoint(best_metric: float | None = None) -> None:
+        st = make_state()
+        if main:
+            ckpts.save(st, global_step)
+            if best_metric is not None:
+                ckpts.save_best(st, best_metric)
+        D.barrier(info)
+
+    # ---- the loop
+    bar = None
+    if show:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total_steps, initial=global_step, unit="step", dynamic_ncols=True, file=sys.stderr)
+    train_time, train_images = 0.0, 0
+    step_delay = float(os.environ.get("VITLAB_TEST_STEP_SLEEP", "0"))  # tests: leave time to kill a run
+    use_mix = tcfg.mixing
+    last_log_t, last_log_images = time.perf_counter(), 0
+    epoch_sums = [0.0, 0.0, 0.0]  # loss x n, correct, n of this epoch (this process)
+    if state is not None and "epoch_sums" in state:
+        epoch_sums = list(state["epoch_sums"])
+    forward_model.train()
+    while global_step < total_steps:
+        loader = iter(train_loader(epoch, step_in_epoch * accum))
+        while step_in_epoch < steps_per_epoch and global_step < total_steps:
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), device=device)
+            correct = torch.zeros((), device=device)
+            seen = 0
+            for m in range(accum):
+                x, y = next(loader)
+                x = x.to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
+                xt = train_tf(x, seed=step_seed(cfg.seed, global_step, m, info.rank))
+                sync = m == accum - 1
+                ctx = forward_model.no_sync() if (info.enabled and not sync and hasattr(forward_model, "no_sync")) \
+                    else contextlib.nullcontext()
+                with ctx:
+                    with autocast_context(precision, device):
+                        if use_mix:
+                            xt, targets = mix_batch(xt, y, num_classes, mixup_alpha=tcfg.mixup,
+                                                    cutmix_alpha=tcfg.cutmix, prob=tcfg.mix_prob,
+                                                    switch_prob=tcfg.mix_switch_prob,
+                                                    label_smoothing=cfg.label_smoothing,
+                                                    seed=step_seed(cfg.seed + 1, global_step, m, info.rank))
+                        logits = forward_model(xt)
+                    logits = logits.float()
+                    if use_mix:
+                        loss = soft_cross_entropy(logits, targets)
+                    else:
+                        loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+                    scaler.scale(loss / accum).backward()
+                loss_sum += loss.detach() * len(y)
+                correct += (logits.detach().argmax(1) == y).sum()
+                seen += len(y)
+            loss_val, correct_val, seen_all = D.all_reduce_sum([float(loss_sum), float(correct), float(seen)],
+                                                                info, device)
+            step_loss = loss_val / max(seen_all, 1)
+            if not math.isfinite(step_loss):
+                latest = ckpts.latest()
+                where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
+                if bar is not None:
+                    bar.close()
+                raise VitlabError(f"loss became {step_loss} at step {global_step} (epoch {epoch}); run stopped, "
+                                  f"{where}; lower --lr, keep --grad-clip 1 or use --precision fp32")
+            if cfg.grad_clip:
+                scaler.unscale_(optimizer)
+                grad_norm = float(_clip_grad_norm(wrapped, cfg.grad_clip))
+            else:
+                grad_norm = None
+            lr_now = optimizer.param_groups[0]["lr"]
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            global_step += 1
+            step_in_epoch += 1
+            epoch_sums[0] += loss_val
+            epoch_sums[1] += correct_val
+            epoch_sums[2] += seen_all
+            dt = time.perf_counter() - t0
+            train_time += dt
+            train_images += int(seen_all)
+            if step_delay:
+                time.sleep(step_delay)
+            if global_step % max(1, cfg.log_every) == 0 or global_step == total_steps:
+                now = time.perf_counter()
+                ips = (train_images - last_log_images) / max(now - last_log_t, 1e-9)
+                last_log_t, last_log_images = now, train_images
+                run.log({"type": "step", "step": global_step, "epoch": epoch,
+                         "epoch_float": epoch + step_in_epoch / steps_per_epoch, "loss": step_loss, "lr": lr_now,
+                         "grad_norm": grad_norm, "images_per_s": ips})
+                if bar is not None:
+                    bar.set_postfix(epoch=epoch + 1, loss=f"{step_loss:.4f}", lr=f"{lr_now:.2e}", img_s=f"{ips:.0f}")
+            if bar is not None:
+                bar.update(1)
+            if cfg.ckpt_every and global_step % cfg.ckpt_every == 0 and step_in_epoch < steps_per_epoch \
+                    and global_step < total_steps:
+                save_checkpoint()
+
+        # ---- end of epoch (or of the step budget): evaluate, log, checkpoint
+        record = {"type": "epoch", "epoch": epoch + 1, "step": global_step,
+                  "train_loss": epoch_sums[0] / max(epoch_sums[2], 1) if epoch_sums[2] else None,
+                  "train_acc": epoch_sums[1] / max(epoch_sums[2], 1) if epoch_sums[2] else None,
+                  "lr": optimizer.param_groups[0]["lr"], "time_s": time.perf_counter() - t_start}
+        is_last = global_step >= total_steps
+        metric = None
+        if data.val is not None and ((epoch + 1) % max(1, cfg.eval_every) == 0 or is_last):
+            logits, labels = predict_split(eval_model, data.val, eval_tf, device, precision, cfg.eval_batch_size, info)
+            vm = split_metrics(logits, labels, class_names)
+            record.update(val_loss=vm["loss"], val_acc=vm["accuracy"], val_macro_f1=vm["macro_f1"])
+            metric = vm["accuracy"]
+        history.append({k: v for k, v in record.items() if k != "type"})
+        run.log(record)
+        if show and bar is not None:
+            bar.write(_epoch_line(record, num_epochs))
+        elif main and cfg.quiet:
+            print(_epoch_line(record, num_epochs), flush=True)
+        better = metric is not None and (best_val is None or metric > best_val)
+        if better:
+            best_val = metric
+        epoch += 1
+        step_in_epoch = 0
+        epoch_sums = [0.0, 0.0, 0.0]
+        save_checkpoint(best_metric=metric if better else None)
+    if bar is not None:
+        bar.close()
+
+    # ---- final evaluation and the run folder's summary
+    result = TrainResult(model=raw_model, run_dir=run.path, history=history, config=cfg, best_val_acc=best_val)
+    split = data.test if data.test is not None else data.val
+    split_name = "test" if data.test is not None else "val"
+    total_train_time = train_time_prev + train_time
+    total_images = images_prev + train_images
+    result.images_per_s = total_images / max(total_train_time, 1e-9)
+    if split is not None:
+        logits, labels = predict_split(eval_model, split, eval_tf, device, precision, cfg.eval_batch_size, info)
+        result.test_metrics = split_metrics(logits, labels, class_names)
+    result.wall_time_s = time.perf_counter() - t_start
+    if main:
+        _write_outputs(run, cfg, result, raw_model, wrapped, class_names, tcfg, split_name, n_params, precision,
+                       device, world, total_steps)
+    D.barrier(info)
+    return result
+
+
+def _plain_name(name: str) -> str:
+    """Parameter name without the DDP / FSDP / compile wrapper prefixes."""
+    for prefix in ("_orig_mod.", "module.", "_fsdp_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def _clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    if hasattr(model, "clip_grad_norm_"):  # FSDP computes the global norm across shards
+        return model.clip_grad_norm_(max_norm)
+    return torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
+
+
+def _epoch_line(r: dict[str, Any], num_epochs: int) -> str:
+    parts = [f"epoch {r['epoch']}/{num_epochs}"]
+    if r.get("train_loss") is not None:
+        parts.append(f"train loss {r['train_loss']:.4f} acc {r['train_acc']:.4f}")
+    if r.get("val_acc") is not None:
+        parts.append(f"val loss {r['val_loss']:.4f} acc {r['val_acc']:.4f} macro-F1 {r['val_macro_f1']:.4f}")
+    parts.append(f"{r['time_s']:.0f}s")
+    return " | ".join(parts)
+
+
+def _write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model: nn.Module, wrapped: nn.Module,
+                   class_names: list[str], tcfg, split_name: str, n_params: int, precision: str,
+                   device: torch.device, world: int, total_steps: int) -> None:
+    from vitlab.train.plots import plot_curves
+
+    plot_curves(run.path)
+    tm = result.test_metrics
+    if tm is not None:
+        from vitlab.evaluate.plots import plot_confusion_matrix
+
+        plot_confusion_matrix(tm["confusion_matrix"], class_names, run.path / "confusion_matrix.png",
+                              title=f"{split_name} confusion matrix (accuracy {tm['accuracy']:.4f})")
+    if cfg.save_model:
+        from vitlab.weights import save_native
+
+        model = raw_model
+        if _is_fsdp(wrapped):
+            from vitlab.models.registry import build_model
+
+            model = build_model(raw_model.config)
+            model.load_state_dict(full_model_state(wrapped))
+        save_native(model.cpu() if model is not raw_model else _cpu_copy(model), run.path / "model",
+                    class_names=class_names, preprocess=tcfg.preprocess())
+    summary = {
+        "run_dir": str(run.path), "recipe": cfg.recipe, "data": cfg.data,
+        "model": getattr(getattr(raw_model, "config", None), "name", type(raw_model).__name__),
+        "parameters": n_params, "precision": precision, "device": str(device), "processes": world,
+        "steps": total_steps, "epochs": len(result.history),
+        "eval_split": split_name,
+        "test_accuracy": tm["accuracy"] if tm else None,
+        "test_accuracy_ci95": tm["accuracy_ci95"] if tm else None,
+        "test_macro_f1": tm["macro_f1"] if tm else None,
+        "best_val_acc": result.best_val_acc,
+        "wall_time_s": result.wall_time_s, "train_images_per_s": result.images_per_s,
+        "history": result.history, "test_metrics": tm,
+    }
+    run.write_json("summary.json", summary)
+
+
+def _cpu_copy(model: nn.Module) -> nn.Module:
+    """save_native needs CPU tensors; copy only when the model lives elsewhere."""
+    first = next(model.parameters(), None)
+    if first is None or first.device.type == "cpu":
+        return model
+    import copy
+
+    return copy.deepcopy(model).cpu()

@@ -1,0 +1,68 @@
+"""Loss and accuracy curves of a run, drawn from its metrics.jsonl (so they can be redrawn any time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from vitlab.train.run_dir import read_metrics  # noqa: E402
+
+
+def _num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Write `loss.png` (per-step train loss, per-epoch train/val loss) and `accuracy.png`
+    (per-epoch train/val accuracy and val macro-F1) into the run folder (or `out_dir`)."""
+    run_dir = Path(run_dir)
+    out = Path(out_dir) if out_dir else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    records = read_metrics(run_dir)
+    steps = [r for r in records if r.get("type") == "step"]
+    epochs = [r for r in records if r.get("type") == "epoch"]
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if steps:
+        ax.plot([r["epoch_float"] for r in steps], [_num(r["loss"]) for r in steps], lw=0.8, alpha=0.5,
+                label="train loss (per step)")
+    if epochs:
+        xs = [r["epoch"] for r in epochs]
+        ax.plot(xs, [_num(r.get("train_loss")) for r in epochs], "o-", label="train loss (epoch mean)")
+        if any(r.get("val_loss") is not None for r in epochs):
+            ax.plot(xs, [_num(r.get("val_loss")) for r in epochs], "s-", label="validation loss")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("cross-entropy")
+    ax.set_title("Loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "loss.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if epochs:
+        xs = [r["epoch"] for r in epochs]
+        ax.plot(xs, [_num(r.get("train_acc")) for r in epochs], "o-", label="train accuracy")
+        if any(r.get("val_acc") is not None for r in epochs):
+            ax.plot(xs, [_num(r.get("val_acc")) for r in epochs], "s-", label="validation accuracy")
+            ax.plot(xs, [_num(r.get("val_macro_f1")) for r in epochs], "^--", label="validation macro-F1")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("fraction")
+    ax.set_title("Accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "accuracy.png")
+    return written
