@@ -66,9 +66,13 @@ def plot_posemb_similarity(sim: np.ndarray, path: str | Path, title: str | None 
 
 
 def plot_attention_distance(
-    distance: np.ndarray, path: str | Path, image_width: int | None = None, title: str | None = None
+    distance: np.ndarray, path: str | Path, image_width: int | None = None, title: str | None = None,
+    uniform: float | None = None,
 ) -> Path:
-    """One dot per head at each depth (Fig. 7 right / Fig. 11); right axis as a fraction of the image width."""
+    """One dot per head at each depth (Fig. 7 right / Fig. 11); right axis as a fraction of the image width.
+
+    `uniform`: the distance of uniform attention over all patches, drawn as a dashed reference line.
+    """
     layers, heads = distance.shape
     fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * layers + 2.5), 3.6))
     colours = plt.get_cmap("tab20")(np.arange(heads) % 20)
@@ -78,7 +82,11 @@ def plot_attention_distance(
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_xticks(np.arange(1, layers + 1, max(1, layers // 12)))
-    ax.set_ylim(0, max(float(np.nanmax(distance)) * 1.1, 1e-6))
+    top = float(np.nanmax(distance))
+    if uniform is not None:
+        ax.axhline(uniform, color="grey", ls="--", lw=0.8, label="uniform attention")
+        top = max(top, uniform)
+    ax.set_ylim(0, max(top * 1.1, 1e-6))
     ax.grid(alpha=0.3)
     if image_width:
         sec = ax.secondary_yaxis("right", functions=(lambda y: y / image_width, lambda f: f * image_width))

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from vitlab.errors import VitlabError
 from vitlab.inspect import figures
-from vitlab.inspect.distance import attention_distance
+from vitlab.inspect.distance import attention_distance, uniform_attention_distance
 from vitlab.inspect.filters import FilterPCA, embedding_filter_pca
 from vitlab.inspect.posemb import posemb_similarity
 from vitlab.inspect.report import Section, write_report
@@ -46,6 +46,8 @@ class InspectResult:
     rollout_maps: np.ndarray | None = None  # (K, h, w), each divided by its max
     attention_maps: np.ndarray | None = None  # (layers, heads, h, w) for the first image
     predictions: np.ndarray | None = None  # (N,) argmax of the logits
+    grid: tuple[int, int] | None = None  # token grid of the images
+    image_width: int | None = None  # pixels
     notes: list[str] = field(default_factory=list)
 
 
@@ -195,10 +197,12 @@ def inspect_model(
         res.predictions = stats["predictions"]
         width = images.shape[-1]
         n = len(images)
+        res.grid, res.image_width = grid, width
         # 3. Mean attention distance.
         res.figures["distance"] = figures.plot_attention_distance(
             res.attention_distance, out / FIGURE_NAMES["distance"], image_width=width,
             title=f"Mean attention distance ({cfg.name}, {n} images, {width} px wide)",
+            uniform=uniform_attention_distance(grid, cfg.stride),
         )
         how = ("over patch tokens only (class-token row and column dropped, rows renormalised)" if cls == "exclude"
                else "with attention to the class token counted as distance 0 (class-token row dropped, no renormalisation)")
@@ -210,7 +214,8 @@ def inspect_model(
             "Mean attention distance (paper Fig. 7 right, Fig. 11)",
             f"Per layer and head, the attention-weighted Euclidean distance between query and key patch centres "
             f"in pixels (grid distance x stride {cfg.stride}), averaged over query patches and over {n} images; "
-            f"computed {how}. Image width {width} px.",
+            f"computed {how}. Image width {width} px. Dashed line: uniform attention over all patches "
+            f"({uniform_attention_distance(grid, cfg.stride):.2f} px); 0 = each patch attends only to itself.",
             res.figures["distance"], table,
         ))
         # 4. Rollout and raw attention.
@@ -287,6 +292,8 @@ def _save_arrays(res: InspectResult, cfg, cls: str, head_fusion: str, discard_ra
         info["num_images"] = int(len(res.attention_distance_per_image))
         info["attention_distance_px"] = np.round(res.attention_distance, 4).tolist()
         info["attention_distance_layer_mean_px"] = np.round(res.attention_distance.mean(1), 4).tolist()
+        info["image_width_px"] = int(res.image_width)
+        info["uniform_attention_distance_px"] = round(uniform_attention_distance(res.grid, cfg.stride), 4)
     if res.filter_pca is not None:
         info["filter_explained_variance_ratio"] = np.round(res.filter_pca.explained_variance_ratio, 5).tolist()
     (res.out_dir / "inspect.json").write_text(json.dumps(info, indent=2))
