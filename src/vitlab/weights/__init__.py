@@ -22,6 +22,10 @@ __all__ = [
 ]
 
 
+# Config fields a timm state dict cannot determine, stored by `save_timm` in the safetensors header.
+_TIMM_HINTS = ("heads", "gelu", "layer_norm_eps", "posemb_resample", "dropout", "attention_dropout", "drop_path")
+
+
 def _first(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" ... ({len(items)} in all)" if len(items) > n else "")
 
@@ -105,9 +109,17 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, 
 
         config, sd, meta = official.read_official(p, **overrides)
     else:
-        from vitlab.weights.io import read_tensors
+        from vitlab.weights.io import read_tensors, safetensors_metadata
 
-        config, sd, meta = convert_state_dict(read_tensors(p), str(p), **overrides)
+        sd = read_tensors(p)
+        # vitlab's timm export records what the keys cannot tell (heads, GELU, eps) in the header.
+        stored = safetensors_metadata(p).get("vitlab_config")
+        if stored:
+            import json
+
+            hints = {k: v for k, v in json.loads(stored).items() if k in _TIMM_HINTS}
+            overrides = {**hints, **overrides}
+        config, sd, meta = convert_state_dict(sd, str(p), **overrides)
     meta = dict(meta)
     meta["format"] = meta.get("format", fmt)
     meta["source"] = str(path)

@@ -67,8 +67,8 @@ def fetch_official(name: str) -> Path:
     if not _OFFICIAL_RE.match(name):
         raise VitlabError(f"{name!r} is neither a local file nor an official checkpoint name (e.g. ViT-B_16)")
     rel = name if name.endswith(".npz") else name + ".npz"
-    if "/" not in rel:
-        rel = "imagenet21k/" + rel
+    if "/" not in rel:  # "-224" files exist only fine-tuned; the bare names default to the i21k pre-training
+        rel = ("imagenet21k+imagenet2012/" if rel.endswith("-224.npz") else "imagenet21k/") + rel
     url = f"{BUCKET}/{rel}"
     target = cache_dir() / "official" / rel
     if target.is_file():

@@ -51,3 +51,17 @@ def unwrap_state_dict(obj: object, source: str = "checkpoint") -> dict[str, torc
     if all(k.startswith("module.") for k in out):
         out = {k[len("module."):]: v for k, v in out.items()}
     return out
+
+
+def safetensors_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a `.safetensors` header ({} for other files or none)."""
+    p = Path(path)
+    if p.suffix != ".safetensors":
+        return {}
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(p), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception:  # unreadable headers are reported by read_tensors
+        return {}

@@ -157,9 +157,14 @@ def save_timm(model: nn.Module, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = to_timm_state_dict(model)
     if path.suffix == ".safetensors":
+        import json
+
         from safetensors.torch import save_file
 
-        save_file(sd, str(path), metadata={"format": "pt"})
+        cfg = model.config
+        hints = {"heads": cfg.heads, "gelu": cfg.gelu, "layer_norm_eps": cfg.layer_norm_eps,
+                 "posemb_resample": cfg.posemb_resample} if cfg.arch == "vit" else {}
+        save_file(sd, str(path), metadata={"format": "pt", "vitlab_config": json.dumps(hints)})
     else:
         torch.save(sd, path)
     return path

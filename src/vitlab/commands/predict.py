@@ -1,0 +1,60 @@
+"""`vitlab predict WEIGHTS IMAGE_OR_FOLDER...`: top-k class names and probabilities per image."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "predict", help="classify images with any weights (vitlab folder, official .npz, timm, Hugging Face, torchvision)",
+        description="Print the top-k classes of each image, preprocessed as stored with the weights "
+                    "(or the format's standard: official/timm mean=std=0.5, Hugging Face resize bilinear).",
+    )
+    p.add_argument("weights", help="weights: a vitlab or Hugging Face folder, an .npz, .safetensors, .pth/.bin, or hf:ORG/NAME")
+    p.add_argument("images", nargs="+", help="image files and/or folders of images")
+    p.add_argument("--top-k", type=int, default=5, help="classes to show per image (default 5)")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--heads", type=int, default=None,
+                   help="attention heads, for timm/torchvision files of a non-standard width")
+    p.add_argument("--skip-bad", action="store_true", help="skip unreadable images (listed on stderr) instead of stopping")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or notes on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from vitlab.errors import VitlabError
+    from vitlab.predict import collect_images, format_predictions, predict_files
+    from vitlab.weights import load_with_meta
+
+    if args.top_k < 1:
+        raise VitlabError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.batch_size < 1:
+        raise VitlabError(f"--batch-size must be at least 1, got {args.batch_size}")
+    files, skipped = collect_images(args.images)
+    overrides = {"heads": args.heads} if args.heads else {}
+    model, meta = load_with_meta(args.weights, **overrides)
+    if meta.get("zero_head") and not args.quiet:
+        print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
+              "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as exc:
+        raise VitlabError(f"device {device!r} is not available ({str(exc).splitlines()[0]}); use --device cpu") from exc
+    preds, failed = predict_files(model, meta, files, args.top_k, args.batch_size, device,
+                                  progress=not args.quiet and len(files) > 50, strict=not args.skip_bad)
+    print(format_predictions(preds, args.format))
+    if not args.quiet:
+        for _path, reason in failed:
+            print(f"vitlab predict: skipped {reason}", file=sys.stderr)
+        if skipped:
+            print(f"vitlab predict: ignored {len(skipped)} non-image file(s) in the folders", file=sys.stderr)
+    if not preds:
+        raise VitlabError("no image could be read")
+    return 0

@@ -1,0 +1,167 @@
+"""Classify image files with any loadable weights, using the preprocessing stored with the weights
+(or the format's standard one) and the stored class names."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+
+
+@dataclass
+class Prediction:
+    """Top-k classes of one image: `labels[i]` with probability `probs[i]` (class index `indices[i]`)."""
+
+    path: str
+    labels: list[str]
+    probs: list[float]
+    indices: list[int]
+
+
+def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Image files named directly or found (recursively, sorted) in folders; (files, skipped non-images)."""
+    from vitlab.data.images import is_image_file
+
+    files: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and is_image_file(f))
+            skipped += [(str(f), "not an image file name") for f in sorted(p.rglob("*"))
+                        if f.is_file() and not is_image_file(f) and not f.name.startswith(".")]
+            if not found:
+                raise VitlabError(f"no image files in {p} (looked for {', '.join(_extensions())})")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise VitlabError(f"no such image file or folder: {p}")
+    return files, skipped
+
+
+def _extensions() -> tuple[str, ...]:
+    from vitlab.data.images import IMAGE_EXTENSIONS
+
+    return IMAGE_EXTENSIONS
+
+
+def class_names_for(meta: dict, num_classes: int) -> list[str]:
+    names = meta.get("class_names")
+    if names and len(names) == num_classes:
+        return list(names)
+    return [f"class_{i}" for i in range(num_classes)]
+
+
+@torch.no_grad()
+def predict_files(
+    model: nn.Module,
+    meta: dict,
+    files: list[Path],
+    top_k: int = 5,
+    batch_size: int = 32,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+    strict: bool = True,
+) -> tuple[list[Prediction], list[tuple[str, str]]]:
+    """Predictions for `files` and the (path, reason) of images that could not be read.
+
+    With `strict`, an unreadable image raises its one-line VitlabError instead of being skipped.
+    """
+    from tqdm import tqdm
+
+    from vitlab.data.images import open_image
+    from vitlab.data.preprocess import Preprocess
+
+    num_classes = model.config.num_classes
+    if not num_classes:
+        raise VitlabError("these weights have no classification head (a feature extractor); "
+                          "fine-tune them first (vitlab.load(..., num_classes=K))")
+    pre = meta.get("preprocess")
+    if pre is None or isinstance(pre, dict):
+        pre = Preprocess.from_dict(pre) if pre else Preprocess.for_model(model.config.image_size, model.config.in_chans)
+    names = class_names_for(meta, num_classes)
+    k = max(1, min(top_k, num_classes))
+    model = model.to(device).eval()
+    results: list[Prediction] = []
+    failed: list[tuple[str, str]] = []
+    batch: list[tuple[Path, torch.Tensor]] = []
+
+    def flush() -> None:
+        if not batch:
+            return
+        x = torch.stack([t for _, t in batch]).to(device)
+        probs = model(x).float().softmax(dim=-1).cpu()
+        top = probs.topk(k, dim=-1)
+        for (path, _), p, i in zip(batch, top.values, top.indices):
+            results.append(Prediction(str(path), [names[j] for j in i.tolist()], p.tolist(), i.tolist()))
+        batch.clear()
+
+    for path in tqdm(files, desc="predict", unit="img", disable=not progress):
+        try:
+            img = open_image(path)
+        except VitlabError as exc:
+            if strict:
+                raise
+            failed.append((str(path), str(exc)))
+            continue
+        batch.append((path, pre(img)))
+        if len(batch) >= batch_size:
+            flush()
+    flush()
+    return results, failed
+
+
+def format_predictions(preds: list[Prediction], fmt: str = "table") -> str:
+    """Render as an aligned text table, JSON (a list of objects) or CSV (one row per image and rank)."""
+    if fmt == "json":
+        return json.dumps([{"path": p.path, "top": [{"rank": r + 1, "label": lab, "index": i, "probability": pr}
+                                                     for r, (lab, pr, i) in enumerate(zip(p.labels, p.probs, p.indices))]}
+                           for p in preds], indent=2)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["path", "rank", "label", "index", "probability"])
+        for p in preds:
+            for r, (lab, pr, i) in enumerate(zip(p.labels, p.probs, p.indices)):
+                w.writerow([p.path, r + 1, lab, i, f"{pr:.6f}"])
+        return buf.getvalue().rstrip("\n")
+    if fmt != "table":
+        raise VitlabError(f"unknown output format {fmt!r}; use table, json or csv")
+    lines = []
+    for p in preds:
+        lines.append(p.path)
+        width = max(len(lab) for lab in p.labels)
+        for r, (lab, pr) in enumerate(zip(p.labels, p.probs)):
+            lines.append(f"  {r + 1}. {lab:<{width}}  {100 * pr:6.2f}%")
+    return "\n".join(lines)
+
+
+def predict(
+    weights: str | Path,
+    images: Iterable[str | Path],
+    top_k: int = 5,
+    batch_size: int = 32,
+    device: str | None = None,
+    progress: bool = False,
+    **load_overrides,
+) -> list[Prediction]:
+    """Load `weights` (any supported format) and classify the images / folders of images."""
+    from vitlab.weights import load_with_meta
+
+    model, meta = load_with_meta(weights, **load_overrides)
+    files, _ = collect_images(images)
+    if meta.get("zero_head"):
+        print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
+              "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return predict_files(model, meta, files, top_k, batch_size, dev, progress)[0]

@@ -1,0 +1,118 @@
+"""`vitlab predict`: class names and probabilities with the stored preprocessing; table/json/csv; clear errors."""
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.data.preprocess import Preprocess
+from vitlab.models.registry import create_model
+from vitlab.weights import save_native
+
+NAMES = ["apple", "banana", "cherry", "date", "elder", "fig"]
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    model = create_model("custom", dim=32, depth=1, heads=4, mlp_dim=64, patch_size=4, image_size=16,
+                         num_classes=len(NAMES), seed=0).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=2.0, generator=torch.Generator().manual_seed(0))
+    pre = Preprocess(image_size=(16, 16), mean=(0.2, 0.4, 0.6), std=(0.3, 0.2, 0.1))
+    save_native(model, tmp_path / "w", class_names=NAMES, preprocess=pre)
+    rng = np.random.default_rng(0)
+    imgs = tmp_path / "imgs"
+    (imgs / "sub").mkdir(parents=True)
+    arrays = {}
+    for name in ("a.png", "b.png", "sub/c.png"):
+        arr = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)  # already at the model size: no resize
+        Image.fromarray(arr).save(imgs / name)
+        arrays[str(imgs / name)] = arr
+    (imgs / "notes.txt").write_text("not an image")
+    return model, tmp_path, imgs, arrays
+
+
+def _reference_probs(model, arr):
+    """Preprocessing by hand: (x / 255 - mean) / std with the stored numbers."""
+    x = (arr.astype(np.float32) / 255.0 - np.array([0.2, 0.4, 0.6], np.float32)) / np.array([0.3, 0.2, 0.1], np.float32)
+    with torch.no_grad():
+        return model(torch.from_numpy(x.transpose(2, 0, 1))[None]).softmax(-1)[0].numpy()
+
+
+def test_predict_json_matches_reference(setup, capsys):
+    model, tmp, imgs, arrays = setup
+    assert main(["predict", str(tmp / "w"), str(imgs), "--top-k", "3", "--format", "json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(r["path"] for r in out) == sorted(arrays)
+    for r in out:
+        ref = _reference_probs(model, arrays[r["path"]])
+        order = np.argsort(-ref)[:3]
+        assert [t["label"] for t in r["top"]] == [NAMES[i] for i in order]
+        assert np.allclose([t["probability"] for t in r["top"]], ref[order], atol=1e-5)
+
+
+def test_predict_csv_and_table(setup, capsys):
+    model, tmp, imgs, arrays = setup
+    a = str(imgs / "a.png")
+    assert main(["predict", str(tmp / "w"), a, "--format", "csv", "--top-k", "10"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == len(NAMES) and [int(r["rank"]) for r in rows] == list(range(1, 7))
+    ref = _reference_probs(model, arrays[a])
+    assert np.isclose(float(rows[0]["probability"]), ref.max(), atol=1e-5) and rows[0]["label"] == NAMES[ref.argmax()]
+    assert main(["predict", str(tmp / "w"), a]) == 0
+    table = capsys.readouterr().out
+    assert a in table and f"{100 * ref.max():.2f}%" in table and NAMES[ref.argmax()] in table
+
+
+def _err(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    return err
+
+
+def test_predict_errors_are_one_line(setup, capsys):
+    _, tmp, imgs, _ = setup
+    assert main(["predict", str(tmp / "nope"), str(imgs / "a.png")]) == 2
+    assert _err(capsys)[-1].startswith("vitlab predict: error: no such file or folder")
+    (tmp / "weights.txt").write_text("hello")
+    assert main(["predict", str(tmp / "weights.txt"), str(imgs / "a.png")]) == 2
+    assert "unknown checkpoint format" in _err(capsys)[-1]
+    data = (tmp / "w" / "model.safetensors").read_bytes()
+    (tmp / "trunc").mkdir()
+    (tmp / "trunc" / "config.json").write_text((tmp / "w" / "config.json").read_text())
+    (tmp / "trunc" / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert main(["predict", str(tmp / "trunc"), str(imgs / "a.png")]) == 2
+    assert "complete" in _err(capsys)[-1]
+    (imgs / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)
+    assert main(["predict", str(tmp / "w"), str(imgs / "broken.png")]) == 2
+    assert len(_err(capsys)) == 1
+    assert main(["predict", str(tmp / "w"), str(imgs), "--skip-bad", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)) == 3 and "broken.png" in captured.err
+    assert main(["predict", str(tmp / "w"), str(tmp / "missing.png")]) == 2
+    assert "no such image" in _err(capsys)[-1]
+
+
+def test_predict_hf_folder_uses_its_preprocessing(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                                 image_size=16, patch_size=4, num_labels=3, id2label={0: "x", 1: "y", 2: "z"},
+                                 label2id={"x": 0, "y": 1, "z": 2})
+    torch.manual_seed(0)
+    hf = transformers.ViTForImageClassification(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    proc = transformers.ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    proc.save_pretrained(tmp_path / "hf")
+    arr = np.random.default_rng(1).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    Image.fromarray(arr).save(tmp_path / "img.png")
+    assert main(["predict", str(tmp_path / "hf"), str(tmp_path / "img.png"), "--format", "json", "--top-k", "3"]) == 0
+    top = json.loads(capsys.readouterr().out)[0]["top"]
+    with torch.no_grad():  # transformers' own processor and model
+        ref = hf(**proc(images=Image.open(tmp_path / "img.png"), return_tensors="pt")).logits.softmax(-1)[0].numpy()
+    order = np.argsort(-ref)
+    assert [t["label"] for t in top] == [["x", "y", "z"][i] for i in order]
+    assert np.allclose([t["probability"] for t in top], ref[order], atol=1e-5)

@@ -1,0 +1,62 @@
+"""`vitlab convert`: the official fixture converted to native, Hugging Face (loaded by transformers) and
+timm keeps the official logits."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitlab
+from vitlab.cli import main
+
+FIX = Path("/work/shared/fixtures/official")
+pytestmark = pytest.mark.skipif(not FIX.is_dir(), reason="official fixtures not available")
+
+
+def _io():
+    with np.load(FIX / "tiny_token_prelinen.io.npz") as f:
+        return torch.from_numpy(f["input_nchw"].astype(np.float32)), f["logits"]
+
+
+def test_convert_official_to_native_hf_timm(tmp_path, capsys):
+    src = str(FIX / "tiny_token_prelinen.npz")
+    x, ref = _io()
+    assert main(["convert", src, str(tmp_path / "native"), "--to", "native"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with torch.no_grad():
+        assert np.abs(vitlab.load(tmp_path / "native")(x).numpy() - ref).max() < 1e-5
+
+    assert main(["convert", src, str(tmp_path / "hf"), "--to", "hf", "--quiet"]) == 0
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        assert np.abs(hf(pixel_values=x).logits.numpy() - ref).max() < 1e-5  # transformers reproduces the official logits
+
+    assert main(["convert", src, str(tmp_path / "t.safetensors"), "--to", "timm", "--quiet"]) == 0
+    sd = load_file(str(tmp_path / "t.safetensors"))
+    assert {"cls_token", "pos_embed", "patch_embed.proj.weight", "blocks.1.attn.qkv.weight", "norm.weight", "head.weight"} <= set(sd)
+    m = vitlab.load(tmp_path / "t.safetensors")  # heads and GELU come back from the safetensors header
+    assert m.config.gelu == "tanh" and m.config.heads == 4
+    with torch.no_grad():
+        assert np.abs(m(x).numpy() - ref).max() < 1e-5
+    plain = {k: v for k, v in sd.items()}  # a header-less timm file: timm's numerics (exact GELU), heads given
+    torch.save(plain, tmp_path / "t.pth")
+    m = vitlab.load(tmp_path / "t.pth", heads=4)
+    assert m.config.gelu == "exact"
+    with torch.no_grad():
+        assert np.abs(vitlab.load(tmp_path / "t.pth", heads=4, gelu="tanh")(x).numpy() - ref).max() < 1e-5
+
+
+def test_convert_surgery_and_class_names(tmp_path, capsys):
+    (tmp_path / "names.txt").write_text("\n".join(f"n{i}" for i in range(4)) + "\n")
+    assert main(["convert", str(FIX / "tiny_token_linen.npz"), str(tmp_path / "ft"), "--num-classes", "4",
+                 "--image-size", "48", "--class-names", str(tmp_path / "names.txt"), "--quiet"]) == 0
+    model, meta = vitlab.weights.load_with_meta(tmp_path / "ft")
+    assert model.config.num_classes == 4 and model.config.image_size == (48, 48)
+    assert meta["class_names"] == ["n0", "n1", "n2", "n3"] and tuple(meta["preprocess"].image_size) == (48, 48)
+    assert main(["convert", str(FIX / "tiny_token_linen.npz"), str(tmp_path / "x"), "--class-names",
+                 str(tmp_path / "names.txt")]) == 2
+    assert "4 class names" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "none.npz"), str(tmp_path / "y")]) == 2
