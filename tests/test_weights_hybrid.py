@@ -188,3 +188,29 @@ def test_config_inference_for_the_published_hybrids(name, layers, vit, patch, si
         model = vitlab.models.registry.build_model(cfg.replace(image_size=224))
     assert count_parameters(model) == params
     assert math.isclose(cfg.grid_size[0], grid)
+
+
+# Logits of the official Flax code (google-research/vision_transformer vit_jax/models_vit.py and
+# models_resnet.py, run with jax 0.10.2 / flax 0.12.8 on CPU) for the arrays `hybrid_arrays` makes with
+# np.random.default_rng(7) (pre-Linen names renamed to Linen, GroupNorm squeezed to (C,)); the
+# official module's parameter tree had exactly these keys. Input: the same rng's uniform(-1, 1) draw.
+OFFICIAL_HYBRID_LOGITS = {
+    "stem": ((), 8, 64, [[-5.037988185882568, -3.166806936264038, 3.238300085067749, 7.707211971282959, -2.326174020767212],
+                         [-5.651946067810059, -2.243973970413208, 2.7664380073547363, 9.567994117736816, -0.26782798767089844]]),
+    "two": ((1, 2), 1, 32, [[-2.690398931503296, 8.364330291748047, -3.499351978302002, 6.034823894500732, 2.426743984222412],
+                            [-2.9024710655212402, 9.433395385742188, -3.9239859580993652, 4.710792064666748, -1.4353599548339844]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OFFICIAL_HYBRID_LOGITS))
+def test_hybrid_logits_match_the_official_flax_code(tmp_path, case):
+    layers, patch, size, logits = OFFICIAL_HYBRID_LOGITS[case]
+    rng = np.random.default_rng(7)
+    reduction = 4 * 2 ** max(len(layers) - 1, 0)
+    a = hybrid_arrays(layers, rng, patch=patch, grid=size // (reduction * patch), classes=5)
+    x = rng.uniform(-1, 1, (2, 3, size, size)).astype(np.float32)
+    np.savez(tmp_path / "h.npz", **a)
+    model = vitlab.load(tmp_path / "h.npz")
+    with torch.no_grad():
+        out = model(torch.from_numpy(x)).double().numpy()
+    assert np.abs(out - np.array(logits)).max() < 5e-5

@@ -171,11 +171,12 @@ def load_with_meta(
     config, sd, meta = read_checkpoint(path, **overrides)
     model = build_model(config)
     load_state_dict_strict(model, sd, str(meta["source"]))
-    old_classes = config.num_classes
+    old_head = getattr(model, "head", None)
     model = adapt(model, num_classes, image_size, keep_representation)
     meta = dict(meta)
-    if num_classes is not None and num_classes != old_classes:
+    if getattr(model, "head", None) is not old_head:  # a new (zero) head: the old class names no longer apply
         meta["class_names"] = None
+        meta["zero_head"] = False
     pre = dict(meta["preprocess"]) if meta.get("preprocess") is not None else None
     if image_size is not None and pre is not None:
         pre["image_size"] = list(model.config.image_size)
