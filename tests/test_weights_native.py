@@ -66,3 +66,18 @@ def test_native_errors(tmp_path):
         vitlab.load(tmp_path / "m")
     with pytest.raises(VitlabError, match="no such file"):
         vitlab.load(tmp_path / "nothing-here")
+
+
+def test_native_from_wrapped_model_and_config_json_path(tmp_path):
+    model = _tiny().eval()
+    wrapper = torch.nn.Module()
+    wrapper.module = model  # what DistributedDataParallel looks like
+    save_native(wrapper, tmp_path / "m")
+    again = vitlab.load(tmp_path / "m" / "config.json")
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+    four = _tiny(in_chans=4)
+    save_native(four, tmp_path / "four")
+    m, meta = load_with_meta(tmp_path / "four")  # no Preprocess for 4 channels: the dict is kept
+    assert m.config.in_chans == 4 and meta["preprocess"]["channels"] == 4

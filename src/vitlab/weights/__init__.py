@@ -70,6 +70,8 @@ def detect_format(path: str | Path) -> str:
         raise VitlabError(f"no such file or folder: {p}")
     if p.suffix == ".npz":
         return "official"
+    if p.name == "config.json" and (native.is_native(p.parent) or hf.is_hf_folder(p.parent)):
+        return "native" if native.is_native(p.parent) else "hf"
     if p.suffix in STATE_DICT_SUFFIXES:
         # A weights file inside a native or Hugging Face folder: load the whole folder.
         if native.is_native(p.parent):
@@ -155,8 +157,8 @@ def _preprocess_object(d: dict | None) -> Any:
         return d
     try:
         return Preprocess.from_dict(d)
-    except Exception as exc:  # a dict written by another version; keep it readable
-        raise VitlabError(f"cannot read the stored preprocessing {d} ({exc})") from exc
+    except (TypeError, ValueError):  # e.g. a 4-channel model: keep the plain dict rather than fail the load
+        return d
 
 
 def load_with_meta(

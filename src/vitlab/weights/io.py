@@ -48,8 +48,9 @@ def unwrap_state_dict(obj: object, source: str = "checkpoint") -> dict[str, torc
     out = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not out:
         raise VitlabError(f"{source} holds no tensors")
-    if all(k.startswith("module.") for k in out):
-        out = {k[len("module."):]: v for k, v in out.items()}
+    for prefix in ("module.", "_orig_mod."):  # DistributedDataParallel, torch.compile
+        if all(k.startswith(prefix) for k in out):
+            out = {k[len(prefix):]: v for k, v in out.items()}
     return out
 
 

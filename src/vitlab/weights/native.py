@@ -41,6 +41,8 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
     """Write `folder/config.json` + `folder/model.safetensors`; `load(folder)` gives the same model back."""
     from safetensors.torch import save_file
 
+    for wrapper in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
+        model = getattr(model, wrapper, model)
     config: ViTConfig = model.config
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
