@@ -71,13 +71,22 @@ def run_model(
     """
     from tqdm.auto import tqdm
 
+    from vitlab.data import make_loader
+
     dev = resolve_device(device)
     model = model.to(dev).eval()
-    data = dataset if indices is None else Subset(dataset, [int(i) for i in indices])
-    loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate)
+    data = dataset
+    if indices is not None:
+        rows = [int(i) for i in indices]
+        data = dataset.subset(rows) if hasattr(dataset, "subset") else Subset(dataset, rows)
+    if hasattr(data, "class_names"):
+        loader = make_loader(data, batch_size, shuffle=False)
+    else:  # any other map-style data set of (image, label), images possibly of different sizes
+        loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate)
     labels, logits, feats = [], [], []
     for images, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
-        x = _to_input(images, preprocess, dev)
+        x = _to_input(images, preprocess, dev) if isinstance(images, list) else preprocess.batch(images.to(dev))
+        y = torch.as_tensor(y).long()
         tokens = model.forward_features(x)
         if want_features:
             f = model.forward_head(tokens, pre_logits=True)

@@ -118,6 +118,10 @@ def plot_fewshot(
     if chance is not None:
         ax.axhline(100 * chance, color="grey", ls="--", label="chance")
     ax.set_xscale("log")
+    ticks = sorted({int(k) for shots, _, _ in curves.values() for k in shots})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("shots per class")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)

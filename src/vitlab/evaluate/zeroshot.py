@@ -26,6 +26,7 @@ LABEL_MAPPED_IMAGENET = "zero-shot (mapped ImageNet head)"
 LABEL_MAPPED = "zero-shot (mapped pretrained head)"
 LABEL_FINETUNED = "fine-tuned"
 LABEL_TRAINED = "trained head"
+LABEL_UNTRAINED = "untrained model (random init, chance)"
 
 
 def mapped_label(head_classes: int) -> str:

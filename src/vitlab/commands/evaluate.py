@@ -1,0 +1,170 @@
+"""`vitlab evaluate MODEL --data D`: accuracy (95% CI), top-5, macro-F1, per-class table, confusion
+matrix; optionally few-shot ridge, kNN and a linear probe on frozen features."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vitlab.errors import VitlabError
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+    """The data flags shared by evaluate and compare (passed to `vitlab.data.load_data`)."""
+    p.add_argument("--data", required=required,
+                   help="data source: bundled, digits, fashion-mnist, mnist, cifar10:PATH, a folder or a CSV"
+                        + ("" if required else " (default for a run folder: the run's data)"))
+    p.add_argument("--classes", help="keep these classes, e.g. 'Sandal,Sneaker,Ankle boot' (names or indices)")
+    p.add_argument("--per-class", type=int, help="keep N training images per class (val/test stay whole)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="validation share carved from train if the source has none")
+    p.add_argument("--test-fraction", type=float, default=0.1, help="test share carved from train if the source has none")
+    p.add_argument("--seed", type=int, default=0, help="seed of the splits, the fresh head and the samplers (default 0)")
+
+
+def add_frozen_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("frozen-feature evaluation (no backbone training)")
+    g.add_argument("--fewshot", action="store_true", help="few-shot linear evaluation: closed-form ridge on pre-logits (paper, big_vision)")
+    g.add_argument("--knn", action="store_true", help="weighted kNN on L2-normalised features (DINO)")
+    g.add_argument("--probe", action="store_true", help="linear probe: logistic regression on cached features")
+    g.add_argument("--shots", type=_int_list, default=(1, 5, 10, 25), help="shots per class (default 1,5,10,25)")
+    g.add_argument("--fewshot-seeds", type=int, default=3, help="seeds per shot count (default 3)")
+    g.add_argument("--l2", type=float, default=1024.0, help="ridge lambda (default 2^10 = 1024)")
+    g.add_argument("--knn-k", type=int, default=20, help="neighbours (default 20)")
+    g.add_argument("--knn-temperature", type=float, default=0.07, help="vote weight exp(cos/T) (default 0.07)")
+    g.add_argument("--max-train-per-class", type=int,
+                   help="at most N training images per class for kNN/probe features (saves time on a CPU)")
+
+
+def frozen_options(args: argparse.Namespace):
+    from vitlab.evaluate.runner import FrozenOptions
+
+    return FrozenOptions(fewshot=args.fewshot, knn=args.knn, probe=args.probe, shots=tuple(args.shots),
+                         fewshot_seeds=args.fewshot_seeds, l2_reg=args.l2, knn_k=args.knn_k,
+                         knn_temperature=args.knn_temperature, max_train_per_class=args.max_train_per_class)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate", help="accuracy (95%% CI), macro-F1, per-class table, confusion matrix; few-shot / kNN / probe",
+        description="Evaluate a model on a data split. MODEL is a weights file or folder (any format vitlab "
+                    "loads), a training run folder, or a model name (random initialisation). When the "
+                    "model's head does not fit the data's classes it is evaluated zero-shot: through "
+                    "--zero-shot-map, or with a fresh untrained head (chance level), labelled as such.",
+    )
+    p.add_argument("model", metavar="MODEL", help="weights path, run folder, or model name")
+    add_data_args(p)
+    p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate (default test)")
+    p.add_argument("--out", help="folder for the report (default: <run>/eval-<split> or eval-<model>-<split>)")
+    p.add_argument("--zero-shot-map", metavar="MAP",
+                   help="map the data's classes to the pretrained head's, e.g. 'Sandal=774,Sneaker=770+630,Ankle boot=514'")
+    p.add_argument("--head", choices=["auto", "trained", "mapped", "fresh"], default="auto",
+                   help="auto: the model's head if its classes are the data's, a map by name if they are a "
+                        "subset, else a fresh head (chance); or force one")
+    p.add_argument("--image-size", type=int, help="model input size (resamples ViT position embeddings)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars; print only the summary table")
+    add_frozen_args(p)
+    p.set_defaults(func=run)
+
+
+def _run_data_kwargs(run_config: dict | None) -> dict:
+    """The data settings of a training run, read tolerantly from its config.yaml."""
+    if not run_config:
+        return {}
+    cfg = dict(run_config)
+    if isinstance(cfg.get("data"), dict):  # nested {"data": {"source": ...}}
+        cfg = {**cfg, **cfg["data"]}
+        cfg["data"] = cfg.get("source")
+    keys = {"data": "data", "classes": "classes", "per_class": "per_class", "val_fraction": "val_fraction",
+            "test_fraction": "test_fraction", "seed": "seed", "data_seed": "seed"}
+    return {dst: cfg[src] for src, dst in keys.items() if cfg.get(src) is not None}
+
+
+def load_splits(args: argparse.Namespace, run_config: dict | None = None):
+    from vitlab.data import load_data
+
+    from_run = _run_data_kwargs(run_config)
+    source = args.data or from_run.get("data")
+    if not source:
+        raise VitlabError("no data given; add --data (e.g. --data bundled, --data fashion-mnist, --data PATH)")
+    same_source = not args.data or args.data == from_run.get("data")
+
+    def pick(key: str, val, default):  # a flag left at its default takes the run's value
+        return from_run.get(key, val) if (same_source and val == default) else val
+
+    return load_data(
+        str(source),
+        classes=args.classes if args.classes is not None else (from_run.get("classes") if same_source else None),
+        per_class=args.per_class if args.per_class is not None else (from_run.get("per_class") if same_source else None),
+        val_fraction=pick("val_fraction", args.val_fraction, 0.1),
+        test_fraction=pick("test_fraction", args.test_fraction, 0.1),
+        seed=pick("seed", args.seed, 0),
+        progress=not getattr(args, "quiet", False),
+    )
+
+
+def _data_image_size(data) -> int | None:
+    """The stored image side of the data (for models built from a name), when square."""
+    ds = data.train if data.train is not None else data.test
+    size = getattr(ds, "image_size", None)
+    if size is None:
+        return None
+    h, w = (size, size) if isinstance(size, int) else size
+    return int(h) if h == w else int(max(h, w))
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.evaluate.loading import load_for_eval
+    from vitlab.evaluate.runner import evaluate_model, rows_markdown, write_report
+
+    quiet = args.quiet
+    if Path(args.model).expanduser().exists():
+        loaded = load_for_eval(args.model, image_size=args.image_size)
+        data = load_splits(args, loaded.run_config)
+    else:  # a model name: build it for the data's classes, channels and (by default) image size
+        data = load_splits(args)
+        loaded = load_for_eval(args.model, num_classes=data.num_classes,
+                               image_size=args.image_size or _data_image_size(data),
+                               in_chans=data.channels, seed=args.seed)
+    if not quiet:
+        print(f"model: {loaded.description}")
+        print(f"data: {data.summary()}")
+    res = evaluate_model(
+        loaded.model, data, loaded.preprocess, split=args.split, model_classes=loaded.class_names,
+        zero_shot_map=args.zero_shot_map, head=args.head, frozen=frozen_options(args),
+        batch_size=args.batch_size, device=args.device, seed=args.seed, progress=not quiet,
+        name=Path(args.model).name if Path(args.model).exists() else args.model,
+        untrained=loaded.source == "registry",
+    )
+    if args.out:
+        out = Path(args.out)
+    elif loaded.source == "run":
+        out = Path(args.model) / f"eval-{args.split}"
+    else:
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(args.model).name or args.model)
+        out = Path(f"eval-{safe}-{args.split}")
+    res.info["model_description"] = loaded.description
+    res.info["data"] = data.summary()
+    files = write_report(res, out)
+    print(rows_markdown(res.rows))
+    if not quiet:
+        from vitlab.evaluate.metrics import format_report
+
+        print()
+        print(format_report(res.head_metrics, res.rows[0]["label"]))
+        if res.head_mode == "fresh":  # a fresh head or an untrained model
+            print("note: the head is new and untrained, so this accuracy is chance level by construction; "
+                  "use --zero-shot-map for real zero-shot transfer or --fewshot/--knn/--probe for the features")
+    print(f"report: {files['report']}")
+    return 0

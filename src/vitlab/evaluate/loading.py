@@ -1,0 +1,132 @@
+"""Turn what a user names on the command line into a model: a weights file or folder, a training run
+folder (its `model/`), or a registry name (random initialisation, e.g. for a from-scratch baseline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    class_names: list[str] | None
+    preprocess: Any  # vitlab.data.Preprocess
+    source: str  # 'weights', 'run' or 'registry'
+    description: str
+    run_config: dict | None = None
+
+
+def default_preprocess(model: nn.Module):
+    """The official evaluation preprocessing for a model without a stored one: resize, [-1, 1]."""
+    from vitlab.data import Preprocess
+
+    cfg = model.config
+    return Preprocess.for_model(cfg.image_size, channels=cfg.in_chans)
+
+
+def is_run_folder(p: Path) -> bool:
+    return p.is_dir() and (p / "model").is_dir() and ((p / "config.yaml").exists() or (p / "summary.json").exists())
+
+
+def read_run_config(run: Path) -> dict | None:
+    f = run / "config.yaml"
+    if not f.exists():
+        return None
+    import yaml
+
+    try:
+        return yaml.safe_load(f.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise VitlabError(f"cannot read {f}: {exc}") from None
+
+
+def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """"custom(dim=32,depth=1,patch_size=4)" -> ("custom", {"dim": 32, "depth": 1, "patch_size": 4})."""
+    spec = spec.strip()
+    if not spec.endswith(")") or "(" not in spec:
+        return spec, {}
+    name, _, inner = spec[:-1].partition("(")
+    import yaml
+
+    overrides: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in _split_top(inner))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise VitlabError(f"bad model override {item!r} in {spec!r}; write NAME(key=value,...), e.g. custom(dim=32,depth=1)")
+        val = yaml.safe_load(value.strip().replace("(", "[").replace(")", "]"))
+        overrides[key.strip()] = tuple(val) if isinstance(val, list) else val
+    return name.strip(), overrides
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside brackets: "a=1,b=(1,2)" -> ["a=1", "b=(1,2)"]."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "(["
+        depth -= ch in ")]"
+        if ch == sep and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return out
+
+
+def split_model_list(text: str) -> list[str]:
+    """"vit-b/16,custom(dim=32,depth=1),resnet-50" -> the three specs (commas inside () kept)."""
+    return [s.strip() for s in _split_top(text) if s.strip()]
+
+
+def load_for_eval(
+    spec: str,
+    *,
+    num_classes: int | None = None,
+    image_size: int | None = None,
+    in_chans: int | None = None,
+    seed: int = 0,
+) -> LoadedModel:
+    """Load `spec` (path or registry name). Registry models get `num_classes`/`image_size`/`in_chans`."""
+    from vitlab.weights import load_with_meta
+
+    p = Path(spec).expanduser()
+    if p.exists():
+        run_config = None
+        target, source = p, "weights"
+        if is_run_folder(p):
+            target, source = p / "model", "run"
+            run_config = read_run_config(p)
+        model, meta = load_with_meta(target, image_size=image_size)
+        pre = meta.get("preprocess")
+        if pre is None or isinstance(pre, dict):
+            pre = _preprocess_from(pre, model)
+        names = meta.get("class_names")
+        return LoadedModel(model.eval(), list(names) if names else None, pre, source,
+                           f"{p} ({meta.get('format', source)})", run_config)
+    from vitlab.models import create_model
+    from vitlab.models.registry import normalize_name
+
+    name, overrides = parse_model_spec(spec)
+    overrides.setdefault("in_chans", in_chans or 3)
+    try:
+        model = create_model(name, num_classes=num_classes or 1000, image_size=overrides.pop("image_size", image_size or 224),
+                             seed=seed, **overrides)
+    except VitlabError:
+        raise VitlabError(f"{spec!r} is neither an existing weights file/folder or run folder nor a model name; "
+                          "check the path, or run `vitlab models` for the names") from None
+    return LoadedModel(model.eval(), None, default_preprocess(model), "registry",
+                       f"{normalize_name(name)}{spec[len(name):]} (random initialisation, seed {seed})")
+
+
+def _preprocess_from(d: dict | None, model: nn.Module):
+    if d is None:
+        return default_preprocess(model)
+    from vitlab.data import Preprocess
+
+    return Preprocess.from_dict(d)

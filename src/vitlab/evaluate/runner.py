@@ -1,0 +1,299 @@
+"""Evaluate one model on one data split, with its head and on frozen features, and write the report.
+
+`evaluate_model` is what `vitlab evaluate` and `vitlab compare` both call, so every table uses the
+same preprocessing, metrics and labels ("trained head", "zero-shot (mapped ImageNet head)",
+"zero-shot (fresh head, chance)", "few-shot ridge", "kNN", "linear probe").
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+from vitlab.evaluate import zeroshot as zs
+from vitlab.evaluate.features import dataset_labels, run_model
+from vitlab.evaluate.metrics import (
+    classification_metrics,
+    format_report,
+    write_confusion_csv,
+    write_per_class_csv,
+)
+
+
+@dataclass
+class FrozenOptions:
+    """Which frozen-feature evaluations to run and their settings (defaults: the paper / DINO)."""
+
+    fewshot: bool = False
+    knn: bool = False
+    probe: bool = False
+    shots: tuple[int, ...] = (1, 5, 10, 25)
+    fewshot_seeds: int = 3
+    l2_reg: float = 1024.0
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    max_train_per_class: int | None = None  # cap the training features for kNN / probe (CPU budget)
+
+    @property
+    def any(self) -> bool:
+        return self.fewshot or self.knn or self.probe
+
+
+@dataclass
+class EvalResult:
+    """Everything one evaluation produced; `rows` is the summary table."""
+
+    rows: list[dict] = field(default_factory=list)
+    head_metrics: dict | None = None
+    head_mode: str = ""
+    fewshot: dict | None = None
+    knn: dict | None = None
+    probe: dict | None = None
+    info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"info": self.info, "rows": self.rows, "head_mode": self.head_mode, "head": self.head_metrics,
+                "fewshot": self.fewshot, "knn": self.knn, "probe": self.probe}
+
+
+def _norm(name: str) -> str:
+    return str(name).strip().lower()
+
+
+def choose_head_mode(
+    model: nn.Module,
+    data_classes: Sequence[str],
+    model_classes: Sequence[str] | None,
+    zero_shot_map: str | None = None,
+    head: str = "auto",
+) -> tuple[str, list[list[int]] | None]:
+    """('trained' | 'mapped' | 'fresh', class map). 'auto': the model's own head when its classes are the
+    data's, a map by class name when the data's classes are a subset of the model's, else a fresh head."""
+    n_head = int(model.config.num_classes)
+    if head == "fresh":
+        return "fresh", None
+    if zero_shot_map:
+        if n_head <= 0:
+            raise VitlabError("--zero-shot-map needs a model with a classifier head; this one has none")
+        return "mapped", zs.parse_class_map(zero_shot_map, data_classes, n_head)
+    if head == "mapped":
+        raise VitlabError("a mapped head needs --zero-shot-map CLASS=INDEX,..., e.g. 'Sandal=774,Sneaker=770,Ankle boot=514'")
+    names = [_norm(c) for c in data_classes]
+    if model_classes is not None and len(model_classes) == n_head:
+        mnames = [_norm(c) for c in model_classes]
+        if mnames == names:
+            return "trained", None
+        if head != "trained" and all(n in mnames for n in names):
+            return "mapped", [[mnames.index(n)] for n in names]
+        if head == "trained":
+            raise VitlabError(f"the model's classes {list(model_classes)[:5]}... are not the data's {list(data_classes)[:5]}...; "
+                              "use --zero-shot-map or a fresh head")
+        return "fresh", None
+    if n_head == len(names):
+        return "trained", None  # no names stored: trust the order
+    if head == "trained":
+        raise VitlabError(f"the model has {n_head} outputs but the data has {len(names)} classes; "
+                          "use --zero-shot-map or a fresh head")
+    return "fresh", None
+
+
+def head_label(mode: str, model: nn.Module) -> str:
+    if mode == "trained":
+        return zs.LABEL_TRAINED
+    if mode == "mapped":
+        return zs.mapped_label(int(model.config.num_classes))
+    return zs.LABEL_FRESH
+
+
+def _split(data, split: str):
+    ds = getattr(data, split, None)
+    if ds is None or len(ds) == 0:
+        have = [k for k in ("train", "val", "test") if getattr(data, k, None) is not None and len(getattr(data, k))]
+        raise VitlabError(f"the data has no {split!r} split (it has {have}); choose --split from those")
+    return ds
+
+
+def _cap_per_class(labels: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray | None:
+    if cap is None:
+        return None
+    rng = np.random.default_rng(seed)
+    keep = [rng.permutation(np.where(labels == c)[0])[:cap] for c in np.unique(labels)]
+    return np.sort(np.concatenate(keep))
+
+
+def _row(method: str, label: str, m: dict, train_images: int | str = "", note: str = "") -> dict:
+    lo, hi = m["accuracy_ci95"]
+    return {"method": method, "label": label, "accuracy": m["accuracy"], "ci95_lo": lo, "ci95_hi": hi,
+            "macro_f1": m["macro_f1"], "n_test": m["n"], "train_images": train_images, "note": note}
+
+
+def evaluate_model(
+    model: nn.Module,
+    data,
+    preprocess,
+    *,
+    split: str = "test",
+    model_classes: Sequence[str] | None = None,
+    zero_shot_map: str | None = None,
+    head: str = "auto",
+    frozen: FrozenOptions | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    name: str = "model",
+    untrained: bool = False,
+) -> EvalResult:
+    """Evaluate `model` on `data.<split>`: its head (trained, mapped or fresh) and, on request,
+    few-shot ridge / kNN / linear probe on frozen pre-logits features of `data.train`."""
+    frozen = frozen or FrozenOptions()
+    class_names = list(data.class_names)
+    k = len(class_names)
+    test = _split(data, split)
+    if untrained:  # a freshly built model: its zero head would always say class 0; a random one is chance
+        head = "fresh"
+    mode, class_map = choose_head_mode(model, class_names, model_classes, zero_shot_map, head)
+    result = EvalResult(head_mode=mode, info={"model": name, "split": split, "num_classes": k,
+                                               "class_names": class_names, "n_test": len(test)})
+    head_model = zs.with_fresh_head(model, k, seed=seed) if mode == "fresh" else model
+    out = run_model(head_model, test, preprocess, batch_size=batch_size, device=device,
+                    want_features=frozen.any, progress=progress, desc=f"{name}: {split}")
+    logits = torch.from_numpy(out.logits)
+    scores = zs.mapped_scores(logits, class_map) if mode == "mapped" else logits
+    pred = scores.argmax(dim=1).numpy()
+    m = classification_metrics(out.labels, pred, k, class_names, logits=scores)
+    result.head_metrics = m
+    label = zs.LABEL_UNTRAINED if untrained else head_label(mode, model)
+    result.rows.append(_row("head", label, m, note="class map " + str(class_map) if mode == "mapped" else ""))
+
+    if frozen.any:
+        from vitlab.evaluate import fewshot as fs
+
+        train = _split(data, "train")
+        ytr_all = dataset_labels(train)
+        test_x, test_y = out.features, out.labels
+        # the backbone is the same whatever the head, so features come from the model as given
+        feature_model = model
+        if frozen.fewshot:
+            rows = fs.needed_indices(ytr_all, k, frozen.shots, frozen.fewshot_seeds)
+            tr = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=rows,
+                           want_logits=False, want_features=True, progress=progress, desc=f"{name}: few-shot features")
+            res = fs.fewshot_eval(tr.features, ytr_all, test_x, test_y, k, frozen.shots, frozen.fewshot_seeds,
+                                  frozen.l2_reg, train_index=rows)
+            result.fewshot = res
+            for r in res["results"]:
+                fake = {"accuracy_ci95": [None, None], "accuracy": r["mean"], "macro_f1": None,
+                        "n": len(test_y)}
+                result.rows.append(_row(f"fewshot-{r['shots']}", f"few-shot ridge, {r['shots']}-shot (frozen)", fake,
+                                        train_images=r["shots"] * k,
+                                        note=f"mean of {res['seeds']} seeds, std {100 * r['std']:.2f} pp, lambda {res['l2_reg']:g}"))
+        if frozen.knn or frozen.probe:
+            rows = _cap_per_class(ytr_all, frozen.max_train_per_class, seed)
+            tr = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=rows,
+                           want_logits=False, want_features=True, progress=progress, desc=f"{name}: train features")
+            if frozen.knn:
+                from vitlab.evaluate.knn import knn_scores
+
+                ks = knn_scores(tr.features, tr.labels, test_x, k, frozen.knn_k, frozen.knn_temperature)
+                mk = classification_metrics(test_y, ks.argmax(1).numpy(), k, class_names, logits=ks)
+                result.knn = {"k": frozen.knn_k, "temperature": frozen.knn_temperature, "n_train": len(tr.labels), **mk}
+                result.rows.append(_row("knn", f"kNN k={frozen.knn_k} T={frozen.knn_temperature:g} (frozen)", mk,
+                                        train_images=len(tr.labels)))
+            if frozen.probe:
+                from vitlab.evaluate.probe import fit_probe
+
+                val_x = val_y = None
+                if getattr(data, "val", None) is not None and len(data.val):
+                    v = run_model(feature_model, data.val, preprocess, batch_size=batch_size, device=device,
+                                  want_logits=False, want_features=True, progress=progress, desc=f"{name}: val features")
+                    val_x, val_y = v.features, v.labels
+                probe = fit_probe(tr.features, tr.labels, k, val_x, val_y, seed=seed)
+                ps = probe.scores(test_x)
+                mp = classification_metrics(test_y, ps.argmax(1), k, class_names, logits=torch.from_numpy(ps))
+                result.probe = {"C": probe.C, "C_chosen_on": "val" if val_x is not None else "default",
+                                "n_train": len(tr.labels), **mp}
+                result.rows.append(_row("probe", "linear probe, logistic regression (frozen)", mp,
+                                        train_images=len(tr.labels), note=f"C={probe.C:g}"))
+    return result
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{100 * v:.2f}"
+
+
+def rows_markdown(rows: Sequence[dict], with_model: bool = False) -> str:
+    """The summary rows as a Markdown table (percentages)."""
+    head = (["model"] if with_model else []) + ["evaluation", "accuracy %", "95% CI (Wilson)", "macro-F1 %",
+                                                 "test images", "train images", "note"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ci = "-" if r["ci95_lo"] is None else f"{_pct(r['ci95_lo'])}-{_pct(r['ci95_hi'])}"
+        cells = ([r.get("model", "")] if with_model else []) + [
+            r["label"], _pct(r["accuracy"]), ci, _pct(r["macro_f1"]), str(r["n_test"]), str(r["train_images"]), r["note"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _json_default(o: Any):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def write_report(result: EvalResult, out_dir: str | Path, title: str | None = None) -> dict[str, Path]:
+    """metrics.json, report.md, summary.csv, confusion_matrix.png/.csv, per_class.csv, fewshot.csv/.png."""
+    from vitlab.evaluate.plots import plot_confusion_matrix, plot_fewshot
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    names = result.info["class_names"]
+    m = result.head_metrics
+    label = result.rows[0]["label"]
+    files["metrics"] = out / "metrics.json"
+    files["metrics"].write_text(json.dumps(result.to_dict(), indent=2, default=_json_default))
+    files["confusion_png"] = plot_confusion_matrix(m["confusion_matrix"], names, out / "confusion_matrix.png",
+                                                   title=f"{result.info['model']}: {label}")
+    files["confusion_csv"] = write_confusion_csv(m["confusion_matrix"], names, out / "confusion_matrix.csv")
+    files["per_class"] = write_per_class_csv(m, out / "per_class.csv")
+    files["summary_csv"] = out / "summary.csv"
+    with files["summary_csv"].open("w", newline="") as f:
+        cols = ["method", "label", "accuracy", "ci95_lo", "ci95_hi", "macro_f1", "n_test", "train_images", "note"]
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in result.rows:
+            w.writerow({c: r[c] for c in cols})
+    if result.fewshot:
+        files["fewshot_csv"] = out / "fewshot.csv"
+        with files["fewshot_csv"].open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["shots", "seed", "accuracy"])
+            for r in result.fewshot["results"]:
+                for s, a in enumerate(r["accuracy_per_seed"]):
+                    w.writerow([r["shots"], s, f"{a:.6f}"])
+        res = result.fewshot["results"]
+        files["fewshot_png"] = plot_fewshot(
+            {result.info["model"]: ([r["shots"] for r in res], [r["mean"] for r in res], [r["std"] for r in res])},
+            out / "fewshot.png", chance=1.0 / len(names))
+    md = [f"# {title or 'Evaluation of ' + result.info['model']}", "",
+          f"Split `{result.info['split']}`, {result.info['n_test']} images, {len(names)} classes. "
+          "Accuracy CIs are 95% Wilson score intervals; few-shot rows are means over seeds (no CI).", "",
+          rows_markdown(result.rows), "", "## Head: per class", "", "```", format_report(m, label), "```", "",
+          "Files: confusion_matrix.png / .csv, per_class.csv, summary.csv, metrics.json"
+          + (", fewshot.csv / .png" if result.fewshot else "") + "."]
+    files["report"] = out / "report.md"
+    files["report"].write_text("\n".join(md) + "\n")
+    return files
