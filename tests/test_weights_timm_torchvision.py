@@ -2,6 +2,7 @@
 A.7, C.1) map 1:1, and a torchvision-style forward built from torch's own nn.MultiheadAttention
 (what torchvision's EncoderBlock runs) gives the same logits."""
 
+import sys
 import warnings
 
 import pytest
@@ -233,3 +234,37 @@ def test_pickled_code_is_refused(tmp_path, capsys):
     (tmp_path / "trunc.safetensors").write_bytes(b"\x10\x00\x00")
     with pytest.raises(VitlabError, match="complete"):
         vitlab.load(tmp_path / "trunc.safetensors", heads=HEADS)
+
+
+def test_full_size_b16_configs_are_inferred(monkeypatch):
+    """ViT-B/16 under each library's documented names (shapes only, meta tensors): the inferred model has
+    the 86,567,656 parameters timm, torchvision and Hugging Face all print (peers.md A.6, B.5, C.1)."""
+    from vitlab.models.registry import build_model, count_parameters, get_config
+    from vitlab.weights import hf, timm, torchvision
+
+    mod = sys.modules[__name__]
+    for name, val in dict(D=768, DEPTH=12, MLP=3072, P=16, S=224, K=1000, N=196).items():
+        monkeypatch.setattr(mod, name, val)
+    meta = {k: torch.empty(shape, device="meta") for k, shape in timm_vit_keys().items()}
+    tv = {k: torch.empty(shape, device="meta") for k, shape in torchvision_keys().items()}
+    hf_sd = {}
+    for k, v in meta.items():  # HF 4.x names (peers.md B.5)
+        k = (k.replace("cls_token", "vit.embeddings.cls_token").replace("pos_embed", "vit.embeddings.position_embeddings")
+             .replace("patch_embed.proj", "vit.embeddings.patch_embeddings.projection").replace("blocks.", "vit.encoder.layer.")
+             .replace("norm1", "layernorm_before").replace("norm2", "layernorm_after").replace("attn.proj", "attention.output.dense")
+             .replace("mlp.fc1", "intermediate.dense").replace("mlp.fc2", "output.dense").replace("head.", "classifier."))
+        if k.startswith("norm."):
+            k = "vit.layernorm." + k[5:]
+        if k.endswith("attn.qkv.weight") or k.endswith("attn.qkv.bias"):
+            kind = k.rsplit(".", 1)[1]
+            for n in ("query", "key", "value"):
+                hf_sd[k.replace(f"attn.qkv.{kind}", f"attention.attention.{n}.{kind}")] = torch.empty(v.shape[0] // 3, *v.shape[1:], device="meta")
+            continue
+        hf_sd[k] = v
+    ref = get_config("vit-b/16")
+    for cfg, _, _ in (timm.read_timm(meta), torchvision.read_torchvision(tv),
+                      hf.read_hf_state_dict(hf_sd, {"layer_norm_eps": 1e-12, "num_attention_heads": 12})):
+        for field in ("dim", "depth", "heads", "mlp_dim", "patch_size", "image_size", "num_classes", "classifier"):
+            assert getattr(cfg, field) == getattr(ref, field), field
+        with torch.device("meta"):
+            assert count_parameters(build_model(cfg)) == 86_567_656
