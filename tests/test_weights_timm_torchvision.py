@@ -268,3 +268,26 @@ def test_full_size_b16_configs_are_inferred(monkeypatch):
             assert getattr(cfg, field) == getattr(ref, field), field
         with torch.device("meta"):
             assert count_parameters(build_model(cfg)) == 86_567_656
+
+
+def test_timm_hub_folder(tmp_path):
+    """A timm Hub folder (what hf:timm/NAME downloads): config.json with architecture + pretrained_cfg."""
+    import json
+
+    folder = tmp_path / "timm_hub"
+    folder.mkdir()
+    save_file(_fill(timm_vit_keys()), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "vit_tiny_test", "num_classes": K, "num_features": D, "global_pool": "token",
+        "pretrained_cfg": {"input_size": [3, S, S], "interpolation": "bicubic", "crop_pct": 0.875, "crop_mode": "center",
+                           "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+        "label_names": [f"l{i}" for i in range(K)]}))
+    model, meta = load_with_meta(folder, heads=HEADS)
+    assert meta["format"] == "timm" and meta["class_names"] == [f"l{i}" for i in range(K)]
+    assert meta["preprocess"].crop_fraction == 0.875 and meta["preprocess"].interpolation == "bicubic"
+    assert model.config.name == "vit_tiny_test"
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["global_pool"] = "avg"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(VitlabError, match="class token"):
+        vitlab.load(folder, heads=HEADS)

@@ -52,8 +52,8 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor]
 
 
 def detect_format(path: str | Path) -> str:
-    """'native', 'hf', 'official', or 'state_dict' (timm / torchvision / HF keys, told apart by the keys)."""
-    from vitlab.weights import hf, native
+    """'native', 'hf', 'timm_folder', 'official', or 'state_dict' (timm / torchvision / HF keys, told apart by the keys)."""
+    from vitlab.weights import hf, native, timm
     from vitlab.weights.io import STATE_DICT_SUFFIXES
 
     p = Path(path)
@@ -62,9 +62,12 @@ def detect_format(path: str | Path) -> str:
             return "native"
         if hf.is_hf_folder(p):
             return "hf"
+        if timm.is_timm_folder(p):
+            return "timm_folder"
         raise VitlabError(
-            f"{p} is a folder but neither a vitlab folder (config.json with format 'vitlab') nor a "
-            "Hugging Face folder (config.json with model_type 'vit' + model.safetensors or pytorch_model.bin)"
+            f"{p} is a folder but not a vitlab folder (config.json with format 'vitlab'), a Hugging Face "
+            "folder (config.json with model_type 'vit' + model.safetensors or pytorch_model.bin) or a timm Hub "
+            "folder (config.json with 'architecture' + model.safetensors)"
         )
     if not p.exists():
         raise VitlabError(f"no such file or folder: {p}")
@@ -78,6 +81,8 @@ def detect_format(path: str | Path) -> str:
             return "native"
         if hf.is_hf_folder(p.parent):
             return "hf"
+        if timm.is_timm_folder(p.parent):
+            return "timm_folder"
         return "state_dict"
     raise VitlabError(
         f"unknown checkpoint format: {p} (expected an official .npz, a .safetensors/.pth/.bin state dict, "
@@ -106,6 +111,10 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, 
         from vitlab.weights import hf
 
         config, sd, meta = hf.read_hf_folder(p if p.is_dir() else p.parent, **overrides)
+    elif fmt == "timm_folder":
+        from vitlab.weights import timm
+
+        config, sd, meta = timm.read_timm_folder(p if p.is_dir() else p.parent, **overrides)
     elif fmt == "official":
         from vitlab.weights import official
 

@@ -127,6 +127,56 @@ def _read_timm_resnet(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[Vi
     return config, sd, {"format": "timm", "class_names": None, "preprocess": timm_preprocess(config)}
 
 
+def is_timm_folder(folder: Path) -> bool:
+    """A timm Hub folder (`hf:timm/...`): config.json with `architecture` (+ `pretrained_cfg`) and weights."""
+    import json
+
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text())
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "architecture" in data and "model_type" not in data
+
+
+def read_timm_folder(folder: str | Path, **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, state dict, meta) of a timm Hub folder: weights by name, preprocessing from `pretrained_cfg`."""
+    import json
+
+    from vitlab.weights.io import read_tensors
+
+    folder = Path(folder)
+    data = json.loads((folder / "config.json").read_text())
+    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+    if weights is None:
+        raise VitlabError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin")
+    arch = str(data.get("architecture", ""))
+    sd = read_tensors(weights)
+    pool = data.get("global_pool", (data.get("model_args") or {}).get("global_pool"))
+    if pool == "avg" and "cls_token" in sd:
+        raise VitlabError(f"timm {arch} averages the patch tokens next to a class token; vitlab's 'gap' models have "
+                          "no class token, as the official code")
+    config, sd, meta = read_timm(sd, **overrides)
+    config = config.replace(name=arch or config.name)
+    pc = data.get("pretrained_cfg") or {}
+    pre = meta["preprocess"]
+    c = config.in_chans
+    if pc.get("mean") is not None:
+        pre["mean"], pre["std"] = list(pc["mean"])[:c], list(pc.get("std", [0.5] * c))[:c]
+    if pc.get("interpolation") in ("bilinear", "bicubic", "nearest"):
+        pre["interpolation"] = pc["interpolation"]
+    if pc.get("crop_pct"):
+        pre["crop_fraction"] = min(float(pc["crop_pct"]), 1.0)
+    if pc.get("input_size"):
+        pre["image_size"] = list(pc["input_size"][-2:])
+    names = data.get("label_names")
+    if isinstance(names, list) and len(names) == config.num_classes:
+        meta["class_names"] = [str(n) for n in names]
+    return config, sd, meta
+
+
 def timm_preprocess(config: ViTConfig) -> dict:
     """timm's usual ViT eval transform: mean = std = 0.5, bicubic, crop 0.9 at 224 px (1.0 above)."""
     c = config.in_chans
