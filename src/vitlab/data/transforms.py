@@ -6,7 +6,7 @@ and random erasing (kornia), mixup / cutmix with soft targets (`mix_batch`). Eva
 centre crop or the official plain resize (`Preprocess.batch`).
 
 The inception crop is written here (one `grid_sample` call for the whole batch) because kornia's
-RandomResizedCrop crops sample by sample and costs ~10x more on a CPU; like TF's resize in the
+RandomResizedCrop crops sample by sample and measured 3.3x slower on a CPU (docs/benchmarks.md); like TF's resize in the
 official pipeline it does not anti-alias.
 """
 
