@@ -291,3 +291,16 @@ def test_timm_hub_folder(tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(VitlabError, match="class token"):
         vitlab.load(folder, heads=HEADS)
+
+
+def test_resnet_timm_round_trip(tmp_path):
+    """BiT ResNet baselines go out with timm ResNetV2's 1x1-conv head (`head.fc`) and come back unchanged."""
+    model = create_model("resnet-26", num_classes=3, image_size=32, layers=(1, 1), seed=0).eval()
+    with torch.no_grad():
+        model.head.weight.normal_()
+    sd = load_file(str(save_timm(model, tmp_path / "r.safetensors")))
+    assert sd["head.fc.weight"].shape == (3, 512, 1, 1) and "stem.conv.weight" in sd
+    again = vitlab.load(tmp_path / "r.safetensors")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
