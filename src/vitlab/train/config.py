@@ -122,8 +122,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fashion-mnist": dict(
         recipe="small-data", data="fashion-mnist",
         model="custom", model_args=dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4),
-        epochs=10, batch_size=128, lr=2e-3, warmup_epochs=1.0, weight_decay=0.05, label_smoothing=0.1,
-        inception_crop=True, crop_scale=(0.6, 1.0), ckpt_every=100,
+        epochs=7, batch_size=128, lr=2e-3, warmup_epochs=1.0, weight_decay=0.05, label_smoothing=0.1,
+        inception_crop=True, crop_scale=(0.8, 1.0), hflip=True, ckpt_every=100,
     ),
     "demo": dict(
         recipe="small-data", data="bundled",

@@ -365,13 +365,14 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
         torch.manual_seed(cfg.seed + 1000 * info.rank)
 
     n_params = sum(p.numel() for p in raw_model.parameters())
-    if show:
+    if main:
         print(f"vitlab: {data.summary()}")
         print(f"vitlab: model {getattr(mcfg, 'name', type(raw_model).__name__)} ({n_params:,} parameters), "
               f"image {image_size[0]}x{image_size[1]}, {precision} on {device}"
               f"{f' x {world} processes' if world > 1 else ''}; batch {cfg.batch_size} = {micro} x {world} x {accum} "
               f"accumulation; {total_steps} steps ({steps_per_epoch}/epoch), warm-up {warmup}")
-        print(f"vitlab: run folder {run.path}" + (f" (resuming from step {global_step})" if state is not None else ""))
+        print(f"vitlab: run folder {run.path}" + (f" (resuming from step {global_step})" if state is not None else ""),
+              flush=True)
 
     def make_state() -> dict[str, Any]:
         rngs = [rng_state()]
@@ -590,6 +591,8 @@ def _write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model
         "test_macro_f1": tm["macro_f1"] if tm else None,
         "best_val_acc": result.best_val_acc,
         "wall_time_s": result.wall_time_s, "train_images_per_s": result.images_per_s,
+        # CPU seconds of this process (all threads): on a shared machine wall time depends on the neighbours
+        "process_cpu_time_s": time.process_time(), "torch_threads": torch.get_num_threads(),
         "history": result.history, "test_metrics": tm,
     }
     run.write_json("summary.json", summary)

@@ -1,0 +1,52 @@
+"""torchrun scale-out: 2 CPU processes (gloo DDP) with global batch B follow the loss curve of one
+process with batch B, within float tolerance; metrics and checkpoints come from rank 0."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ARGS = [
+    "--recipe", "small-data", "--data", "digits", "--per-class", "16", "--model", "custom",
+    "--model-args", "dim=32,depth=2,heads=2,mlp_dim=64,patch_size=2", "--batch-size", "32", "--steps", "6",
+    "--warmup-steps", "1", "--lr", "0.002", "--label-smoothing", "0", "--no-inception-crop", "--seed", "1",
+    "--threads", "1", "--quiet", "--log-every", "1", "--ckpt-every", "0", "--eval-batch-size", "64",
+]
+
+
+def losses(run):
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["type"] == "step"]
+
+
+def run(cmd, env=None):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
+def test_two_processes_follow_one_process(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run([sys.executable, "-m", "vitlab", "train", *ARGS, "--out", str(tmp_path), "--name", "one"], env)
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "vitlab", "train", *ARGS, "--out", str(tmp_path), "--name", "two"], env)
+    assert "x 2 processes" in out and out.count("run folder:") == 1  # rank 0 alone reports
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(one) == len(two) == 6
+    assert one[-1] < one[0]
+    for a, b in zip(one, two):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
+    w1 = load_file(tmp_path / "one" / "model" / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "model" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-3, atol=1e-4, msg=k)
+    # evaluation is gathered over ranks: the same test accuracy on the whole test split
+    s1 = json.loads((tmp_path / "one" / "summary.json").read_text())
+    s2 = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert s2["test_metrics"]["n"] == s1["test_metrics"]["n"]
+    assert s2["processes"] == 2
