@@ -91,9 +91,12 @@ def plot_bars(
     names = list(values)
     vals = [float(values[n]) for n in names]
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 4.2))
-    bars = ax.bar(range(len(names)), vals, color="tab:blue")
+    import textwrap
+
+    colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(names))]  # the same colours as the line plots
+    bars = ax.bar(range(len(names)), vals, color=colors)
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names, rotation=20 if len(names) > 3 else 0)
+    ax.set_xticklabels([textwrap.fill(n, 16) for n in names], rotation=20 if len(names) > 3 else 0, fontsize=8)
     for b, v in zip(bars, vals):
         ax.annotate(fmt.format(v), (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=9)

@@ -1,0 +1,83 @@
+"""`vitlab compare --data D --models vit-b/16,resnet-50,resnet-152`: zero-shot, fine-tune, evaluate each
+model with one identical budget; a Markdown + CSV table, per-epoch validation curves, runtimes."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from vitlab.commands.evaluate import add_data_args, add_frozen_args, frozen_options, load_splits
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare", help="zero-shot vs fine-tuned comparison of several models (table, curves, runtimes)",
+        description="For each model: zero-shot evaluation on the test split, fine-tuning on the training "
+                    "split with the same settings for all, final evaluation. A model is a registry name "
+                    "(trained from scratch; overrides as custom(dim=32,depth=1)), a weights file/folder, "
+                    "or a vitlab run folder; --weights gives pretrained weights per model.",
+    )
+    add_data_args(p, required=True)
+    p.add_argument("--models", required=True, help="comma-separated, e.g. vit-b/16,resnet-50,resnet-152")
+    p.add_argument("--weights", help="one per model, comma-separated; '-' = from scratch (e.g. 'vit.npz,-,-')")
+    p.add_argument("--epochs", type=float, default=3, help="fine-tuning epochs (default 3)")
+    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    p.add_argument("--batch-size", type=int, default=16, help="batch size (default 16)")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"], help="default adamw")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")
+    p.add_argument("--decay", default="constant", choices=["constant", "cosine", "linear"],
+                   help="learning-rate schedule (default constant)")
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--grad-clip", type=float, default=None, help="global-norm clipping (default off)")
+    p.add_argument("--augment", action="store_true", help="random crops + flips while fine-tuning (default: none)")
+    p.add_argument("--image-size", type=int,
+                   help="model input size (default: a pretrained model's own, a from-scratch model's = the data's)")
+    p.add_argument("--zero-shot-map", metavar="MAP",
+                   help="class map to the pretrained head, e.g. 'Sandal=774,Sneaker=770+630,Ankle boot=514'")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other training setting (TrainConfig field), repeatable, e.g. --set label_smoothing=0.1")
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
+    p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--out", help="output folder (default compare-<data>-<UTC time>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, one line per epoch")
+    add_frozen_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.experiments.compare import CompareSettings, parse_models, run_compare, table_rows
+    from vitlab.train.config import parse_kv
+
+    models = parse_models(args.models, args.weights)
+    extra: dict = {}
+    for item in args.set:
+        extra.update(parse_kv(item))
+    data = load_splits(args)
+    if not args.quiet:
+        print(f"data: {data.summary()}")
+    settings = CompareSettings(
+        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer,
+        weight_decay=args.weight_decay, decay=args.decay, warmup_steps=args.warmup_steps,
+        grad_clip=args.grad_clip, augment=args.augment, image_size=args.image_size, precision=args.precision,
+        device=args.device, seed=args.seed, eval_batch_size=args.eval_batch_size,
+        zero_shot_map=args.zero_shot_map, train_overrides=extra, quiet=args.quiet,
+    )
+    if args.out:
+        out = Path(args.out)
+    else:
+        stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(args.data.split(":")[0]).name) or "data"
+        out = Path(f"compare-{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    data_args = {"data": args.data, "classes": args.classes, "per_class": args.per_class,
+                 "val_fraction": args.val_fraction}
+    summary = run_compare(data, models, settings, out, frozen=frozen_options(args), data_args=data_args)
+    rows = table_rows(summary)
+    cols = ["model", "zero-shot evaluation", "zero-shot acc %", "zero-shot macro-F1 %", "fine-tuned acc %",
+            "fine-tuned macro-F1 %", "train time s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    print(f"table: {out / 'compare.md'} (CSV: compare.csv); curves: val_loss.png, val_accuracy.png; runtime.png")
+    return 0

@@ -1,0 +1,1 @@
+"""Multi-run studies: the zero-shot vs fine-tuned comparison of several backbones (`compare`)."""
