@@ -40,7 +40,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     from vitlab.data.inspect import describe, format_table, sample_grid
 
     splits = load_data(args.source, classes=args.classes, per_class=args.per_class, val_fraction=args.val_fraction,
-                       test_fraction=args.test_fraction, seed=args.seed, in_memory=False, progress=not args.quiet)
+                       test_fraction=args.test_fraction, seed=args.seed, in_memory=False, progress=not args.quiet,
+                       report=False)
     out = Path(args.out) if args.out else Path("data-inspect") / re.sub(r"[^A-Za-z0-9_.-]+", "_", splits.name)
     out.mkdir(parents=True, exist_ok=True)
     grid = sample_grid(splits, out / "samples.png", per_class=args.samples, seed=args.seed)

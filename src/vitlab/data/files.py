@@ -83,7 +83,8 @@ def _split_folders(root: Path) -> dict[str, Path]:
 
 
 def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], skipped: list, name: str,
-           storage_size: int | None, progress: bool, source: str) -> DataSplits:
+           storage_size: int | None, progress: bool, source: str,
+           class_paths: dict[str, str] | None = None) -> DataSplits:
     """entries: split -> [(path, class name)]; header-check all, drop unusable, make FileImageDatasets."""
     all_paths = [p for items in entries.values() for p, _ in items]
     infos, bad = scan_headers(all_paths, progress)
@@ -93,7 +94,8 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
     present = {c for items in usable.values() for _, c in items}
     for c in class_names:
         if c not in present:
-            skipped.append((f"{source}:{c}", "empty class (no usable image)"))
+            where = (class_paths or {}).get(c, f"{source}:{c}")
+            skipped.append((where, "empty class (no usable image)"))
     classes = [c for c in class_names if c in present]
     if not classes:
         n = len(skipped)
@@ -129,6 +131,7 @@ def load_folder(root: str | os.PathLike, storage_size: int | None = None, progre
     entries: dict[str, list[tuple[str, str]]] = {}
     roots = splits or {"train": root}
     class_names: list[str] = []
+    class_paths: dict[str, str] = {}
     for split, folder in roots.items():
         classes = _subdirs(folder)
         if not classes:
@@ -145,8 +148,10 @@ def load_folder(root: str | os.PathLike, storage_size: int | None = None, progre
             entries[split].extend((p, cdir.name) for p in imgs)
             if cdir.name not in class_names:
                 class_names.append(cdir.name)
+                class_paths[cdir.name] = str(cdir) if len(roots) == 1 else str(root / "*" / cdir.name)
     class_names.sort()
-    return _build(entries, class_names, skipped, root.name or str(root), storage_size, progress, str(root))
+    return _build(entries, class_names, skipped, root.name or str(root), storage_size, progress, str(root),
+                  class_paths)
 
 
 def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress: bool = True) -> DataSplits:

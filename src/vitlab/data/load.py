@@ -7,11 +7,12 @@ Sources: `fashion-mnist[:DIR]`, `mnist[:DIR]`, `cifar10[:PATH]`, `cifar100[:PATH
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from vitlab.data.dataset import DataSplits, FileImageDataset, ImageDataset
+from vitlab.data.dataset import DataSplits, FileImageDataset, ImageDataset, skipped_summary
 from vitlab.data.splits import (
     class_subset_map,
     parse_classes,
@@ -99,7 +100,7 @@ def _memory_budget() -> int:
 
 def load_data(source: str, *, classes=None, per_class: int | None = None, val_fraction: float = 0.1,
               test_fraction: float = 0.1, seed: int = 0, storage_size: int | None = None,
-              in_memory: bool | None = None, progress: bool = True) -> DataSplits:
+              in_memory: bool | None = None, progress: bool = True, report: bool | None = None) -> DataSplits:
     """Load a data source as seeded, stratified train / val / test splits.
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
@@ -110,6 +111,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       data-size studies.
     - File sources are stored at `storage_size` (default: median shorter side, at most 256) and decoded
       into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk.
+    - Unreadable files are skipped and listed in `.skipped`; `report` (default: `progress`) prints the
+      one-line summary to stderr. `write_skipped(splits, run_dir)` writes the list into a run folder.
     """
     raw = read_source(source, storage_size, progress)
     splits = _select_classes(raw, classes)
@@ -154,6 +157,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     for k, v in parts.items():
         if v is not None:
             v.name = f"{splits.name}/{k}"
+    if skipped and (progress if report is None else report):
+        print(skipped_summary(skipped), file=sys.stderr)
     return DataSplits(parts["train"], parts["val"], parts["test"], list(splits.class_names), skipped,
                       splits.name, splits.channels, notes)
 
