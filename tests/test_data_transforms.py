@@ -136,6 +136,9 @@ def test_randaugment_and_erasing_shapes_range_determinism():
     grey = build_train_transform(TransformConfig(image_size=28, channels=1, randaugment=(2, 9)))
     for s in range(5):
         assert grey(_batch(n=4), seed=s).shape == (4, 1, 28, 28)
+    for m in (0, 30):  # AugReg's light1 is randaug(2, 0); kornia's own range is open at both ends
+        assert build_train_transform(TransformConfig(image_size=8, channels=3, randaugment=(2, m)))(
+            _batch(n=2, c=3, size=8), seed=0).shape == (2, 3, 8, 8)
 
 
 @pytest.mark.parametrize("mode", ["mixup", "cutmix"])

@@ -7,12 +7,11 @@ grey images (rescaled to 8 bit), truncated files, non-image files and decompress
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from vitlab.errors import VitlabError
 
@@ -87,11 +86,9 @@ def check_image_header(path: str | os.PathLike, max_pixels: int | None = None) -
     limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
     _check_file(path)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                w, h = img.size
-                mode = img.mode
+        with Image.open(path) as img:  # reads the header only
+            w, h = img.size
+            mode = img.mode
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise BadImageError("image too large", path, "possible decompression bomb") from None
     except UnidentifiedImageError:
@@ -130,21 +127,19 @@ def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int
     path = Path(path)
     limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
     _check_file(path)
-    old_truncated = ImageFile.LOAD_TRUNCATED_IMAGES
+    # No global state is changed here (files are decoded from several threads): the size limit is
+    # checked explicitly, and Pillow's default LOAD_TRUNCATED_IMAGES=False makes a truncated file an error.
     try:
-        ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated file is an error, not a grey half-image
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                w, h = img.size
-                if w * h > limit:
-                    raise BadImageError("image too large", path,
-                                        f"{w}x{h} pixels > limit {limit}, possible decompression bomb")
-                img.load()
-                img = ImageOps.exif_transpose(img) or img
-                out = normalise_mode(img, mode)
-                out.load()
-                return out
+        with Image.open(path) as img:
+            w, h = img.size
+            if w * h > limit:
+                raise BadImageError("image too large", path,
+                                    f"{w}x{h} pixels > limit {limit}, possible decompression bomb")
+            img.load()
+            img = ImageOps.exif_transpose(img) or img
+            out = normalise_mode(img, mode)
+            out.load()
+            return out
     except VitlabError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -155,8 +150,6 @@ def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int
         raise BadImageError("image too large", path, "out of memory while decoding") from None
     except Exception as exc:  # truncated, corrupt data, broken headers: all mean "skip this file"
         raise BadImageError("corrupt or truncated image", path, _first_line(exc)) from None
-    finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = old_truncated
 
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:

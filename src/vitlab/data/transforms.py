@@ -59,6 +59,11 @@ class TransformConfig:
         self.crop_ratio = tuple(float(v) for v in self.crop_ratio)
         if self.randaugment is not None:
             self.randaugment = tuple(int(v) for v in self.randaugment)
+            n, m = self.randaugment
+            if not (n >= 1 and 0 <= m <= 30):
+                from vitlab.errors import VitlabError
+
+                raise VitlabError(f"randaugment (n, m) needs n >= 1 and 0 <= m <= 30, got ({n}, {m})")
 
     def preprocess(self) -> Preprocess:
         """The evaluation preprocessing as the record saved next to the weights."""
@@ -173,7 +178,9 @@ class TrainTransform(nn.Module):
             from kornia.augmentation.auto import RandAugment
 
             n, m = cfg.randaugment
-            self.randaugment = RandAugment(n=n, m=m)
+            # kornia's magnitude scale is 0-30 (as the RandAugment paper's), open at both ends:
+            # m = 0 (AugReg's "light1" randaug(2, 0)) becomes the smallest positive magnitude.
+            self.randaugment = RandAugment(n=n, m=min(max(float(m), 1e-3), 30 - 1e-3))
         if cfg.random_erasing > 0:
             import kornia.augmentation as K
 
