@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_data_args(p, required=True)
     p.add_argument("--models", required=True, help="comma-separated, e.g. vit-b/16,resnet-50,resnet-152")
-    p.add_argument("--weights", help="one per model, comma-separated; '-' = from scratch (e.g. 'vit.npz,-,-')")
+    p.add_argument("--weights", help="one per model, comma-separated; '-' or 'none' = from scratch (e.g. --weights=vit.npz,-,- or --weights vit.npz,none,none)")
     p.add_argument("--epochs", type=float, default=3, help="fine-tuning epochs (default 3)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument("--batch-size", type=int, default=16, help="batch size (default 16)")

@@ -1,0 +1,81 @@
+"""`vitlab compare` end to end: tiny models on a tiny data set, from scratch and from "pretrained" weights."""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from vitlab.cli import main
+from vitlab.data import Preprocess, load_data
+from vitlab.experiments.compare import parse_models
+from vitlab.models import create_model
+from vitlab.weights import save_native
+
+CLASSES = "Sandal,Sneaker,Ankle boot"
+
+
+def test_parse_models():
+    ms = parse_models("vit-b/16,custom(dim=32,depth=1),resnet-50", "a.npz,-,none")
+    assert [m.spec for m in ms] == ["vit-b/16", "custom(dim=32,depth=1)", "resnet-50"]
+    assert [m.weights for m in ms] == ["a.npz", None, None]
+    assert [m.name for m in parse_models("resnet-50,resnet-50")] == ["resnet-50 #1", "resnet-50 #2"]
+    from vitlab.errors import VitlabError
+
+    with pytest.raises(VitlabError):
+        parse_models("vit-b/16,resnet-50", "a.npz")
+
+
+def test_compare_end_to_end(tmp_path, capsys):
+    # "pretrained": a tiny ViT over all 10 bundled classes, saved in the native format
+    names = load_data("bundled", per_class=1, progress=False).class_names
+    pre = Preprocess.for_model(28, channels=1)
+    pretrained = create_model("custom", num_classes=10, dim=32, depth=1, heads=2, mlp_dim=64, patch_size=7,
+                              image_size=28, in_chans=1, seed=4)
+    with torch.no_grad():
+        pretrained.head.weight.normal_(0, 1.0)
+    save_native(pretrained, tmp_path / "pre", class_names=names, preprocess=pre)
+
+    out = tmp_path / "cmp"
+    tiny_vit = "custom(dim=32,depth=1,heads=2,mlp_dim=64,patch_size=7)"
+    models = f"{tiny_vit},resnet-26-small(layers=(1,)),tiny-pretrained"
+    rc = main(["compare", "--data", "bundled", "--classes", CLASSES, "--per-class", "10",
+               "--models", models, f"--weights=-,none,{tmp_path / 'pre'}",
+               "--epochs", "2", "--lr", "1e-3", "--batch-size", "10", "--precision", "fp32",
+               "--out", str(out), "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "fine-tuned acc %" in printed
+    for f in ("compare.md", "compare.csv", "compare.json", "history.csv", "val_loss.png", "val_accuracy.png",
+              "runtime.png"):
+        assert (out / f).stat().st_size > 0, f
+    summary = json.loads((out / "compare.json").read_text())
+    res = {r["model"]: r for r in summary["models"]}
+    assert res[tiny_vit]["zero_shot_label"] == "untrained model (random init, chance)"
+    assert res[tiny_vit]["source"] == "from scratch"
+    # the pretrained model's head knows the three classes by name: mapped, real zero-shot
+    assert res["tiny-pretrained"]["zero_shot_label"] == "zero-shot (mapped pretrained head)"
+    assert res["tiny-pretrained"]["source"] == "pretrained"
+    for r in summary["models"]:
+        assert [h["epoch"] for h in r["history"]] == [1, 2]
+        assert all(h["val_loss"] is not None and h["val_acc"] is not None for h in r["history"])
+        assert r["train_wall_time_s"] > 0
+        # our evaluation and the training loop's own test pass agree (same preprocessing, fp32)
+        assert r["fine_tuned"]["head"]["accuracy"] == pytest.approx(r["train_test_accuracy"])
+        assert r["fine_tuned"]["rows"][0]["label"] == "fine-tuned"
+    with (out / "compare.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["model"] for r in rows] == [tiny_vit, "resnet-26-small(layers=(1,))", "tiny-pretrained"]
+    for r in rows:
+        j = res[r["model"]]
+        assert float(r["zero_shot_accuracy"]) == pytest.approx(j["zero_shot"]["head"]["accuracy"], abs=1e-6)
+        assert float(r["fine_tuned_macro_f1"]) == pytest.approx(j["fine_tuned"]["head"]["macro_f1"], abs=1e-6)
+        assert r["test_images"] == "300" and r["train_images"] == "30"
+    md = (out / "compare.md").read_text()
+    assert "untrained model (random init, chance)" in md and "zero-shot (mapped pretrained head)" in md
+    # the fine-tuning run folder evaluates again to the same number, with the run's own data settings
+    run = res["tiny-pretrained"]["run_dir"]
+    assert main(["evaluate", run, "--quiet", "--out", str(tmp_path / "re")]) == 0
+    again = json.loads((tmp_path / "re" / "metrics.json").read_text())
+    assert again["rows"][0]["label"] == "trained head"
+    assert again["head"]["accuracy"] == pytest.approx(res["tiny-pretrained"]["fine_tuned"]["head"]["accuracy"])

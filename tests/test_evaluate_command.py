@@ -1,0 +1,109 @@
+"""`vitlab evaluate` end to end on tiny models and a tiny data set, checked against scikit-learn."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from sklearn import metrics as skm
+
+from vitlab.cli import main
+from vitlab.data import Preprocess, load_data
+from vitlab.models import create_model
+from vitlab.weights import save_native
+
+CLASSES = "Sandal,Sneaker,Ankle boot"
+DATA = ["--data", "bundled", "--classes", CLASSES, "--per-class", "10"]
+TINY = dict(dim=32, depth=1, heads=2, mlp_dim=64, patch_size=7, image_size=28, in_chans=1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_data("bundled", classes=CLASSES, per_class=10, progress=False)
+
+
+def _reference_logits(model, dataset, pre):
+    """Logits computed here directly: all test images through the preprocessing and the model."""
+    x = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    with torch.no_grad():
+        return model.eval()(pre.batch(x)), dataset.labels.numpy()
+
+
+def _metrics(out):
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_trained_head_matches_sklearn(tmp_path, data):
+    model = create_model("custom", num_classes=3, seed=1, **TINY)
+    with torch.no_grad():  # a head that is not all zeros, so predictions vary
+        model.head.weight.normal_(0, 1.0)
+    pre = Preprocess.for_model(28, channels=1)
+    save_native(model, tmp_path / "w", class_names=CLASSES.split(","), preprocess=pre)
+    out = tmp_path / "ev"
+    assert main(["evaluate", str(tmp_path / "w"), *DATA, "--out", str(out), "--quiet"]) == 0
+    m = _metrics(out)
+    assert m["rows"][0]["label"] == "trained head" and m["head_mode"] == "trained"
+    logits, y = _reference_logits(model, data.test, pre)
+    pred = logits.argmax(1).numpy()
+    h = m["head"]
+    assert h["accuracy"] == pytest.approx(skm.accuracy_score(y, pred))
+    assert h["macro_f1"] == pytest.approx(skm.f1_score(y, pred, average="macro", labels=[0, 1, 2], zero_division=0))
+    assert np.array_equal(np.array(h["confusion_matrix"]), skm.confusion_matrix(y, pred, labels=[0, 1, 2]))
+    for f in ("confusion_matrix.png", "confusion_matrix.csv", "per_class.csv", "summary.csv", "report.md"):
+        assert (out / f).stat().st_size > 0
+    assert "95% CI" in (out / "report.md").read_text()
+
+
+def test_untrained_registry_model_with_frozen_features(tmp_path, data):
+    out = tmp_path / "ev"
+    spec = "custom(dim=32,depth=1,heads=2,mlp_dim=64,patch_size=7)"
+    rc = main(["evaluate", spec, *DATA, "--out", str(out), "--quiet", "--fewshot", "--knn", "--probe",
+               "--shots", "1,5", "--fewshot-seeds", "2", "--max-train-per-class", "8"])
+    assert rc == 0
+    m = _metrics(out)
+    assert m["rows"][0]["label"] == "untrained model (random init, chance)"
+    assert [r["shots"] for r in m["fewshot"]["results"]] == [1, 5]
+    assert all(len(r["accuracy_per_seed"]) == 2 for r in m["fewshot"]["results"])
+    assert m["knn"]["n_train"] == 24 and m["probe"]["n_train"] == 24
+    labels = [r["label"] for r in m["rows"]]
+    assert "few-shot ridge, 5-shot (frozen)" in labels and labels[-1].startswith("linear probe")
+    assert (out / "fewshot.png").exists() and (out / "fewshot.csv").read_text().count("\n") == 1 + 2 * 2
+
+
+def test_mapped_by_name_and_by_flag_and_fresh(tmp_path, data):
+    # a model over all 10 bundled classes, evaluated on 3 of them: mapped by class name automatically
+    full = load_data("bundled", per_class=1, progress=False).class_names
+    model = create_model("custom", num_classes=10, seed=2, **TINY)
+    with torch.no_grad():
+        model.head.weight.normal_(0, 1.0)
+    pre = Preprocess.for_model(28, channels=1)
+    save_native(model, tmp_path / "w10", class_names=full, preprocess=pre)
+    out = tmp_path / "ev"
+    assert main(["evaluate", str(tmp_path / "w10"), *DATA, "--out", str(out), "--quiet"]) == 0
+    m = _metrics(out)
+    assert m["rows"][0]["label"] == "zero-shot (mapped pretrained head)"
+    logits, y = _reference_logits(model, data.test, pre)
+    idx = [full.index(c) for c in CLASSES.split(",")]
+    pred = logits[:, idx].argmax(1).numpy()  # one head class per new class: argmax of the restricted logits
+    assert m["head"]["accuracy"] == pytest.approx(skm.accuracy_score(y, pred))
+    # an explicit map; a 1000-class head is labelled as ImageNet
+    big = create_model("custom", num_classes=1000, seed=3, **TINY)
+    save_native(big, tmp_path / "w1k", preprocess=pre)
+    assert main(["evaluate", str(tmp_path / "w1k"), *DATA, "--out", str(out), "--quiet",
+                 "--zero-shot-map", "Sandal=774,Sneaker=770+630,Ankle boot=514"]) == 0
+    assert _metrics(out)["rows"][0]["label"] == "zero-shot (mapped ImageNet head)"
+    # no map and no names: a fresh head, chance level, labelled so
+    assert main(["evaluate", str(tmp_path / "w1k"), *DATA, "--out", str(out), "--quiet"]) == 0
+    m = _metrics(out)
+    assert m["rows"][0]["label"] == "zero-shot (fresh head, chance)" and m["head_mode"] == "fresh"
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    assert main(["evaluate", "no-such-model-or-path", *DATA, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vitlab evaluate: error:") and "vitlab models" in err[0]
+    big = create_model("custom", num_classes=1000, seed=3, **TINY)
+    save_native(big, tmp_path / "w1k")
+    assert main(["evaluate", str(tmp_path / "w1k"), *DATA, "--quiet", "--zero-shot-map", "Sandal=774"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unmapped" in err[0]
