@@ -55,6 +55,14 @@ def test_idx_from_folder(tmp_path, gz):
     assert fm.class_names == FMNIST_NAMES
 
 
+def test_idx_folder_given_as_plain_path(tmp_path):
+    _write_mnist_like(tmp_path / "fashion", gz=True)
+    assert load_data(str(tmp_path / "fashion"), val_fraction=0.0).class_names == FMNIST_NAMES
+    _write_mnist_like(tmp_path / "digits28", gz=True)
+    with pytest.raises(VitlabError, match="mnist:"):
+        load_data(str(tmp_path / "digits28"))
+
+
 def test_idx_truncated_file_is_clear_error(tmp_path):
     _write_mnist_like(tmp_path / "m", gz=False)
     p = tmp_path / "m" / "train-images-idx3-ubyte"

@@ -65,6 +65,19 @@ def read_source(source: str, storage_size: int | None = None, progress: bool = T
     from vitlab.data.files import load_csv, load_folder
 
     if p.is_dir():
+        from vitlab.data.idx import find_idx_files
+
+        if find_idx_files(p):  # a folder of MNIST-style IDX files given by path
+            if "fashion" in str(p.resolve()).lower():
+                from vitlab.data.idx import load_idx_dataset
+
+                return load_idx_dataset("fashion-mnist", p)
+            raise VitlabError(f"{p} holds IDX files; say which data set they are: --data mnist:{p} "
+                              f"or --data fashion-mnist:{p}")
+        if (p / "data_batch_1.bin").is_file() or (p / "cifar-10-batches-bin").is_dir():
+            raise VitlabError(f"{p} holds CIFAR-10 binary files; use --data cifar10:{p}")
+        if (p / "train.bin").is_file() or (p / "cifar-100-binary").is_dir():
+            raise VitlabError(f"{p} holds CIFAR-100 binary files; use --data cifar100:{p}")
         return load_folder(p, storage_size, progress)
     if p.is_file() and p.suffix.lower() in (".csv", ".tsv", ".txt"):
         return load_csv(p, storage_size, progress)
