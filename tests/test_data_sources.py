@@ -241,3 +241,42 @@ def test_csv_with_split_column_and_integer_labels(tmp_path):
 def test_unknown_source():
     with pytest.raises(VitlabError, match="unknown data source"):
         load_data("no-such-source-xyz")
+
+
+def test_download_code_checks_md5_and_extracts_safely(tmp_path, monkeypatch):
+    """The real download path, fed from a file:// mirror (no network here)."""
+    import hashlib
+    import io
+
+    from vitlab.data import download as dl
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    folder = tmp_path / "src" / "cifar-10-batches-bin"
+    folder.mkdir(parents=True)
+    for i in range(1, 6):
+        (folder / f"data_batch_{i}.bin").write_bytes(_cifar_records(2, 10, seed=i)[0])
+    (folder / "test_batch.bin").write_bytes(_cifar_records(3, 10)[0])
+    archive = mirror / "cifar-10-binary.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname="cifar-10-batches-bin")
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    fake = {"cifar10": {"mirrors": [mirror.as_uri() + "/"], "files": {"cifar-10-binary.tar.gz": md5}, "extract": True}}
+    monkeypatch.setattr(dl, "RESOURCES", fake)
+    dest = dl.download("cifar10", tmp_path / "dest", progress=False)
+    s = load_data(f"cifar10:{dest}", val_fraction=0.0)
+    assert len(s.train) == 10 and len(s.test) == 3
+
+    fake["cifar10"]["files"]["cifar-10-binary.tar.gz"] = "0" * 32  # wrong checksum: refused, nothing kept
+    with pytest.raises(VitlabError, match="MD5"):
+        dl.download("cifar10", tmp_path / "dest2", progress=False)
+    assert not (tmp_path / "dest2" / "cifar-10-binary.tar.gz").exists()
+
+    evil = tmp_path / "evil.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    with pytest.raises(VitlabError, match="unsafe path"):
+        dl._safe_extract(evil, tmp_path / "x")
+    assert not (tmp_path / "outside.txt").exists()
