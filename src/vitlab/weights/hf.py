@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ViTConfig
+from vitlab.weights.io import folder_config
 
 _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
           "gelu_python_tanh": "tanh"}
@@ -47,14 +48,8 @@ def _read_json(path: Path) -> dict:
 
 
 def is_hf_folder(folder: Path) -> bool:
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text())
-    except ValueError:
-        return False
-    return isinstance(data, dict) and (data.get("model_type") in ("vit", "deit") or "hidden_size" in data)
+    data = folder_config(folder)
+    return data is not None and (data.get("model_type") in ("vit", "deit") or "hidden_size" in data)
 
 
 def is_hf_state_dict(sd: dict[str, torch.Tensor]) -> bool:

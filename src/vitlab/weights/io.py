@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -66,3 +67,16 @@ def safetensors_metadata(path: str | Path) -> dict[str, str]:
             return dict(f.metadata() or {})
     except Exception:  # unreadable headers are reported by read_tensors
         return {}
+
+
+def folder_config(folder: Path) -> dict | None:
+    """The folder's `config.json` as a dict, or None when it is absent or not a JSON object
+    (used to tell vitlab, Hugging Face and timm folders apart)."""
+    cfg = Path(folder) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text())
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

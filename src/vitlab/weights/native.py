@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ViTConfig
+from vitlab.weights.io import folder_config
 
 FORMAT = "vitlab"
 CONFIG_FILE = "config.json"
@@ -65,13 +66,8 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
 
 
 def is_native(folder: Path) -> bool:
-    cfg = folder / CONFIG_FILE
-    if not (folder.is_dir() and cfg.is_file()):
-        return False
-    try:
-        return json.loads(cfg.read_text()).get("format") == FORMAT
-    except (ValueError, AttributeError):
-        return False
+    data = folder_config(folder) if folder.is_dir() else None
+    return data is not None and data.get("format") == FORMAT
 
 
 def read_native(folder: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:

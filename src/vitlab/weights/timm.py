@@ -18,6 +18,7 @@ import torch.nn as nn
 from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.resnet import resnet_reduction
+from vitlab.weights.io import folder_config
 
 # The paper's and timm's widths -> heads (head_dim 64 except H/14 with 80).
 _HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1664: 16}
@@ -129,16 +130,8 @@ def _read_timm_resnet(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[Vi
 
 def is_timm_folder(folder: Path) -> bool:
     """A timm Hub folder (`hf:timm/...`): config.json with `architecture` (+ `pretrained_cfg`) and weights."""
-    import json
-
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text())
-    except ValueError:
-        return False
-    return isinstance(data, dict) and "architecture" in data and "model_type" not in data
+    data = folder_config(folder)
+    return data is not None and "architecture" in data and "model_type" not in data
 
 
 def read_timm_folder(folder: str | Path, **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
