@@ -63,6 +63,18 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def auto_threads() -> int | None:
+    """CPU threads when not given: torch's default (one per core) on an idle machine, 1 when the machine is
+    already busy (load average >= cores): with other processes on the cores, OpenMP threads wait on each
+    other and a 2-thread step ran 15x slower than a 1-thread step here (docs/training.md)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = os.cpu_count() or 1
+    return 1 if load >= cores else None
+
+
 def cpu_bf16_supported() -> bool:
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -223,8 +235,9 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None) -> TrainR
     """
     validate(cfg)
     t_start = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    threads = cfg.threads or auto_threads()
+    if threads:
+        torch.set_num_threads(int(threads))
     set_deterministic(cfg.deterministic)
     device = resolve_device(cfg.device)
     info = D.init_distributed(device)
