@@ -98,7 +98,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None):
     source = args.data or from_run.get("data")
     if not source:
         raise VitlabError("no data given; add --data (e.g. --data bundled, --data fashion-mnist, --data PATH)")
-    same_source = not args.data or args.data == from_run.get("data")
+    same_source = not args.data  # the run's split settings only when its data is used implicitly
 
     def pick(key: str, val, default):  # a flag left at its default takes the run's value
         return from_run.get(key, val) if (same_source and val == default) else val

@@ -183,12 +183,22 @@ def evaluate_model(
         test_x, test_y = out.features, out.labels
         # the backbone is the same whatever the head, so features come from the model as given
         feature_model = model
+        tr = None
+        if frozen.knn or frozen.probe:  # training features for kNN / probe (all, or capped per class)
+            kp_rows = _cap_per_class(ytr_all, frozen.max_train_per_class, seed)
+            tr = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=kp_rows,
+                           want_logits=False, want_features=True, progress=progress, desc=f"{name}: train features")
         if frozen.fewshot:
-            rows = fs.needed_indices(ytr_all, k, frozen.shots, frozen.fewshot_seeds)
-            tr = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=rows,
-                           want_logits=False, want_features=True, progress=progress, desc=f"{name}: few-shot features")
-            res = fs.fewshot_eval(tr.features, ytr_all, test_x, test_y, k, frozen.shots, frozen.fewshot_seeds,
-                                  frozen.l2_reg, train_index=rows)
+            need = fs.needed_indices(ytr_all, k, frozen.shots, frozen.fewshot_seeds)
+            if tr is not None and (kp_rows is None or np.isin(need, kp_rows).all()):
+                fs_x, fs_rows = tr.features, (np.arange(len(ytr_all)) if kp_rows is None else kp_rows)
+            else:  # only the rows the sampling uses
+                fs_x = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=need,
+                                 want_logits=False, want_features=True, progress=progress,
+                                 desc=f"{name}: few-shot features").features
+                fs_rows = need
+            res = fs.fewshot_eval(fs_x, ytr_all, test_x, test_y, k, frozen.shots, frozen.fewshot_seeds,
+                                  frozen.l2_reg, train_index=fs_rows)
             result.fewshot = res
             for r in res["results"]:
                 fake = {"accuracy_ci95": [None, None], "accuracy": r["mean"], "macro_f1": None,
@@ -196,10 +206,7 @@ def evaluate_model(
                 result.rows.append(_row(f"fewshot-{r['shots']}", f"few-shot ridge, {r['shots']}-shot (frozen)", fake,
                                         train_images=r["shots"] * k,
                                         note=f"mean of {res['seeds']} seeds, std {100 * r['std']:.2f} pp, lambda {res['l2_reg']:g}"))
-        if frozen.knn or frozen.probe:
-            rows = _cap_per_class(ytr_all, frozen.max_train_per_class, seed)
-            tr = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=rows,
-                           want_logits=False, want_features=True, progress=progress, desc=f"{name}: train features")
+        if tr is not None:
             if frozen.knn:
                 from vitlab.evaluate.knn import knn_scores
 
