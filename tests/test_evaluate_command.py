@@ -107,3 +107,16 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "w1k"), *DATA, "--quiet", "--zero-shot-map", "Sandal=774"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unmapped" in err[0]
+
+
+def test_choose_head_mode():
+    from vitlab.evaluate.runner import choose_head_mode
+
+    m3 = create_model("custom", num_classes=3, seed=0, **TINY)
+    assert choose_head_mode(m3, ["a", "b", "c"], ["A", "b", "c"]) == ("trained", None)
+    assert choose_head_mode(m3, ["a", "b", "c"], ["c", "a", "b"]) == ("trained", [[1], [2], [0]])
+    assert choose_head_mode(m3, ["a", "b", "c"], None) == ("trained", None)
+    assert choose_head_mode(m3, ["a", "b"], ["b", "x", "a"]) == ("mapped", [[2], [0]])
+    assert choose_head_mode(m3, ["a", "b", "q"], ["a", "b", "c"]) == ("fresh", None)
+    assert choose_head_mode(m3, ["a", "b"], None) == ("fresh", None)
+    assert choose_head_mode(m3, ["a", "b", "c"], None, head="fresh") == ("fresh", None)

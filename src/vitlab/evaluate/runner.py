@@ -92,6 +92,8 @@ def choose_head_mode(
         mnames = [_norm(c) for c in model_classes]
         if mnames == names:
             return "trained", None
+        if sorted(mnames) == sorted(names):  # the same classes in another order: the trained head, reordered
+            return "trained", [[mnames.index(n)] for n in names]
         if head != "trained" and all(n in mnames for n in names):
             return "mapped", [[mnames.index(n)] for n in names]
         if head == "trained":
@@ -168,7 +170,12 @@ def evaluate_model(
     out = run_model(head_model, test, preprocess, batch_size=batch_size, device=device,
                     want_features=frozen.any, progress=progress, desc=f"{name}: {split}")
     logits = torch.from_numpy(out.logits)
-    scores = zs.mapped_scores(logits, class_map) if mode == "mapped" else logits
+    if mode == "mapped":
+        scores = zs.mapped_scores(logits, class_map)
+    elif class_map is not None:  # trained head, classes stored in another order
+        scores = logits[:, [c[0] for c in class_map]]
+    else:
+        scores = logits
     pred = scores.argmax(dim=1).numpy()
     m = classification_metrics(out.labels, pred, k, class_names, logits=scores)
     result.head_metrics = m
