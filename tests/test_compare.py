@@ -79,3 +79,15 @@ def test_compare_end_to_end(tmp_path, capsys):
     again = json.loads((tmp_path / "re" / "metrics.json").read_text())
     assert again["rows"][0]["label"] == "trained head"
     assert again["head"]["accuracy"] == pytest.approx(res["tiny-pretrained"]["fine_tuned"]["head"]["accuracy"])
+
+
+def test_from_scratch_image_size_fits_the_patch():
+    from vitlab.evaluate.loading import fit_image_size, parse_model_spec, split_model_list
+
+    assert fit_image_size("vit-b/16", 28) == 32  # 28 px data, 16 px patches
+    assert fit_image_size("r50+vit-b/16", 28) == 32  # stride 16 = 1 x the stem's 16
+    assert fit_image_size("custom(patch_size=7)", 28) == 28
+    assert fit_image_size("resnet-50", 28) == 28  # any size works for a ResNet
+    assert parse_model_spec("resnet-26-small(layers=(1,1),width_factor=2)") == (
+        "resnet-26-small", {"layers": (1, 1), "width_factor": 2})
+    assert split_model_list("a(x=1,y=(1,2)),b") == ["a(x=1,y=(1,2))", "b"]

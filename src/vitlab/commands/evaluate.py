@@ -125,7 +125,7 @@ def _data_image_size(data) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.evaluate.loading import load_for_eval
+    from vitlab.evaluate.loading import fit_image_size, load_for_eval
     from vitlab.evaluate.runner import evaluate_model, rows_markdown, write_report
 
     quiet = args.quiet
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     else:  # a model name: build it for the data's classes, channels and (by default) image size
         data = load_splits(args)
         loaded = load_for_eval(args.model, num_classes=data.num_classes,
-                               image_size=args.image_size or _data_image_size(data),
+                               image_size=args.image_size or fit_image_size(args.model, _data_image_size(data)),
                                in_chans=data.channels, seed=args.seed)
     if not quiet:
         print(f"model: {loaded.description}")

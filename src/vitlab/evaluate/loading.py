@@ -84,6 +84,25 @@ def split_model_list(text: str) -> list[str]:
     return [s.strip() for s in _split_top(text) if s.strip()]
 
 
+def fit_image_size(spec: str, side: int | None) -> int | None:
+    """The input size for a model built from a name on `side`-pixel data: `side` rounded up to a
+    multiple of a ViT's stride (patch x stem reduction), e.g. vit-b/16 on 28 px -> 32."""
+    from vitlab.models import get_config
+
+    if side is None:
+        return None
+    name, overrides = parse_model_spec(spec)
+    overrides.pop("image_size", None)
+    try:  # at the model's default size, which fits its own stride
+        cfg = get_config(name, **overrides)
+    except VitlabError:
+        return side
+    if cfg.arch != "vit":
+        return side
+    stride = cfg.stride
+    return -(-side // stride) * stride
+
+
 def load_for_eval(
     spec: str,
     *,

@@ -93,14 +93,15 @@ def _data_side(data) -> int:
 def _load(ms: ModelSpec, data, st: CompareSettings):
     """(model, preprocess, class_names, source description) for one entry."""
     from vitlab.data import Preprocess
-    from vitlab.evaluate.loading import load_for_eval
+    from vitlab.evaluate.loading import fit_image_size, load_for_eval
 
     path = ms.weights or (ms.spec if Path(ms.spec).expanduser().exists() else None)
     if path:
         lm = load_for_eval(path, image_size=st.image_size)
         source = "pretrained" if lm.source == "weights" else "vitlab run"
     else:
-        lm = load_for_eval(ms.spec, num_classes=data.num_classes, image_size=st.image_size or _data_side(data),
+        size = st.image_size or fit_image_size(ms.spec, _data_side(data))
+        lm = load_for_eval(ms.spec, num_classes=data.num_classes, image_size=size,
                            in_chans=data.channels, seed=st.seed)
         source = "from scratch"
     cfg = lm.model.config
