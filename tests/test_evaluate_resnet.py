@@ -80,7 +80,7 @@ def test_last_groupnorm_of_each_unit_is_zero_initialised():
 
 def test_small_resnet_trains():
     torch.manual_seed(0)
-    model = create_model("resnet-26-small", num_classes=3, image_size=8, in_chans=1, layers=(1, 1), seed=0)
+    model = create_model("resnet-26-small", num_classes=3, image_size=8, in_chans=1, layers=(1,), seed=0)
     x = torch.randn(6, 1, 8, 8)
     y = torch.arange(6) % 3
     x = x + y.view(-1, 1, 1, 1).float()  # learnable: the class shifts the mean
