@@ -71,7 +71,12 @@ def test_compare_end_to_end(tmp_path, capsys):
         assert float(r["zero_shot_accuracy"]) == pytest.approx(j["zero_shot"]["head"]["accuracy"], abs=1e-6)
         assert float(r["fine_tuned_macro_f1"]) == pytest.approx(j["fine_tuned"]["head"]["macro_f1"], abs=1e-6)
         assert r["test_images"] == "300" and r["train_images"] == "30"
+    assert [(t["a"], t["b"]) for t in summary["mcnemar"]] == [
+        (tiny_vit, "resnet-26-small(layers=(1,))"), (tiny_vit, "tiny-pretrained"),
+        ("resnet-26-small(layers=(1,))", "tiny-pretrained")]
+    assert all(0.0 <= t["p_value"] <= 1.0 for t in summary["mcnemar"])
     md = (out / "compare.md").read_text()
+    assert "McNemar" in md
     assert "untrained model (random init, chance)" in md and "zero-shot (mapped pretrained head)" in md
     # the fine-tuning run folder evaluates again to the same number, with the run's own data settings
     run = res["tiny-pretrained"]["run_dir"]

@@ -110,3 +110,23 @@ def test_plots_and_csv(tmp_path):
         plot_fewshot({"m": ([1, 5, 10], [0.4, 0.6, 0.7], [0.05, 0.02, 0.01])}, tmp_path / "f.png", chance=1 / 3),
     ):
         assert f.stat().st_size > 1000
+
+
+def test_mcnemar_exact():
+    from scipy.stats import binomtest
+
+    from vitlab.evaluate.metrics import mcnemar
+
+    a = [1, 0, 0, 0, 0, 0, 1, 1]
+    b = [0, 1, 1, 1, 1, 1, 1, 0]
+    t = mcnemar(a, b)
+    assert (t["only_a"], t["only_b"]) == (2, 5)
+    assert t["p_value"] == pytest.approx(binomtest(2, 7, 0.5).pvalue)
+    # 1 example only A gets right, 5 only B: p = 2 * (C(6,0) + C(6,1)) / 2^6 = 14/64
+    t = mcnemar([1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 1])
+    assert t["p_value"] == pytest.approx(14 / 64)
+    assert mcnemar([1, 1], [1, 1])["p_value"] == 1.0
+    rng = np.random.default_rng(0)
+    x, y = rng.random(300) < 0.8, rng.random(300) < 0.7
+    t = mcnemar(x, y)
+    assert t["p_value"] == pytest.approx(binomtest(t["only_a"], t["only_a"] + t["only_b"], 0.5).pvalue)

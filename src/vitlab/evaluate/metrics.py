@@ -132,6 +132,26 @@ def classification_metrics(
     return out
 
 
+def mcnemar(correct_a: Any, correct_b: Any) -> dict[str, Any]:
+    """Exact McNemar test of two classifiers on the same examples (two-sided binomial on the discordant pairs).
+
+    b = examples only A gets right, c = only B gets right; p = P(|X - n/2| >= |b - n/2|), X ~ Bin(b + c, 1/2).
+    """
+    a = np.asarray(correct_a, bool).reshape(-1)
+    b_ = np.asarray(correct_b, bool).reshape(-1)
+    if a.shape != b_.shape:
+        raise VitlabError("McNemar needs the two models' results on the same examples")
+    b = int((a & ~b_).sum())
+    c = int((~a & b_).sum())
+    n = b + c
+    if n == 0:
+        p = 1.0
+    else:
+        k = min(b, c)
+        p = min(1.0, 2.0 * sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n)
+    return {"only_a": b, "only_b": c, "p_value": p}
+
+
 def write_confusion_csv(cm: Sequence[Sequence[int]], class_names: Sequence[str], path: str | Path) -> Path:
     """The confusion matrix as CSV: a header of predicted classes, one row per true class."""
     path = Path(path)

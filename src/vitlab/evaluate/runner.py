@@ -59,6 +59,8 @@ class EvalResult:
     knn: dict | None = None
     probe: dict | None = None
     info: dict = field(default_factory=dict)
+    labels: list[int] | None = None  # test labels and head predictions, in data-set order (paired tests)
+    predictions: list[int] | None = None
 
     def to_dict(self) -> dict:
         return {"info": self.info, "rows": self.rows, "head_mode": self.head_mode, "head": self.head_metrics,
@@ -179,6 +181,7 @@ def evaluate_model(
     pred = scores.argmax(dim=1).numpy()
     m = classification_metrics(out.labels, pred, k, class_names, logits=scores)
     result.head_metrics = m
+    result.labels, result.predictions = out.labels.tolist(), pred.tolist()
     label = zs.LABEL_UNTRAINED if untrained else head_label(mode, model)
     result.rows.append(_row("head", label, m, note="class map " + str(class_map) if mode == "mapped" else ""))
 

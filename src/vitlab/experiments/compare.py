@@ -183,17 +183,31 @@ def run_compare(
             "fine_tuned": ft.to_dict(), "history": tr.history, "run_dir": str(tr.run_dir),
             "train_wall_time_s": train_wall, "train_images_per_s": tr.images_per_s,
             "train_test_accuracy": (tr.test_metrics or {}).get("accuracy"),
+            "fine_tuned_correct": [int(p == y) for p, y in zip(ft.predictions, ft.labels)],
         })
         if not st.quiet:
             z, f = zs.head_metrics, ft.head_metrics
             print(f"{ms.name}: {zs.rows[0]['label']} {100 * z['accuracy']:.2f}% -> fine-tuned "
                   f"{100 * f['accuracy']:.2f}% ({train_wall:.1f}s)", flush=True)
-    summary = {"data": data.summary(), "class_names": list(data.class_names),
+    summary = {"data": data.summary(), "mcnemar": paired_tests(results), "class_names": list(data.class_names),
                "train_images": len(data.train), "val_images": len(data.val) if data.val is not None else 0,
                "test_images": len(data.test), "settings": {kk: v for kk, v in vars(st).items()},
                "models": results}
     write_outputs(summary, out)
     return summary
+
+
+def paired_tests(results: list[dict]) -> list[dict]:
+    """Exact McNemar test for every pair of fine-tuned models (same test images, same order)."""
+    from vitlab.evaluate.metrics import mcnemar
+
+    out = []
+    for i in range(len(results)):
+        for j in range(i + 1, len(results)):
+            a, b = results[i], results[j]
+            t = mcnemar(a["fine_tuned_correct"], b["fine_tuned_correct"])
+            out.append({"a": a["model"], "b": b["model"], **t})
+    return out
 
 
 TABLE_COLS = ["model", "source", "zero-shot evaluation", "zero-shot acc %", "zero-shot 95% CI", "zero-shot macro-F1 %",
@@ -302,6 +316,10 @@ def write_outputs(summary: dict, out: Path) -> dict[str, Path]:
     frozen_rows = [dict(row, model=r["model"]) for r in summary["models"] for row in r["zero_shot"]["rows"][1:]]
     if frozen_rows:
         md += ["", "## Frozen features before fine-tuning", "", rows_markdown(frozen_rows, with_model=True)]
+    if summary.get("mcnemar"):
+        md += ["", "## Fine-tuned models, paired (exact McNemar test on the test images)", "",
+               "| model A | model B | only A right | only B right | p-value |", "|---|---|---|---|---|"]
+        md += [f"| {t['a']} | {t['b']} | {t['only_a']} | {t['only_b']} | {t['p_value']:.3g} |" for t in summary["mcnemar"]]
     md += ["", "## Per epoch (validation split)", "", "| model | epoch | train loss | val loss | val acc % | val macro-F1 % |",
            "|---|---|---|---|---|---|"]
     for r in summary["models"]:
