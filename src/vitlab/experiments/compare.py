@@ -146,7 +146,9 @@ def run_compare(
         zs.info["model_description"] = lm.description
         write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning")
         # ---- fine-tune: the paper's zero-initialised head unless the model's own head fits the data
-        keep_head = zs.head_mode == "trained" and source != "from scratch"
+        same_order = lm.class_names is None or [c.lower() for c in lm.class_names] == [
+            c.lower() for c in data.class_names]
+        keep_head = zs.head_mode == "trained" and source != "from scratch" and same_order
         if not keep_head and hasattr(model, "reset_classifier"):
             model.reset_classifier(k)
         spec_name, spec_args = parse_model_spec(ms.spec)
