@@ -102,20 +102,28 @@ def main():
     ap.add_argument("--sizes", default="fmnist,ti16", help=f"comma-separated: {', '.join(SIZES)}")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3, help="training steps per round")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--precision", default="fp32", help="fp32, bf16 (CPU autocast) or both: fp32,bf16")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--tune-allocator", action="store_true",
+                    help="raise glibc's mmap/trim thresholds first, as `vitlab train` does on CPU")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
+    if args.tune_allocator:
+        from vitlab.train.loop import tune_cpu_allocator
+
+        print(f"allocator tuned: {tune_cpu_allocator()}")
     if args.threads:
         torch.set_num_threads(args.threads)
     results = []
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.precision}")
-    print(f"{'size':8} {'batch':>5} {'params':>10} {'vitlab img/s':>13} {'HF img/s':>10} {'ratio':>7}")
-    for name in args.sizes.split(","):
-        r = bench(name.strip(), args.rounds, args.steps, args.precision)
-        results.append(r)
-        print(f"{r['size']:8} {r['batch']:>5} {r['params']['vitlab']:>10,} {r['vitlab_images_per_s']:>13.1f} "
-              f"{r['hf_images_per_s']:>10.1f} {r['ratio_vitlab_over_hf']:>7.2f}", flush=True)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'size':8} {'prec':>5} {'batch':>5} {'params':>10} {'vitlab img/s':>13} {'HF img/s':>10} {'ratio':>7}")
+    for precision in args.precision.split(","):
+        for name in args.sizes.split(","):
+            r = bench(name.strip(), args.rounds, args.steps, precision.strip())
+            results.append(r)
+            print(f"{r['size']:8} {r['precision']:>5} {r['batch']:>5} {r['params']['vitlab']:>10,} "
+                  f"{r['vitlab_images_per_s']:>13.1f} {r['hf_images_per_s']:>10.1f} {r['ratio_vitlab_over_hf']:>7.2f}",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
