@@ -1,5 +1,5 @@
-"""torchrun scale-out: 2 CPU processes (gloo DDP) with global batch B follow the loss curve of one
-process with batch B, within float tolerance; metrics and checkpoints come from rank 0."""
+"""torchrun scale-out: 2 CPU processes (gloo DDP, and FSDP) with global batch B follow the loss curve of
+one process with batch B, within float tolerance; metrics and checkpoints come from rank 0."""
 
 import json
 import os
@@ -50,3 +50,11 @@ def test_two_processes_follow_one_process(tmp_path):
     s2 = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert s2["test_metrics"]["n"] == s1["test_metrics"]["n"]
     assert s2["processes"] == 2
+    # FSDP (parameters sharded over the 2 processes, gloo on CPU) follows the same curve
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "vitlab", "train", *ARGS, "--fsdp", "--out", str(tmp_path), "--name", "fsdp"], env)
+    for a, b in zip(one, losses(tmp_path / "fsdp")):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
+    w3 = load_file(tmp_path / "fsdp" / "model" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w1[k], w3[k], rtol=1e-3, atol=1e-4, msg=k)

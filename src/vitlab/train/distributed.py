@@ -52,10 +52,14 @@ def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: boo
     if not info.enabled:
         return model
     if fsdp:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        # FSDP2 (fully_shard): each Transformer block is one shard unit, then the rest; works with
+        # gloo on CPU as well as NCCL on GPUs. Parameters become DTensors sharded over the processes.
+        from torch.distributed.fsdp import fully_shard
 
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        return FSDP(model, use_orig_params=True, **kwargs)
+        for block in getattr(model, "blocks", []):
+            fully_shard(block)
+        fully_shard(model)
+        return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [device.index] if device.type == "cuda" else None

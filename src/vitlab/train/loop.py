@@ -223,7 +223,11 @@ def split_metrics(logits: torch.Tensor, labels: torch.Tensor, class_names: list[
 
 # ---------------------------------------------------------------------------------- state I/O
 def _is_fsdp(model: nn.Module) -> bool:
-    return type(model).__name__ in ("FullyShardedDataParallel", "FSDPModule") or hasattr(model, "_fsdp_wrapped_module")
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # older torch
+        return False
+    return isinstance(model, FSDPModule)
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -567,9 +571,10 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
         logits, labels = predict_split(eval_model, split, eval_tf, device, precision, cfg.eval_batch_size, info)
         result.test_metrics = split_metrics(logits, labels, class_names)
     result.wall_time_s = time.perf_counter() - t_start
+    fsdp_state = full_model_state(wrapped) if _is_fsdp(wrapped) else None  # a collective: every rank
     if main:
         _write_outputs(run, cfg, result, raw_model, wrapped, class_names, tcfg, split_name, n_params, precision,
-                       device, world, total_steps)
+                       device, world, total_steps, fsdp_state)
     D.barrier(info)
     return result
 
@@ -582,9 +587,9 @@ def _plain_name(name: str) -> str:
 
 
 def _clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
-    if hasattr(model, "clip_grad_norm_"):  # FSDP computes the global norm across shards
-        return model.clip_grad_norm_(max_norm)
-    return torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
+    """Global-norm clipping; with FSDP the gradients are sharded DTensors and the norm is global too."""
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def _epoch_line(r: dict[str, Any], num_epochs: int) -> str:
@@ -599,7 +604,7 @@ def _epoch_line(r: dict[str, Any], num_epochs: int) -> str:
 
 def _write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model: nn.Module, wrapped: nn.Module,
                    class_names: list[str], tcfg, split_name: str, n_params: int, precision: str,
-                   device: torch.device, world: int, total_steps: int) -> None:
+                   device: torch.device, world: int, total_steps: int, fsdp_state: dict | None = None) -> None:
     from vitlab.train.plots import plot_curves
 
     plot_curves(run.path)
@@ -613,11 +618,12 @@ def _write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model
         from vitlab.weights import save_native
 
         model = raw_model
-        if _is_fsdp(wrapped):
+        if fsdp_state is not None:  # the sharded model -> a plain CPU copy with the gathered weights
             from vitlab.models.registry import build_model
 
             model = build_model(raw_model.config)
-            model.load_state_dict(full_model_state(wrapped))
+            model.load_state_dict(fsdp_state)
+            result.model = model
         save_native(model.cpu() if model is not raw_model else _cpu_copy(model), run.path / "model",
                     class_names=class_names, preprocess=tcfg.preprocess())
     summary = {
