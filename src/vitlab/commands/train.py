@@ -68,7 +68,7 @@ def add_train_arguments(p: argparse.ArgumentParser, default_recipe: str) -> None
                    help=f"named recipe or preset: {', '.join(recipe_names())} (default {default_recipe})")
     p.add_argument("--config", default=None, metavar="YAML", help="YAML file of settings (a run's config.yaml works)")
     for flag, dest, typ, help_ in _FLAGS:
-        p.add_argument(flag, dest=f"cfg_{dest}", type=typ, default=None, help=help_)
+        p.add_argument(flag, dest=f"cfg_{dest}", type=typ, default=None, help=help_, metavar=dest.upper())
     for flag, dest, help_ in _SWITCHES:
         p.add_argument(flag, dest=f"sw_{dest}", action="store_true", help=help_)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

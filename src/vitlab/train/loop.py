@@ -151,6 +151,9 @@ def load_splits(cfg: TrainConfig, progress: bool):
                      seed=cfg.seed, progress=progress)
 
 
+SMALL_VIT = dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4)
+
+
 def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any]:
     """Fine-tuning: the checkpoint with a new zero head (and resampled position embeddings);
     from scratch: a registry model sized for the data. Returns (model, preprocess or None)."""
@@ -164,6 +167,9 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any]:
 
     size = cfg.image_size or data.train.image_size[0]
     args = dict(cfg.model_args)
+    if cfg.model == "custom" and not args:  # small-data.md 2.3's small ViT instead of a ViT-B-sized "custom"
+        args = dict(SMALL_VIT)
+        cfg.model_args = dict(SMALL_VIT)  # the saved config.yaml names the model that was built
     if cfg.drop_path is not None:
         args["drop_path"] = cfg.drop_path
     if cfg.dropout is not None:
@@ -284,6 +290,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
 
     main = info.is_main
     show = main and not cfg.quiet
+    resume_path = find_resume_checkpoint(cfg.resume) if cfg.resume else None  # fail before loading anything
     seed_everything(cfg.seed)
 
     # ---- data and model
@@ -361,7 +368,6 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     raw_model = model
 
     # ---- run folder and resume
-    resume_path = find_resume_checkpoint(cfg.resume) if cfg.resume else None
     if resume_path is not None:
         run_path = resume_path.parent.parent if resume_path.parent.name == "checkpoints" else Path(cfg.resume)
     else:
