@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--gelu", choices=["tanh", "exact"], default="tanh",
                         help="GELU of both models: tanh (the official numerics, HF 'gelu_pytorch_tanh') "
                              "or exact (HF's default 'gelu')")
@@ -79,7 +79,7 @@ def main() -> None:
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for dtype in args.dtypes.split(","):
-                reps = args.reps if batch * (4 if "b/" in name else 1) <= 32 else max(2, args.reps // 2)
+                reps = args.reps if batch * (4 if "b/" in name else 1) <= 32 else max(3, args.reps // 2)
                 r = bench(name, batch, dtype == "bf16", reps, args.gelu)
                 print(f"| {r['model']} | {r['batch']} | {r['dtype']} | {r['vitlab_img_s']:.1f} | "
                       f"{r['hf_img_s']:.1f} | {r['ratio']:.2f} |", flush=True)

@@ -43,6 +43,11 @@ class PatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), grid
 
 
+def _dropout(p: float) -> nn.Module:
+    """Dropout, or a plain identity when the rate is 0 (no per-call cost at inference)."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with a fused qkv projection (rows ordered q, k, v; heads contiguous)."""
 
@@ -54,7 +59,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
+        self.proj_drop = _dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n, d = x.shape
@@ -78,9 +83,9 @@ class Mlp(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
-        self.drop1 = nn.Dropout(drop)
+        self.drop1 = _dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
-        self.drop2 = nn.Dropout(drop)
+        self.drop2 = _dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
@@ -112,10 +117,10 @@ class Block(nn.Module):
         eps = config.layer_norm_eps
         self.norm1 = nn.LayerNorm(config.dim, eps=eps)
         self.attn = Attention(config.dim, config.heads, config.qkv_bias, config.attention_dropout, config.dropout)
-        self.drop_path1 = DropPath(drop_path)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(config.dim, eps=eps)
         self.mlp = Mlp(config.dim, config.mlp_dim, config.gelu, config.dropout)
-        self.drop_path2 = DropPath(drop_path)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, attn = self.attn(self.norm1(x), return_attention)
@@ -178,7 +183,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, d))
         else:
             self.register_buffer("pos_embed", self._sincos(config.grid_size), persistent=False)
-        self.pos_drop = nn.Dropout(config.dropout)
+        self.pos_drop = _dropout(config.dropout)
         rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
         self.blocks = nn.ModuleList([Block(config, rate) for rate in rates])
         self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
