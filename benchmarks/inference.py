@@ -5,7 +5,7 @@
 
 Both models get the same architecture and numerics (224 px, 1000 classes, same GELU) and run under `torch.inference_mode`;
 bf16 means `torch.autocast(dtype=torch.bfloat16)` for both. Timings alternate between the two
-models (A, B, A, B, ...) so that background load hits both alike; the median of the repetitions
+models (A, B, B, A, A, B, ...) so that background load hits both alike; the median of the repetitions
 is reported, and the ratio vitlab / HF (> 1 means vitlab is faster).
 """
 
@@ -51,9 +51,13 @@ def bench(name: str, batch: int, bf16: bool, reps: int, gelu: str) -> dict:
     for m in (ours, theirs):  # warm-up
         time_once(m, x, bf16)
     t_ours, t_theirs = [], []
-    for _ in range(reps):
-        t_ours.append(time_once(ours, x, bf16))
-        t_theirs.append(time_once(theirs, x, bf16))
+    for rep in range(reps):  # alternate which model goes first, so neither always follows the other
+        if rep % 2:
+            t_theirs.append(time_once(theirs, x, bf16))
+            t_ours.append(time_once(ours, x, bf16))
+        else:
+            t_ours.append(time_once(ours, x, bf16))
+            t_theirs.append(time_once(theirs, x, bf16))
     a, b = statistics.median(t_ours), statistics.median(t_theirs)
     return {"model": name, "batch": batch, "dtype": "bf16" if bf16 else "fp32",
             "vitlab_img_s": batch / a, "hf_img_s": batch / b, "ratio": b / a}
