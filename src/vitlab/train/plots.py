@@ -39,15 +39,7 @@ def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
         ax.plot(xs, [_num(r.get("train_loss")) for r in epochs], "o-", label="train loss (epoch mean)")
         if any(r.get("val_loss") is not None for r in epochs):
             ax.plot(xs, [_num(r.get("val_loss")) for r in epochs], "s-", label="validation loss")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("cross-entropy")
-    ax.set_title("Loss")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=120)
-    plt.close(fig)
-    written.append(out / "loss.png")
+    written.append(_save(fig, ax, "cross-entropy", "Loss", out / "loss.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     if epochs:
@@ -56,13 +48,18 @@ def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
         if any(r.get("val_acc") is not None for r in epochs):
             ax.plot(xs, [_num(r.get("val_acc")) for r in epochs], "s-", label="validation accuracy")
             ax.plot(xs, [_num(r.get("val_macro_f1")) for r in epochs], "^--", label="validation macro-F1")
+    written.append(_save(fig, ax, "fraction", "Accuracy", out / "accuracy.png"))
+    return written
+
+
+def _save(fig, ax, ylabel: str, title: str, path: Path) -> Path:
+    """Label an epoch-axis figure, write it as PNG and close it."""
     ax.set_xlabel("epoch")
-    ax.set_ylabel("fraction")
-    ax.set_title("Accuracy")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "accuracy.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    written.append(out / "accuracy.png")
-    return written
+    return path
