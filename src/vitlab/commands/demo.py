@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  look at        {run_dir / 'accuracy.png'}, {run_dir / 'loss.png'}, {run_dir / 'confusion_matrix.png'}")
     if figures:
         print(f"                 {figures[0].parent / 'report.html'} (attention maps, rollout, position embeddings)")
-    print(f"  the model      vitlab predict --weights {run_dir / 'model'} IMAGE.png")
+    print(f"  the model      vitlab predict {run_dir / 'model'} IMAGE.png")
     return 0
 
 
