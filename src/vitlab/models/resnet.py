@@ -194,6 +194,10 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def set_image_size(self, image_size: int | tuple[int, int]) -> None:
+        """Record a new input size; a ResNet has no position embeddings to resample."""
+        self.config = self.config.replace(image_size=image_size)
+
     def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
         """Replace the head by a zero-initialised one with `num_classes` outputs (paper B.1.1).
 

@@ -221,14 +221,11 @@ def adapt(
     """Fine-tuning surgery: new zero-initialised head for `num_classes`, position embeddings for `image_size`."""
     cfg = model.config
     if num_classes is not None and (
-        num_classes != cfg.num_classes or (getattr(cfg, "representation_size", None) and not keep_representation)
+        num_classes != cfg.num_classes or (cfg.representation_size and not keep_representation)
     ):
         model.reset_classifier(num_classes, keep_representation=keep_representation)
     if image_size is not None:
-        if hasattr(model, "set_image_size"):
-            model.set_image_size(image_size)
-        else:
-            model.config = model.config.replace(image_size=image_size)
+        model.set_image_size(image_size)
     return model.eval()
 
 
