@@ -17,6 +17,7 @@ from vitlab.data.transforms import (
     build_train_transform,
     crop_resize,
     mix_batch,
+    random_shift,
     sample_crop_boxes,
 )
 
@@ -74,6 +75,36 @@ def test_flip_only_gives_original_or_mirror():
     mirrored = (y == ref.flip(-1)).flatten(1).all(1)
     assert bool((same | mirrored).all())
     assert 10 < int(mirrored.sum()) < 54  # about half
+
+
+def _shifted(img: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """Reference: content moved down by dy and right by dx, vacated pixels zero (plain slicing)."""
+    out = torch.zeros_like(img)
+    h, w = img.shape[-2:]
+    out[..., max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
+        img[..., max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)]
+    return out
+
+
+def test_random_shift_is_an_exact_zero_filled_translation():
+    x = torch.rand(200, 3, 9, 7) + 1.0  # no zeros in the content, so the fill is recognisable
+    y = random_shift(x, 2, generator=torch.Generator().manual_seed(0))
+    seen = set()
+    for img, out in zip(x, y):
+        matches = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3) if torch.equal(out, _shifted(img, dy, dx))]
+        assert len(matches) == 1
+        seen.add(matches[0])
+    assert len(seen) == 25  # every offset in [-2, 2]^2 occurs
+
+
+def test_random_shift_in_train_transform_keeps_range_and_is_seeded():
+    cfg = TransformConfig(image_size=28, channels=1, inception_crop=False, hflip=False, random_shift=3)
+    tf = build_train_transform(cfg)
+    x = _batch(n=32)
+    y = tf(x, seed=1)
+    assert y.shape == (32, 1, 28, 28) and torch.equal(y, tf(x, seed=1))
+    assert not torch.equal(y, tf(x, seed=2))
+    assert float(y.min()) >= -1 and float(y.max()) <= 1
 
 
 def test_inception_crop_boxes_respect_area_and_aspect():

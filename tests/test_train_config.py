@@ -49,3 +49,13 @@ def test_unknown_key_and_bad_values_are_one_line_errors(tmp_path):
         resolve_config("nope")
     with pytest.raises(VitlabError, match="optimizer"):
         resolve_config("small-data", overrides={"optimizer": "lion"})
+
+
+def test_model_args_merge_into_the_preset_and_reset_with_another_model():
+    cfg = resolve_config("fashion-mnist", overrides={"model_args": "dim=96,mlp_dim=192"})
+    assert cfg.model_args["dim"] == 96 and cfg.model_args["mlp_dim"] == 192
+    assert cfg.model_args["patch_size"] == 7 and cfg.model_args["resnet"] == {"layers": [], "stem": "small"}
+    nested = resolve_config("fashion-mnist", overrides={"model_args": {"resnet": {"stem": "bit"}}})
+    assert nested.model_args["resnet"] == {"layers": [], "stem": "bit"}
+    other = resolve_config("fashion-mnist", overrides={"model": "vit-ti/16", "model_args": "depth=2"})
+    assert other.model == "vit-ti/16" and other.model_args == {"depth": 2}

@@ -38,6 +38,7 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--mixup", "mixup", float, "mixup alpha (0: off)"),
     ("--cutmix", "cutmix", float, "cutmix alpha (0: off)"),
     ("--random-erasing", "random_erasing", float, "random erasing probability"),
+    ("--random-shift", "random_shift", int, "random translation by up to N pixels (pad + crop)"),
     ("--crop-scale", "crop_scale", str, "inception-crop area range, e.g. 0.6,1.0"),
     ("--precision", "precision", str, "auto | bf16 | fp16 | fp32 (autocast; fp16 uses loss scaling)"),
     ("--device", "device", str, "auto | cpu | cuda | cuda:N"),

@@ -62,6 +62,7 @@ class TrainConfig:
     hflip: bool | None = None  # None: the data source's default (no flip for digits)
     randaugment: tuple[int, int] | None = None
     random_erasing: float = 0.0
+    random_shift: int = 0  # pixels of random translation (pad + random crop)
     mixup: float = 0.0
     cutmix: float = 0.0
     mean: Any = 0.5
@@ -176,8 +177,6 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
         value = tuple(value)
         if name == "randaugment":
             value = tuple(int(v) for v in value)
-    if name == "model_args" and isinstance(value, str):
-        value = parse_kv(value)
     f = _FIELDS[name]
     if value is not None and isinstance(current, bool) and not isinstance(value, bool):
         raise VitlabError(f"--set {name}= expects true or false, got {value!r}")
@@ -200,16 +199,34 @@ def parse_kv(text: str) -> dict[str, Any]:
 
 
 def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], source: str = "flags") -> TrainConfig:
-    """Set fields from a dict, with a one-line error naming an unknown key and the known ones."""
+    """Set fields from a dict, with a one-line error naming an unknown key and the known ones.
+
+    `model_args` merge into the ones already set (a preset's model stays, `dim=96` changes one value),
+    unless the same layer names another `model`: then the earlier model's arguments are dropped.
+    """
+    named = {}
     for key, value in overrides.items():
         name = _ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
         if name not in _FIELDS:
             raise VitlabError(f"unknown training setting {key!r} in {source}; known: {', '.join(sorted(_FIELDS))}")
-        if name == "model_args" and isinstance(value, dict):
-            setattr(cfg, name, dict(value))
+        named[name] = value
+    if "model" in named and named["model"] != cfg.model:
+        cfg.model_args = {}
+    for name, value in named.items():
+        if name == "model_args":
+            value = parse_kv(value) if isinstance(value, str) else dict(value or {})
+            cfg.model_args = _merge(cfg.model_args, value)
             continue
         setattr(cfg, name, _coerce(name, value, getattr(cfg, name)))
     return cfg
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    """Recursive dict update that leaves both inputs untouched (nested dicts such as `resnet` merge too)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -322,7 +322,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     if cfg.image_size is None:
         cfg.image_size = int(image_size[0])
     overrides = dict(mean=mean, std=std, inception_crop=cfg.inception_crop, crop_scale=tuple(cfg.crop_scale),
-                     random_erasing=cfg.random_erasing, mixup=cfg.mixup, cutmix=cfg.cutmix,
+                     random_erasing=cfg.random_erasing, random_shift=cfg.random_shift, mixup=cfg.mixup, cutmix=cfg.cutmix,
                      randaugment=tuple(cfg.randaugment) if cfg.randaugment else None)
     if cfg.hflip is not None:
         overrides["hflip"] = cfg.hflip
