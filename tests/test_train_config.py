@@ -57,5 +57,7 @@ def test_model_args_merge_into_the_preset_and_reset_with_another_model():
     assert cfg.model_args["patch_size"] == 7 and cfg.model_args["resnet"] == {"layers": [], "stem": "small"}
     nested = resolve_config("fashion-mnist", overrides={"model_args": {"resnet": {"stem": "bit"}}})
     assert nested.model_args["resnet"] == {"layers": [], "stem": "bit"}
+    dotted = resolve_config("fashion-mnist", overrides={"model_args": "resnet.stem=bit,patch_size=1"})
+    assert dotted.model_args["resnet"] == {"layers": [], "stem": "bit"} and dotted.model_args["patch_size"] == 1
     other = resolve_config("fashion-mnist", overrides={"model": "vit-ti/16", "model_args": "depth=2"})
     assert other.model == "vit-ti/16" and other.model_args == {"depth": 2}

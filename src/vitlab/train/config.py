@@ -188,13 +188,20 @@ def _coerce(name: str, value: Any, current: Any) -> Any:
 
 
 def parse_kv(text: str) -> dict[str, Any]:
-    """'dim=64,depth=6' -> {'dim': 64, 'depth': 6} (values parsed as YAML scalars)."""
+    """'dim=64,depth=6' -> {'dim': 64, 'depth': 6} (values parsed as YAML scalars).
+
+    Dotted keys reach into nested settings: 'resnet.stem=bit' -> {'resnet': {'stem': 'bit'}}.
+    """
     out: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in str(text).split(","))):
         if "=" not in part:
             raise VitlabError(f"expected key=value, got {part!r} (e.g. dim=64,depth=6)")
         k, v = part.split("=", 1)
-        out[k.strip().replace("-", "_")] = yaml.safe_load(v)
+        *parents, leaf = k.strip().replace("-", "_").split(".")
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(v)
     return out
 
 
