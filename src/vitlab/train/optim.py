@@ -42,15 +42,26 @@ def build_optimizer(model: nn.Module | list[dict], name: str, lr: float, weight_
     same without decay; sgd: heavy-ball momentum (the official fine-tuning optimiser), decay coupled.
     `model` may also be prepared parameter groups (each with its own weight_decay)."""
     groups = param_groups(model, weight_decay) if isinstance(model, nn.Module) else [dict(g) for g in model]
+    fused = _can_fuse(groups)
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=1e-8)
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=1e-8, fused=fused)
     if name == "adam":
         for g in groups:
             g["weight_decay"] = 0.0
-        return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=1e-8)
+        return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=1e-8, fused=fused)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=False)
     raise VitlabError(f"unknown optimizer {name!r}; choose adamw, adam or sgd")
+
+
+def _can_fuse(groups: list[dict]) -> bool | None:
+    """Adam's fused kernel for plain CPU/CUDA float parameters: one pass over all tensors instead of a
+    Python loop (optimizer step of the Fashion-MNIST model 6.3 -> 1.2 ms on this CPU). Sharded (FSDP
+    DTensor) parameters keep torch's default implementation."""
+    params = [p for g in groups for p in g["params"]]
+    ok = all(type(p) in (torch.Tensor, nn.Parameter) and p.device.type in ("cpu", "cuda") and p.is_floating_point()
+             for p in params)
+    return True if ok and params else None
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, decay: str = "cosine",
