@@ -5,11 +5,12 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import vitlab
 from vitlab.errors import VitlabError
 from vitlab.models.posemb import resample_posemb, sincos_2d
-from vitlab.models.registry import count_parameters
+from vitlab.models.registry import count_parameters, create_model
 
 # The official parameter counts (vit_jax/models_test.py), 224 px, 1000 classes.
 OFFICIAL_COUNTS = {
@@ -252,3 +253,19 @@ def test_config_round_trip():
     assert vitlab.ViTConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(VitlabError, match="unknown model config fields"):
         vitlab.ViTConfig.from_dict({"dimm": 3})
+
+
+def test_hybrid_patch_projection_equals_the_strided_convolution():
+    """The hybrid's matmul projection is the convolution it replaces, in value and in gradients."""
+    model = create_model("custom", num_classes=10, image_size=28, in_chans=1, seed=0, dim=32, depth=1, heads=2,
+                         mlp_dim=64, patch_size=7, resnet=dict(layers=[], stem="small"))
+    pe = model.patch_embed
+    feats = pe.backbone(torch.randn(3, 1, 28, 28)).detach().requires_grad_(True)
+    tokens, grid = pe._project_as_matmul(feats)
+    (g_tok,) = torch.autograd.grad((tokens * torch.linspace(-1, 1, tokens.numel()).view_as(tokens)).sum(), feats)
+    ref = F.conv2d(feats, pe.proj.weight, pe.proj.bias, stride=7)
+    ref_tokens = ref.flatten(2).transpose(1, 2)
+    (g_ref,) = torch.autograd.grad((ref_tokens * torch.linspace(-1, 1, tokens.numel()).view_as(tokens)).sum(), feats)
+    assert grid == (4, 4)
+    torch.testing.assert_close(tokens, ref_tokens, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_tok, g_ref, atol=1e-5, rtol=1e-5)
