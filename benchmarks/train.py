@@ -7,6 +7,11 @@ the ratio of median images/s (vitlab / HF; > 1 means vitlab is faster).
 
     python benchmarks/train.py                       # the Fashion-MNIST model and ViT-Ti/16 at 224 on CPU
     python benchmarks/train.py --sizes fmnist --rounds 7 --steps 5 --precision fp32 --threads 1
+    python benchmarks/train.py --sizes fmnist --compile   # adds vitlab under torch.compile (+ its compile time)
+
+Besides the ratio of medians it prints the spread of the per-round ratios (each round times both models
+back to back, so a round's ratio cancels slow drifts of the machine): the 25th-75th percentile range
+says whether a difference is larger than this machine's noise.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def make_step(model, x, y, precision):
     return step
 
 
-def bench(size_name, rounds, steps, precision):
+def bench(size_name, rounds, steps, precision, compile_too=False):
     size = SIZES[size_name]
     img, ch, *_, batch = size
     g = torch.Generator().manual_seed(0)
@@ -80,10 +85,17 @@ def bench(size_name, rounds, steps, precision):
     models = {"vitlab": build_vitlab(size), "hf": HFLogits(size)}
     params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     steppers = {k: make_step(m.train(), x, y, precision) for k, m in models.items()}
+    compile_s = None
+    if compile_too:  # a separate copy, so the eager model's numbers stay those of the eager model
+        compiled = build_vitlab(size).train()
+        steppers["vitlab_compiled"] = make_step(torch.compile(compiled), x, y, precision)
+        t = time.perf_counter()
+        steppers["vitlab_compiled"]()  # the first call compiles forward and backward
+        compile_s = time.perf_counter() - t
     for s in steppers.values():  # warm-up
         s()
         s()
-    rates = {k: [] for k in models}
+    rates = {k: [] for k in steppers}
     order = list(steppers)
     for r in range(rounds):  # alternate which model goes first: the second runner was systematically favoured
         for k in (order if r % 2 == 0 else order[::-1]):
@@ -93,10 +105,24 @@ def bench(size_name, rounds, steps, precision):
                 s()
             rates[k].append(batch * steps / (time.perf_counter() - t))
     med = {k: statistics.median(v) for k, v in rates.items()}
-    return {"size": size_name, "image_size": img, "batch": batch, "precision": precision,
-            "threads": torch.get_num_threads(), "params": params, "rounds": rounds, "steps_per_round": steps,
-            "vitlab_images_per_s": med["vitlab"], "hf_images_per_s": med["hf"],
-            "ratio_vitlab_over_hf": med["vitlab"] / med["hf"]}
+    out = {"size": size_name, "image_size": img, "batch": batch, "precision": precision,
+           "threads": torch.get_num_threads(), "params": params, "rounds": rounds, "steps_per_round": steps,
+           "vitlab_images_per_s": med["vitlab"], "hf_images_per_s": med["hf"],
+           "ratio_vitlab_over_hf": med["vitlab"] / med["hf"],
+           "round_ratio_quartiles": _quartiles([a / b for a, b in zip(rates["vitlab"], rates["hf"])])}
+    if compile_too:
+        out.update(compiled_images_per_s=med["vitlab_compiled"], compile_s=compile_s,
+                   ratio_compiled_over_hf=med["vitlab_compiled"] / med["hf"],
+                   ratio_compiled_over_eager=med["vitlab_compiled"] / med["vitlab"])
+    return out
+
+
+def _quartiles(values):
+    """25th, 50th and 75th percentile (n >= 2; a single round gives its value three times)."""
+    if len(values) < 2:
+        return [values[0]] * 3
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return [q[0], q[1], q[2]]
 
 
 def main():
@@ -108,6 +134,7 @@ def main():
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--tune-allocator", action="store_true",
                     help="raise glibc's mmap/trim thresholds first, as `vitlab train` does on CPU")
+    ap.add_argument("--compile", action="store_true", help="also time vitlab's model under torch.compile")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     if args.tune_allocator:
@@ -118,14 +145,20 @@ def main():
         torch.set_num_threads(args.threads)
     results = []
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'size':8} {'prec':>5} {'batch':>5} {'params':>10} {'vitlab img/s':>13} {'HF img/s':>10} {'ratio':>7}")
+    print(f"{'size':8} {'prec':>5} {'batch':>5} {'params':>10} {'vitlab img/s':>13} {'HF img/s':>10} {'ratio':>7}"
+          f" {'round ratios p25-p75':>21}")
     for precision in args.precision.split(","):
         for name in args.sizes.split(","):
-            r = bench(name.strip(), args.rounds, args.steps, precision.strip())
+            r = bench(name.strip(), args.rounds, args.steps, precision.strip(), args.compile)
             results.append(r)
+            q = r["round_ratio_quartiles"]
             print(f"{r['size']:8} {r['precision']:>5} {r['batch']:>5} {r['params']['vitlab']:>10,} "
-                  f"{r['vitlab_images_per_s']:>13.1f} {r['hf_images_per_s']:>10.1f} {r['ratio_vitlab_over_hf']:>7.2f}",
-                  flush=True)
+                  f"{r['vitlab_images_per_s']:>13.1f} {r['hf_images_per_s']:>10.1f} {r['ratio_vitlab_over_hf']:>7.2f}"
+                  f" {q[0]:>10.2f}-{q[2]:.2f}", flush=True)
+            if args.compile:
+                print(f"{'':8} torch.compile: {r['compiled_images_per_s']:.1f} img/s after {r['compile_s']:.1f} s "
+                      f"of compilation; x{r['ratio_compiled_over_eager']:.2f} vs eager vitlab, "
+                      f"x{r['ratio_compiled_over_hf']:.2f} vs HF", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
