@@ -130,7 +130,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         model="custom", model_args=dict(resnet=dict(layers=[], stem="small"), classifier="gap", posemb="sincos2d",
                                         dim=64, depth=6, heads=4, mlp_dim=128, patch_size=7),
         epochs=16, batch_size=64, lr=2e-3, warmup_epochs=0.5, weight_decay=0.05, label_smoothing=0.1,
-        inception_crop=False, hflip=True, random_erasing=0.0, ckpt_every=200,
+        inception_crop=False, hflip=True, random_erasing=0.25, ckpt_every=200,
     ),
     "demo": dict(  # the fashion-mnist model on the bundled 4,500-image subset, about 2-3 minutes on 2 cores
         recipe="small-data", data="bundled",
