@@ -45,9 +45,9 @@ class PatchEmbed(nn.Module):
     def _project_as_matmul(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """The same projection as `self.proj` (kernel = stride), written as cut-into-patches + one matmul.
 
-        On the wide feature maps of a hybrid stem, oneDNN's strided convolution reorders the whole map
-        and its backward pass is slow: for the Fashion-MNIST hybrid (64 x 28 x 28 -> 7 x 7 patches) the
-        projection's forward + backward took 35 ms per 32 images as a convolution, 25 ms as a matmul.
+        On the wide feature maps of a hybrid stem oneDNN's strided convolution is slower: for the
+        Fashion-MNIST hybrid (64 x 28 x 28 -> 7 x 7 patches) forward + backward took 19.8 vs 19.0 ms per
+        32 images and 93.7 vs 80.6 ms per 128 (`python benchmarks/train_parts.py --threads 1 --rounds 20`).
         The weight keeps the convolution's (D, C, P, P) layout, so checkpoints do not change.
         """
         b, c, height, width = x.shape
