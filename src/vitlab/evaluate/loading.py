@@ -97,7 +97,7 @@ def fit_image_size(spec: str, side: int | None) -> int | None:
         cfg = get_config(name, **overrides)
     except VitlabError:
         return side
-    if cfg.arch != "vit":
+    if cfg.arch != "vit" or cfg.conv_stem:  # a conv stem pads: any size works
         return side
     stride = cfg.stride
     return -(-side // stride) * stride

@@ -81,7 +81,7 @@ def collect(
         raise VitlabError(f"expected a non-empty (N, C, H, W) batch of images, got shape {tuple(images.shape)}")
     device = next(model.parameters()).device
     stride = model.config.stride
-    grid = (images.shape[-2] // stride, images.shape[-1] // stride)
+    grid = model.config.grid_for(tuple(images.shape[-2:]))
     prefix = model.num_prefix_tokens
     was_training = model.training
     model.eval()
@@ -149,11 +149,9 @@ def inspect_model(
     res = InspectResult(out_dir=out)
     sections: list[Section] = []
     prefix = model.num_prefix_tokens
-    hybrid = cfg.resnet is not None
-
-    # 1. Embedding filters (plain ViTs only: a hybrid's patch embedding sees ResNet features, not pixels).
-    if hybrid:
-        res.notes.append("embedding filters: skipped, the hybrid's patch embedding sees ResNet features, not pixels")
+    # 1. Embedding filters (plain ViTs only: a hybrid's patch embedding sees CNN features, not pixels).
+    if cfg.is_hybrid:
+        res.notes.append("embedding filters: skipped, the hybrid's patch embedding sees CNN features, not pixels")
     else:
         w = model.patch_embed.proj.weight
         res.filter_pca = embedding_filter_pca(w, num_components)
@@ -258,7 +256,7 @@ def inspect_model(
 
     _save_arrays(res, cfg, cls, head_fusion, discard_ratio)
     summary = [
-        f"model: {cfg.name} ({'hybrid ' if hybrid else ''}ViT, dim {cfg.dim}, depth {cfg.depth}, heads {cfg.heads}, "
+        f"model: {cfg.name} ({'hybrid ' if cfg.is_hybrid else ''}ViT, dim {cfg.dim}, depth {cfg.depth}, heads {cfg.heads}, "
         f"stride {cfg.stride} px, classifier {cfg.classifier}, image {cfg.image_size[0]}x{cfg.image_size[1]})",
         f"images: {0 if images is None else len(images)}",
         *res.notes,

@@ -68,6 +68,10 @@ class ViTConfig:
     # scipy.ndimage.zoom(order=1), i.e. bilinear with align_corners=True.
     posemb_resample: str = "bilinear_ac"
     resnet: ResNetConfig | None = None
+    # Channels of a convolutional stem used instead of `resnet` (Xiao et al. 2021, "Early convolutions
+    # help transformers see better"): one 3x3 stride-2 convolution + GroupNorm + ReLU per entry, padded
+    # so that any input size works (each halves a side, rounding up); empty: none.
+    conv_stem: tuple[int, ...] = ()
     arch: str = "vit"
     name: str = "custom"
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -76,6 +80,11 @@ class ViTConfig:
         object.__setattr__(self, "image_size", _pair(self.image_size))
         if isinstance(self.resnet, dict):
             object.__setattr__(self, "resnet", ResNetConfig(**self.resnet))
+        object.__setattr__(self, "conv_stem", tuple(int(c) for c in (self.conv_stem or ())))
+        if self.conv_stem and (self.resnet is not None or self.arch != "vit"):
+            raise VitlabError("conv_stem is a ViT stem of its own: do not combine it with resnet or arch='resnet'")
+        if any(c <= 0 for c in self.conv_stem):
+            raise VitlabError(f"conv_stem channels must be positive, got {list(self.conv_stem)}")
         if self.arch not in ("vit", "resnet"):
             raise VitlabError(f"arch must be 'vit' or 'resnet', got {self.arch!r}")
         if self.arch == "resnet":
@@ -92,26 +101,52 @@ class ViTConfig:
             raise VitlabError(f"posemb_resample must be one of {RESAMPLE_MODES}, got {self.posemb_resample!r}")
         if self.dim % self.heads:
             raise VitlabError(f"dim={self.dim} is not divisible by heads={self.heads}")
-        stride = self.stride
-        for side in self.image_size:
-            if side % stride:
-                raise VitlabError(
-                    f"image size {self.image_size} is not a multiple of the total stride {stride}; "
-                    f"use a size divisible by {stride}"
-                )
+        self.grid_for(self.image_size)  # raises when the size does not fit the stride
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when a CNN (BiT ResNet or conv stem) runs before the patch projection."""
+        return self.resnet is not None or bool(self.conv_stem)
 
     @property
     def stride(self) -> int:
-        """Pixels per token along each side (patch size times the ResNet stem's reduction)."""
+        """Pixels per token along each side (patch size times the stem's reduction)."""
+        if self.conv_stem:
+            return self.patch_size * 2 ** len(self.conv_stem)
         if self.resnet is None:
             return self.patch_size
         from vitlab.models.resnet import resnet_reduction
 
         return self.patch_size * resnet_reduction(self.resnet)
 
+    def grid_for(self, size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+        """The token grid (h, w) of an input of `size` pixels; VitlabError when the size does not fit.
+
+        Plain ViTs and BiT hybrids need sides that are multiples of the stride. A conv stem pads, so
+        it takes any size: its feature map is each side halved (rounded up) once per convolution, and
+        only that map has to be a multiple of the patch size.
+        """
+        size = _pair(size)
+        if not self.conv_stem:
+            if size[0] % self.stride or size[1] % self.stride:
+                raise VitlabError(
+                    f"image size {size} is not a multiple of the total stride {self.stride}; "
+                    f"use a size divisible by {self.stride}"
+                )
+            return (size[0] // self.stride, size[1] // self.stride)
+        feature = list(size)
+        for _ in self.conv_stem:
+            feature = [-(-side // 2) for side in feature]
+        if feature[0] % self.patch_size or feature[1] % self.patch_size:
+            raise VitlabError(
+                f"image size {size} gives a {feature[0]}x{feature[1]} conv-stem feature map, not a multiple "
+                f"of the patch size {self.patch_size}; choose another image size or patch size"
+            )
+        return (feature[0] // self.patch_size, feature[1] // self.patch_size)
+
     @property
     def grid_size(self) -> tuple[int, int]:
-        return (self.image_size[0] // self.stride, self.image_size[1] // self.stride)
+        return self.grid_for(self.image_size)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -129,6 +164,7 @@ class ViTConfig:
         out["image_size"] = list(self.image_size)
         if self.resnet is not None:
             out["resnet"]["layers"] = list(self.resnet.layers)
+        out["conv_stem"] = list(self.conv_stem)
         return out
 
     @classmethod

@@ -14,30 +14,34 @@ from torch.utils.checkpoint import checkpoint
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ViTConfig
+from vitlab.models.convstem import ConvStem
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
 
 
 class PatchEmbed(nn.Module):
-    """Patches -> tokens with one strided convolution; hybrids first run a BiT ResNet body."""
+    """Patches -> tokens with one strided convolution; hybrids first run a CNN (BiT ResNet body or conv stem)."""
 
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.patch_size = config.patch_size
         self.stride = config.stride
+        self.grid_for = config.grid_for
         self.backbone = ResNetBody(config.resnet, config.in_chans) if config.resnet is not None else None
-        in_chans = self.backbone.out_channels if self.backbone is not None else config.in_chans
+        self.stem = ConvStem(config.in_chans, config.conv_stem) if config.conv_stem else None
+        cnn = self.backbone or self.stem
+        in_chans = cnn.out_channels if cnn is not None else config.in_chans
         self.proj = nn.Conv2d(in_chans, config.dim, config.patch_size, stride=config.patch_size)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Returns tokens (B, h*w, D) and the grid (h, w)."""
-        if x.shape[-2] % self.stride or x.shape[-1] % self.stride:
-            raise VitlabError(
-                f"input size {tuple(x.shape[-2:])} is not a multiple of the model's stride {self.stride}; "
-                f"resize or crop the images to multiples of {self.stride}"
-            )
-        if self.backbone is not None:
-            return self._project_as_matmul(self.backbone(x))
+        try:
+            self.grid_for(tuple(x.shape[-2:]))
+        except VitlabError as e:
+            raise VitlabError(f"input {e}; resize or crop the images") from None
+        cnn = self.backbone if self.backbone is not None else self.stem
+        if cnn is not None:
+            return self._project_as_matmul(cnn(x))
         x = self.proj(x)
         grid = (x.shape[-2], x.shape[-1])
         return x.flatten(2).transpose(1, 2), grid
@@ -217,6 +221,8 @@ class VisionTransformer(nn.Module):
             from vitlab.models.resnet import init_resnet_
 
             init_resnet_(self.patch_embed.backbone)
+        if self.patch_embed.stem is not None:
+            self.patch_embed.stem.init_weights()
         lecun_normal_(self.patch_embed.proj.weight)
         nn.init.zeros_(self.patch_embed.proj.bias)
         if self.cls_token is not None:

@@ -240,7 +240,7 @@ def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
 def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
     """(HF config.json dict, 4.x-layout state dict) for a plain class-token ViT."""
     cfg: ViTConfig = model.config
-    if cfg.arch != "vit" or cfg.resnet is not None:
+    if cfg.arch != "vit" or cfg.is_hybrid:
         raise VitlabError("only plain ViTs can be exported to Hugging Face (transformers 5 has no ViT hybrid); "
                           "use --to native or --to timm")
     if cfg.classifier != "token":

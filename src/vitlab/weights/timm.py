@@ -187,6 +187,8 @@ def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             w, b = sd.pop("head.weight"), sd.pop("head.bias")
             sd["head.fc.weight"], sd["head.fc.bias"] = w[:, :, None, None].contiguous(), b
         return sd
+    if cfg.conv_stem:
+        raise VitlabError("timm's VisionTransformer has no conv stem (conv_stem); save this model with --to native")
     if cfg.posemb != "learn":  # timm stores fixed tables as a (frozen) parameter too
         sd["pos_embed"] = model.pos_embed.detach().cpu().contiguous().clone()
     return sd
