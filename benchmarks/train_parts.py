@@ -1,9 +1,14 @@
-"""Two parts of a training step timed on their own, each against the alternative vitlab did not choose.
+"""Parts of a training step timed on their own, each against the alternative vitlab did not choose.
 
-1. Optimizer step of the Fashion-MNIST model (403k parameters): torch's AdamW default (per-tensor loop),
+1. Optimizer step of the Fashion-MNIST model (422k parameters): torch's AdamW default (per-tensor loop),
    `foreach=True` and `fused=True` (what `vitlab.train.optim.build_optimizer` uses).
-2. The hybrid's patch projection (64 x 28 x 28 stem map -> 7 x 7 patches -> width 64), forward + backward:
-   the strided convolution against `PatchEmbed._project_as_matmul` (what the hybrid uses).
+2. A hybrid's patch projection (64 x 28 x 28 stem map -> 7 x 7 patches -> width 64), forward + backward:
+   the strided convolution against `PatchEmbed._project_as_matmul` (what hybrids use).
+3. A whole training step (forward, backward, fused AdamW) of the two Fashion-MNIST hybrids: the earlier
+   one-convolution stem (64 channels at 28 x 28, 7 x 7 patches) and the conv stem of the preset
+   (3 x 3 stride-2 convolutions with 48, 96, 192 channels, 1 x 1 patches); both give 16 tokens. The conv
+   stem once more with `--precision bf16-stem` (what `auto` picks for it on CPUs with bf16): the stem's
+   convolutions in bf16, the Transformer in fp32.
 
 Rounds alternate the candidates; medians are reported.
 
@@ -19,12 +24,15 @@ import time
 import torch
 import torch.nn.functional as F
 
+# The model of the first Fashion-MNIST preset: one 3x3 stride-1 convolution (64 channels), 7x7 patches.
+ONE_CONV_HYBRID = dict(resnet=dict(layers=[], stem="small"), patch_size=7, conv_stem=[])
 
-def fmnist_model():
+
+def fmnist_model(**changes):
     from vitlab.models.registry import create_model
     from vitlab.train.config import FMNIST_HYBRID
 
-    return create_model("custom", num_classes=10, image_size=28, in_chans=1, seed=0, **FMNIST_HYBRID)
+    return create_model("custom", num_classes=10, image_size=28, in_chans=1, seed=0, **{**FMNIST_HYBRID, **changes})
 
 
 def median_ms(candidates: dict, rounds: int, calls: int) -> dict[str, float]:
@@ -54,7 +62,7 @@ def optimizer_steps(rounds: int) -> dict[str, float]:
 
 
 def patch_projection(rounds: int, batch: int) -> dict[str, float]:
-    pe = fmnist_model().patch_embed
+    pe = fmnist_model(**ONE_CONV_HYBRID).patch_embed
     feats = torch.randn(batch, 64, 28, 28, requires_grad=True)
 
     def conv():
@@ -68,11 +76,32 @@ def patch_projection(rounds: int, batch: int) -> dict[str, float]:
     return median_ms({"convolution": conv, "matmul": matmul}, rounds, 5)
 
 
+def training_steps(rounds: int, batch: int) -> dict[str, float]:
+    from vitlab.train.loop import set_stem_precision
+
+    steps = {}
+    x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    for name, changes in {"one-conv stem": ONE_CONV_HYBRID, "conv stem": {}, "conv stem bf16": {}}.items():
+        model = fmnist_model(**changes).train()
+        if name.endswith("bf16"):
+            set_stem_precision(model, "bf16-stem")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+        def step(model=model, opt=opt):
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()
+        steps[name] = step
+    return median_ms(steps, rounds, 5)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=32, help="images per patch-projection call")
+    ap.add_argument("--batch", type=int, default=32, help="images per patch-projection call and training step")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,6 +110,8 @@ def main() -> None:
         print(f"AdamW step, {name:>8}: {ms:6.2f} ms")
     for name, ms in patch_projection(args.rounds, args.batch).items():
         print(f"patch projection fwd+bwd, {args.batch} images, {name:>11}: {ms:6.2f} ms")
+    for name, ms in training_steps(args.rounds, args.batch).items():
+        print(f"training step, {args.batch} images, {name:>14}: {ms:6.2f} ms")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def test_stem_is_stride_two_convolutions_with_group_norm():
 def test_clear_errors():
     with pytest.raises(VitlabError, match="not a multiple of the patch size 2"):
         ViTConfig(image_size=28, **{**ARGS, "conv_stem": [8, 16], "patch_size": 2})  # 7x7 map
-    with pytest.raises(VitlabError, match="do not combine it with resnet"):
+    with pytest.raises(VitlabError, match="two different stems"):
         ViTConfig(image_size=28, resnet={"layers": [], "stem": "small"}, **ARGS)
     with pytest.raises(VitlabError, match="positive"):
         ViTConfig(image_size=28, **{**ARGS, "conv_stem": [8, 0]})
@@ -69,3 +69,24 @@ def test_native_round_trip_and_foreign_formats_refuse(tmp_path):
         save_timm(model, tmp_path / "t.safetensors")
     with pytest.raises(VitlabError, match="only plain ViTs"):
         save_hf(model, tmp_path / "hf")
+
+
+def test_bf16_stem_precision():
+    from vitlab.train.loop import cpu_bf16_supported, resolve_precision, set_stem_precision
+
+    model = _model()
+    x = torch.randn(4, 1, 28, 28)
+    with torch.no_grad():
+        full = model.patch_embed.stem(x)
+        set_stem_precision(model, "bf16-stem")
+        half = model.patch_embed.stem(x)
+        set_stem_precision(model, "fp32")
+        again = model.patch_embed.stem(x)
+    assert half.dtype == torch.float32 and not torch.equal(half, full)  # computed in bf16, handed back in fp32
+    assert torch.allclose(half, full, atol=0.1) and torch.equal(again, full)
+    expected = "bf16-stem" if cpu_bf16_supported() else "fp32"
+    assert resolve_precision("auto", torch.device("cpu"), model) == expected
+    plain = create_model("custom", dim=32, depth=1, heads=4, mlp_dim=64, patch_size=4, image_size=16, num_classes=3)
+    assert resolve_precision("auto", torch.device("cpu"), plain) == "fp32"
+    with pytest.raises(VitlabError, match="needs a model with a conv stem"):
+        set_stem_precision(plain, "bf16-stem")

@@ -51,13 +51,15 @@ def test_unknown_key_and_bad_values_are_one_line_errors(tmp_path):
         resolve_config("small-data", overrides={"optimizer": "lion"})
 
 
-def test_model_args_merge_into_the_preset_and_reset_with_another_model():
+def test_model_args_merge_into_the_preset_and_reset_with_another_model(tmp_path):
     cfg = resolve_config("fashion-mnist", overrides={"model_args": "dim=96,mlp_dim=192"})
     assert cfg.model_args["dim"] == 96 and cfg.model_args["mlp_dim"] == 192
-    assert cfg.model_args["patch_size"] == 7 and cfg.model_args["resnet"] == {"layers": [], "stem": "small"}
-    nested = resolve_config("fashion-mnist", overrides={"model_args": {"resnet": {"stem": "bit"}}})
-    assert nested.model_args["resnet"] == {"layers": [], "stem": "bit"}
-    dotted = resolve_config("fashion-mnist", overrides={"model_args": "resnet.stem=bit,patch_size=1"})
+    assert cfg.model_args["patch_size"] == 1 and cfg.model_args["conv_stem"] == [48, 96, 192]
+    # dotted keys build nested values, and a later source merges into them key by key
+    yaml_file = tmp_path / "one_conv.yaml"
+    yaml_file.write_text("model_args: {conv_stem: [], patch_size: 7, resnet: {layers: [], stem: small}}\n")
+    dotted = resolve_config("fashion-mnist", yaml_file, overrides={"model_args": "resnet.stem=bit,patch_size=1"})
     assert dotted.model_args["resnet"] == {"layers": [], "stem": "bit"} and dotted.model_args["patch_size"] == 1
+    assert dotted.model_args["conv_stem"] == [] and dotted.model_args["dim"] == 64
     other = resolve_config("fashion-mnist", overrides={"model": "vit-ti/16", "model_args": "depth=2"})
     assert other.model == "vit-ti/16" and other.model_args == {"depth": 2}

@@ -82,7 +82,8 @@ class ViTConfig:
             object.__setattr__(self, "resnet", ResNetConfig(**self.resnet))
         object.__setattr__(self, "conv_stem", tuple(int(c) for c in (self.conv_stem or ())))
         if self.conv_stem and (self.resnet is not None or self.arch != "vit"):
-            raise VitlabError("conv_stem is a ViT stem of its own: do not combine it with resnet or arch='resnet'")
+            raise VitlabError("conv_stem and resnet are two different stems: give one of them "
+                              "(conv_stem=[] turns the conv stem off)")
         if any(c <= 0 for c in self.conv_stem):
             raise VitlabError(f"conv_stem channels must be positive, got {list(self.conv_stem)}")
         if self.arch not in ("vit", "resnet"):

@@ -31,6 +31,15 @@ class ConvStem(nn.Sequential):
             in_chans = out
         super().__init__(*layers)
         self.out_channels = in_chans
+        # Set by the training loop for --precision bf16-stem: the convolutions run under autocast to this
+        # dtype (and the output goes back to the input's dtype) while the Transformer stays in fp32.
+        self.autocast_dtype: torch.dtype | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast_dtype is None or torch.is_autocast_enabled(x.device.type):
+            return super().forward(x)
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype):
+            return super().forward(x).to(x.dtype)
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -69,7 +69,7 @@ class TrainConfig:
     std: Any = 0.5
     # --- budget
     device: str = "auto"  # auto, cpu, cuda, cuda:1
-    precision: str = "auto"  # auto, bf16, fp16, fp32
+    precision: str = "auto"  # auto, bf16, fp16, fp32, bf16-stem (conv stem in bf16, Transformer in fp32)
     grad_checkpointing: bool = False
     compile: bool = False
     threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
@@ -119,20 +119,21 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 # The model of both presets below: model_args of `create_model("custom", ...)`.
-FMNIST_HYBRID: dict[str, Any] = dict(resnet=dict(layers=[], stem="small"), classifier="gap", posemb="sincos2d",
-                                     dim=64, depth=6, heads=4, mlp_dim=128, patch_size=7)
+FMNIST_HYBRID: dict[str, Any] = dict(conv_stem=[48, 96, 192], patch_size=1, classifier="gap", posemb="sincos2d",
+                                     dim=64, depth=6, heads=4, mlp_dim=128)
 
 # Presets: a recipe plus data and model, for documented runs (docs/RESULTS.md, `vitlab demo`).
 PRESETS: dict[str, dict[str, Any]] = {
-    # A hybrid ViT (paper 3.1: CNN feature map -> patches -> Transformer) with a one-convolution stem
-    # (3x3, 64 channels, weight-standardised + GroupNorm, stride 1), 7x7 patches -> 16 tokens, global
-    # average pooling and fixed 2-D sin-cos position embeddings ("Better plain ViT baselines"); chosen by
-    # 1-epoch pilots on this 2-core CPU (docs/RESULTS.md): it learns fastest per CPU-second. A short run
-    # underfits with crops, so the augmentation is a horizontal flip and random erasing (p 0.25).
+    # A hybrid ViT (paper 3.1: CNN feature map -> patches -> Transformer) whose CNN is the conv stem of
+    # Xiao et al. 2021 (three 3x3 stride-2 convolutions, 48/96/192 channels, GroupNorm + ReLU): 28 px ->
+    # 4x4 = 16 tokens of width 64, 6 blocks, global average pooling, fixed 2-D sin-cos position
+    # embeddings ("Better plain ViT baselines"). Against the earlier one-convolution stem with 7x7 patches
+    # it is faster per step and 0.6 points better on the test set (docs/RESULTS.md). The augmentation is a
+    # horizontal flip and random erasing (p 0.25): crops and shifts slowed short runs down.
     "fashion-mnist": dict(
         recipe="small-data", data="fashion-mnist",
         model="custom", model_args=FMNIST_HYBRID,
-        epochs=16, batch_size=64, lr=2e-3, warmup_epochs=0.5, weight_decay=0.05, label_smoothing=0.1,
+        epochs=20, batch_size=64, lr=2e-3, warmup_epochs=0.5, weight_decay=0.05, label_smoothing=0.1,
         inception_crop=False, hflip=True, random_erasing=0.25, ckpt_every=200,
     ),
     "demo": dict(  # the fashion-mnist model on the bundled 4,500-image subset, about 1 minute on 2 cores
@@ -269,8 +270,8 @@ def validate(cfg: TrainConfig) -> None:
         raise VitlabError(f"optimizer must be adamw, adam or sgd, got {cfg.optimizer!r}")
     if cfg.decay not in ("cosine", "linear", "constant"):
         raise VitlabError(f"decay must be cosine, linear or constant, got {cfg.decay!r}")
-    if cfg.precision not in ("auto", "bf16", "fp16", "fp32"):
-        raise VitlabError(f"precision must be auto, bf16, fp16 or fp32, got {cfg.precision!r}")
+    if cfg.precision not in ("auto", "bf16", "fp16", "fp32", "bf16-stem"):
+        raise VitlabError(f"precision must be auto, bf16, fp16, fp32 or bf16-stem, got {cfg.precision!r}")
     if cfg.batch_size < 1 or (cfg.micro_batch is not None and cfg.micro_batch < 1):
         raise VitlabError("batch_size and micro_batch must be >= 1")
     if cfg.steps <= 0 and cfg.epochs <= 0:
