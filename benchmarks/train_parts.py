@@ -9,6 +9,9 @@
    (3 x 3 stride-2 convolutions with 48, 96, 192 channels, 1 x 1 patches); both give 16 tokens. The conv
    stem once more with `--precision bf16-stem` (what `auto` picks for it on CPUs with bf16): the stem's
    convolutions in bf16, the Transformer in fp32.
+4. Self-attention forward + backward from the fused qkv projection: q, k, v cut by a permute of
+   (B, N, 3, H, hd) against chunks along the features (what `vitlab.models.vit.Attention` does), for the
+   width-64 ViT of benchmarks/train.py (128 images, 50 tokens) and ViT-Ti/16 (16 images, 197 tokens).
 
 Rounds alternate the candidates; medians are reported.
 
@@ -97,6 +100,27 @@ def training_steps(rounds: int, batch: int) -> dict[str, float]:
     return median_ms(steps, rounds, 5)
 
 
+def attention_splits(rounds: int) -> dict[str, float]:
+    out = {}
+    for label, (b, n, d, h) in {"width 64": (128, 50, 64, 4), "ViT-Ti/16": (16, 197, 192, 3)}.items():
+        x = torch.randn(b, n, d, requires_grad=True)
+        w, bias = torch.randn(3 * d, d, requires_grad=True), torch.randn(3 * d, requires_grad=True)
+
+        def permute(b=b, n=n, d=d, h=h, x=x, w=w, bias=bias):
+            q, k, v = F.linear(x, w, bias).reshape(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4).unbind(0)
+            F.scaled_dot_product_attention(q, k, v).sum().backward()
+
+        def chunks(b=b, n=n, d=d, h=h, x=x, w=w, bias=bias):
+            q, k, v = (t.reshape(b, n, h, d // h).transpose(1, 2) for t in F.linear(x, w, bias).chunk(3, dim=-1))
+            F.scaled_dot_product_attention(q, k, v).sum().backward()
+
+        for f in (permute, chunks):
+            f()
+        for name, ms in median_ms({"permute": permute, "chunks": chunks}, rounds, 5).items():
+            out[f"{label}, {name}"] = ms
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
@@ -112,6 +136,8 @@ def main() -> None:
         print(f"patch projection fwd+bwd, {args.batch} images, {name:>11}: {ms:6.2f} ms")
     for name, ms in training_steps(args.rounds, args.batch).items():
         print(f"training step, {args.batch} images, {name:>14}: {ms:6.2f} ms")
+    for name, ms in attention_splits(args.rounds).items():
+        print(f"attention fwd+bwd, {name:>20}: {ms:6.2f} ms")
 
 
 if __name__ == "__main__":

@@ -61,5 +61,9 @@ def test_model_args_merge_into_the_preset_and_reset_with_another_model(tmp_path)
     dotted = resolve_config("fashion-mnist", yaml_file, overrides={"model_args": "resnet.stem=bit,patch_size=1"})
     assert dotted.model_args["resnet"] == {"layers": [], "stem": "bit"} and dotted.model_args["patch_size"] == 1
     assert dotted.model_args["conv_stem"] == [] and dotted.model_args["dim"] == 64
+    wide = resolve_config("fashion-mnist", overrides={"model_args": "conv_stem=[64,128,256],dim=96"})
+    assert wide.model_args["conv_stem"] == [64, 128, 256] and wide.model_args["dim"] == 96  # commas in [] kept
+    with pytest.raises(VitlabError, match="cannot read the value of 'conv_stem'"):
+        resolve_config("fashion-mnist", overrides={"model_args": "conv_stem=[64"})
     other = resolve_config("fashion-mnist", overrides={"model": "vit-ti/16", "model_args": "depth=2"})
     assert other.model == "vit-ti/16" and other.model_args == {"depth": 2}

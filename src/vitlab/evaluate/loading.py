@@ -10,6 +10,7 @@ from typing import Any
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
+from vitlab.train.config import split_outside_brackets
 
 
 @dataclass
@@ -55,7 +56,7 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     import yaml
 
     overrides: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in _split_top(inner))):
+    for item in filter(None, (s.strip() for s in split_outside_brackets(inner))):
         key, eq, value = item.partition("=")
         if not eq:
             raise VitlabError(f"bad model override {item!r} in {spec!r}; write NAME(key=value,...), e.g. custom(dim=32,depth=1)")
@@ -64,24 +65,9 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), overrides
 
 
-def _split_top(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside brackets: "a=1,b=(1,2)" -> ["a=1", "b=(1,2)"]."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch in "(["
-        depth -= ch in ")]"
-        if ch == sep and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    out.append(cur)
-    return out
-
-
 def split_model_list(text: str) -> list[str]:
     """"vit-b/16,custom(dim=32,depth=1),resnet-50" -> the three specs (commas inside () kept)."""
-    return [s.strip() for s in _split_top(text) if s.strip()]
+    return [s.strip() for s in split_outside_brackets(text) if s.strip()]
 
 
 def fit_image_size(spec: str, side: int | None) -> int | None:
