@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from vitlab.models.resnet import lecun_normal_
+from vitlab.models.resnet import init_conv_gn_
 
 
 def _groups(channels: int, most: int = 32) -> int:
@@ -44,9 +44,4 @@ class ConvStem(nn.Sequential):
     @torch.no_grad()
     def init_weights(self) -> None:
         """flax-default (lecun-normal) convolutions, GroupNorm ones/zeros: the conventions of the rest."""
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                lecun_normal_(m.weight)
-            elif isinstance(m, nn.GroupNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_conv_gn_(self)

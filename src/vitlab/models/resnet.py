@@ -155,14 +155,19 @@ def lecun_normal_(weight: torch.Tensor) -> torch.Tensor:
     return nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
 
 
-def init_resnet_(module: nn.Module) -> None:
-    """Official init: lecun-normal convolutions, GroupNorm ones/zeros, zero scale on each unit's last GN."""
+def init_conv_gn_(module: nn.Module) -> None:
+    """flax defaults: lecun-normal convolutions, GroupNorm scale ones and bias zeros."""
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             lecun_normal_(m.weight)
         elif isinstance(m, nn.GroupNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+
+
+def init_resnet_(module: nn.Module) -> None:
+    """Official init: `init_conv_gn_`, then a zero scale on each unit's last GroupNorm."""
+    init_conv_gn_(module)
     for m in module.modules():
         if isinstance(m, Bottleneck):
             nn.init.zeros_(m.norm3.weight)
