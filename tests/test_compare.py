@@ -93,6 +93,9 @@ def test_from_scratch_image_size_fits_the_patch():
     assert fit_image_size("r50+vit-b/16", 28) == 32  # stride 16 = 1 x the stem's 16
     assert fit_image_size("custom(patch_size=7)", 28) == 28
     assert fit_image_size("resnet-50", 28) == 28  # any size works for a ResNet
+    assert fit_image_size("custom(conv_stem=(8,16,24),patch_size=1)", 28) == 28  # the stem pads
+    # 28 -> 14 -> 7 is no multiple of patch 2; 29 -> 15 -> 8 is
+    assert fit_image_size("custom(conv_stem=(8,16),patch_size=2)", 28) == 29
     assert parse_model_spec("resnet-26-small(layers=(1,1),width_factor=2)") == (
         "resnet-26-small", {"layers": (1, 1), "width_factor": 2})
     assert split_model_list("a(x=1,y=(1,2)),b") == ["a(x=1,y=(1,2))", "b"]

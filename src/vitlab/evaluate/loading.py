@@ -71,8 +71,9 @@ def split_model_list(text: str) -> list[str]:
 
 
 def fit_image_size(spec: str, side: int | None) -> int | None:
-    """The input size for a model built from a name on `side`-pixel data: `side` rounded up to a
-    multiple of a ViT's stride (patch x stem reduction), e.g. vit-b/16 on 28 px -> 32."""
+    """The input size for a model built from a name on `side`-pixel data: the smallest size >= `side`
+    that the ViT's token grid accepts (`ViTConfig.grid_for`), e.g. vit-b/16 on 28 px -> 32; a conv stem
+    with 1x1 patches takes `side` itself."""
     from vitlab.models import get_config
 
     if side is None:
@@ -83,10 +84,17 @@ def fit_image_size(spec: str, side: int | None) -> int | None:
         cfg = get_config(name, **overrides)
     except VitlabError:
         return side
-    if cfg.arch != "vit" or cfg.conv_stem:  # a conv stem pads: any size works
+    if cfg.arch != "vit":
         return side
-    stride = cfg.stride
-    return -(-side // stride) * stride
+
+    def fits(size: int) -> bool:
+        try:
+            cfg.grid_for(size)
+            return True
+        except VitlabError:
+            return False
+
+    return next(size for size in range(side, side + cfg.stride) if fits(size))  # always < one stride away
 
 
 def load_for_eval(

@@ -25,13 +25,16 @@ class PatchEmbed(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.patch_size = config.patch_size
-        self.stride = config.stride
         self.grid_for = config.grid_for
         self.backbone = ResNetBody(config.resnet, config.in_chans) if config.resnet is not None else None
         self.stem = ConvStem(config.in_chans, config.conv_stem) if config.conv_stem else None
-        cnn = self.backbone or self.stem
-        in_chans = cnn.out_channels if cnn is not None else config.in_chans
+        in_chans = self.cnn.out_channels if self.cnn is not None else config.in_chans
         self.proj = nn.Conv2d(in_chans, config.dim, config.patch_size, stride=config.patch_size)
+
+    @property
+    def cnn(self) -> nn.Module | None:
+        """The hybrid's CNN (BiT ResNet body or conv stem), None for a plain ViT."""
+        return self.backbone if self.backbone is not None else self.stem
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Returns tokens (B, h*w, D) and the grid (h, w)."""
@@ -39,9 +42,8 @@ class PatchEmbed(nn.Module):
             self.grid_for(tuple(x.shape[-2:]))
         except VitlabError as e:
             raise VitlabError(f"input {e}; resize or crop the images") from None
-        cnn = self.backbone if self.backbone is not None else self.stem
-        if cnn is not None:
-            return self._project_as_matmul(cnn(x))
+        if self.cnn is not None:
+            return self._project_as_matmul(self.cnn(x))
         x = self.proj(x)
         grid = (x.shape[-2], x.shape[-1])
         return x.flatten(2).transpose(1, 2), grid

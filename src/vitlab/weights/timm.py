@@ -181,14 +181,14 @@ def timm_preprocess(config: ViTConfig) -> dict:
 def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """vitlab state dict -> timm names (identical for ViTs; ResNet heads become timm's 1x1 conv `head.fc`)."""
     cfg: ViTConfig = model.config
+    if cfg.conv_stem:
+        raise VitlabError("timm's VisionTransformer has no conv stem (conv_stem); save this model with --to native")
     sd = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     if cfg.arch == "resnet":
         if "head.weight" in sd:
             w, b = sd.pop("head.weight"), sd.pop("head.bias")
             sd["head.fc.weight"], sd["head.fc.bias"] = w[:, :, None, None].contiguous(), b
         return sd
-    if cfg.conv_stem:
-        raise VitlabError("timm's VisionTransformer has no conv stem (conv_stem); save this model with --to native")
     if cfg.posemb != "learn":  # timm stores fixed tables as a (frozen) parameter too
         sd["pos_embed"] = model.pos_embed.detach().cpu().contiguous().clone()
     return sd
