@@ -7,11 +7,15 @@
 3. A whole training step (forward, backward, fused AdamW) of the two Fashion-MNIST hybrids: the earlier
    one-convolution stem (64 channels at 28 x 28, 7 x 7 patches) and the conv stem of the preset
    (3 x 3 stride-2 convolutions with 48, 96, 192 channels, 1 x 1 patches); both give 16 tokens. The conv
-   stem once more with `--precision bf16-stem` (what `auto` picks for it on CPUs with bf16): the stem's
-   convolutions in bf16, the Transformer in fp32.
+   stem once more with the tanh GELU (the preset uses the exact one) and with `--precision bf16-stem`
+   (the stem's convolutions in bf16, the Transformer in fp32).
 4. Self-attention forward + backward from the fused qkv projection: q, k, v cut by a permute of
    (B, N, 3, H, hd) against chunks along the features (what `vitlab.models.vit.Attention` does), for the
    width-64 ViT of benchmarks/train.py (128 images, 50 tokens) and ViT-Ti/16 (16 images, 197 tokens).
+5. GELU forward + backward on the preset's MLP activations (64 images x 16 tokens x 128): tanh form
+   against the exact (erf) one.
+6. The bf16 / fp32 speed-up that `--precision auto` measures on a CPU (`vitlab.train.precision`).
+7. The preset's conv stem alone, forward + backward, in fp32 and bf16 (its share of the training step).
 
 Rounds alternate the candidates; medians are reported.
 
@@ -80,11 +84,13 @@ def patch_projection(rounds: int, batch: int) -> dict[str, float]:
 
 
 def training_steps(rounds: int, batch: int) -> dict[str, float]:
-    from vitlab.train.loop import set_stem_precision
+    from vitlab.train.precision import set_stem_precision
 
     steps = {}
     x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
-    for name, changes in {"one-conv stem": ONE_CONV_HYBRID, "conv stem": {}, "conv stem bf16": {}}.items():
+    variants = {"one-conv stem": ONE_CONV_HYBRID, "conv stem": {}, "conv stem, tanh GELU": {"gelu": "tanh"},
+                "conv stem bf16": {}}
+    for name, changes in variants.items():
         model = fmnist_model(**changes).train()
         if name.endswith("bf16"):
             set_stem_precision(model, "bf16-stem")
@@ -121,6 +127,28 @@ def attention_splits(rounds: int) -> dict[str, float]:
     return out
 
 
+def gelu_forms(rounds: int) -> dict[str, float]:
+    x = torch.randn(64 * 16, 128, requires_grad=True)
+
+    def form(approximate):
+        return lambda: F.gelu(x, approximate=approximate).sum().backward()
+
+    return median_ms({"tanh": form("tanh"), "exact": form("none")}, rounds, 20)
+
+
+def stem_alone(rounds: int, batch: int) -> dict[str, float]:
+    stem = fmnist_model().patch_embed.stem.train()
+    x = torch.randn(batch, 1, 28, 28)
+
+    def run(dtype):
+        def f():
+            stem.autocast_dtype = dtype
+            stem(x).sum().backward()
+        return f
+
+    return median_ms({"fp32": run(None), "bf16": run(torch.bfloat16)}, rounds, 5)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
@@ -135,9 +163,16 @@ def main() -> None:
     for name, ms in patch_projection(args.rounds, args.batch).items():
         print(f"patch projection fwd+bwd, {args.batch} images, {name:>11}: {ms:6.2f} ms")
     for name, ms in training_steps(args.rounds, args.batch).items():
-        print(f"training step, {args.batch} images, {name:>14}: {ms:6.2f} ms")
+        print(f"training step, {args.batch} images, {name:>20}: {ms:6.2f} ms")
     for name, ms in attention_splits(args.rounds).items():
         print(f"attention fwd+bwd, {name:>20}: {ms:6.2f} ms")
+    for name, ms in gelu_forms(args.rounds).items():
+        print(f"GELU fwd+bwd, 1024 x 128, {name:>5}: {ms:6.3f} ms")
+    for name, ms in stem_alone(args.rounds, args.batch).items():
+        print(f"conv stem alone fwd+bwd, {args.batch} images, {name}: {ms:6.2f} ms")
+    from vitlab.train.precision import cpu_bf16_speedup
+
+    print(f"bf16 / fp32 speed-up of a 512 x 512 matmul (what --precision auto measures): {cpu_bf16_speedup():.2f}")
 
 
 if __name__ == "__main__":

@@ -29,15 +29,8 @@ from vitlab.train.checkpoint import (
 )
 from vitlab.train.config import TrainConfig, validate
 from vitlab.train.optim import build_optimizer, build_scheduler, decay_mask
+from vitlab.train.precision import autocast_context, cpu_bf16_supported, resolve_precision, set_stem_precision
 from vitlab.train.run_dir import RunDir, new_run_dir
-
-# CPU autocast to bf16 pays off only for wide models: measured with benchmarks/train.py on the 2-core AMD EPYC
-# (AVX-512 BF16), 1 thread: width 64 (the Fashion-MNIST ViT) fp32 496 vs bf16 231 images/s; ViT-Ti/16 at
-# 224 px (width 192) fp32 6.0 vs bf16 12.3 images/s (docs/training.md "Measured defaults").
-CPU_BF16_MIN_WIDTH = 192
-# Narrower models with a conv stem still gain from bf16 convolutions: "bf16-stem" runs the stem under bf16
-# autocast and the Transformer in fp32. Fashion-MNIST model, 32 images, 1 thread: a training step
-# 43.9 -> 38.4 ms (`python benchmarks/train_parts.py --threads 1 --rounds 20`); under DDP an epoch 53 -> 47 s.
 
 
 @dataclass
@@ -98,47 +91,6 @@ def tune_cpu_allocator() -> bool:
         return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30))
     except (OSError, AttributeError):
         return False
-
-
-def cpu_bf16_supported() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
-        return False
-
-
-def resolve_precision(precision: str, device: torch.device, model: nn.Module | None = None) -> str:
-    """auto: bf16 on GPUs that have it, else fp16 (with loss scaling); on CPUs with bf16 support bf16 for
-    models of width >= CPU_BF16_MIN_WIDTH, bf16-stem for narrower ones with a conv stem (both measured
-    faster), else fp32."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    cfg = getattr(model, "config", None)
-    width = getattr(cfg, "dim", 0) if getattr(cfg, "arch", "vit") == "vit" else 0
-    if not cpu_bf16_supported():
-        return "fp32"
-    if width >= CPU_BF16_MIN_WIDTH:
-        return "bf16"
-    return "bf16-stem" if getattr(cfg, "conv_stem", ()) else "fp32"
-
-
-def set_stem_precision(model: nn.Module, precision: str) -> None:
-    """Point a conv stem at bf16 autocast for "bf16-stem", back at the surrounding precision otherwise."""
-    stem = getattr(getattr(model, "patch_embed", None), "stem", None)
-    if stem is None:
-        if precision == "bf16-stem":
-            raise VitlabError("--precision bf16-stem needs a model with a conv stem (model_args conv_stem=[...])")
-        return
-    stem.autocast_dtype = torch.bfloat16 if precision == "bf16-stem" else None
-
-
-def autocast_context(precision: str, device: torch.device):
-    if precision in ("fp32", "bf16-stem"):  # bf16-stem: the stem sets its own autocast
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def seed_everything(seed: int) -> None:
@@ -372,12 +324,14 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     warmup = min(int(warmup), total_steps)
 
     # ---- precision, memory, wrappers, optimiser
-    precision = resolve_precision(cfg.precision, device, model)
+    # "auto" on a CPU is a timing: rank 0 decides for all, so that every process computes alike
+    precision = D.broadcast_object(resolve_precision(cfg.precision, device, model) if main else None, info)
     if precision in ("bf16", "bf16-stem") and device.type == "cpu" and not cpu_bf16_supported():
         if main:
             print("vitlab train: this CPU has no bf16 support; using fp32", file=sys.stderr)
         precision = "fp32"
     set_stem_precision(model, precision)
+    cfg.precision = precision  # config.yaml records what ran: `--config` and `--resume` compute the same way
     model.to(device)
     if cfg.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
