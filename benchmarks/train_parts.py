@@ -137,16 +137,18 @@ def gelu_forms(rounds: int) -> dict[str, float]:
 
 
 def stem_alone(rounds: int, batch: int) -> dict[str, float]:
-    stem = fmnist_model().patch_embed.stem.train()
+    from vitlab.train.precision import set_stem_precision
+
+    model = fmnist_model().train()
     x = torch.randn(batch, 1, 28, 28)
 
-    def run(dtype):
+    def run(precision):
         def f():
-            stem.autocast_dtype = dtype
-            stem(x).sum().backward()
+            set_stem_precision(model, precision)
+            model.patch_embed.stem(x).sum().backward()
         return f
 
-    return median_ms({"fp32": run(None), "bf16": run(torch.bfloat16)}, rounds, 5)
+    return median_ms({"fp32": run("fp32"), "bf16": run("bf16-stem")}, rounds, 5)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ def _models():
 
 
 @pytest.mark.parametrize("speedup, expected", [
-    ("3.0", ("fp32", "bf16-stem", "bf16")),  # bf16 measured 3x faster (the AMD EPYC of docs/training.md)
+    ("3.0", ("fp32", "bf16-stem", "bf16")),  # bf16 much faster (as on the AMD EPYC of docs/training.md)
     ("0.5", ("fp32", "fp32", "fp32")),  # bf16 measured 2x slower (the Intel Xeon of docs/training.md)
     ("1.1", ("fp32", "fp32", "fp32")),  # a gain too small to pay for autocast's casts
 ])

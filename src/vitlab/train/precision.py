@@ -1,9 +1,10 @@
 """Which number format a training run computes in: `--precision auto|fp32|bf16|fp16|bf16-stem`.
 
 On GPUs `auto` is bf16 where the card has it, else fp16 with loss scaling. On CPUs the flags do not tell
-whether bf16 pays: two machines of this project, both reporting AVX-512 BF16, ran bf16 matrix products
-3x faster (an AMD EPYC) and 2x slower (an Intel Xeon, family 6 model 207, no AMX exposed) than fp32. So
-`auto` times one bf16 and one fp32 matrix product (a few milliseconds, once per process) and uses bf16
+whether bf16 pays: on two machines of this project, both reporting AVX-512 BF16, bf16 was about 2x faster
+(an AMD EPYC: ViT-Ti/16 training 12.3 vs 6.0 images/s) and 2x slower (an Intel Xeon, family 6 model 207,
+no AMX exposed: the matrix-product probe below gives 0.52) than fp32. So
+`auto` times one bf16 and one fp32 matrix product (about 40 ms, once per process) and uses bf16
 only where it measured faster, for the models where it was measured to help:
 - width >= CPU_BF16_MIN_WIDTH: the whole model under bf16 autocast;
 - narrower models with a conv stem: "bf16-stem", the stem's convolutions in bf16, the Transformer in fp32;
@@ -57,7 +58,7 @@ def _bf16_speedup(threads: int, size: int = 512, repeats: int = 5) -> float:
 
 def cpu_bf16_speedup() -> float:
     """fp32 time / bf16 time of a 512 x 512 matrix product on this CPU with the current thread count
-    (> 1: bf16 is faster). Measured once per process and thread count, about 10 ms; 0.0 without bf16 kernels.
+    (> 1: bf16 is faster). Measured once per process and thread count, about 40 ms; 0.0 without bf16 kernels.
     VITLAB_CPU_BF16_SPEEDUP=X skips the measurement (tests, or to pin a decision)."""
     forced = os.environ.get("VITLAB_CPU_BF16_SPEEDUP")
     if forced:
