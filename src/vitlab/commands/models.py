@@ -28,7 +28,7 @@ def rows(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
         out.append({
             "name": name,
             "layers": cfg.depth if vit else sum(cfg.resnet.layers) * 3 + 2,
-            "width": cfg.dim if vit else 64 * cfg.resnet.width_factor,
+            "width": cfg.dim if vit else cfg.resnet.width,
             "mlp": cfg.mlp_dim if vit else "-",
             "heads": cfg.heads if vit else "-",
             "patch": cfg.stride if vit else "-",

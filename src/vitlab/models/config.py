@@ -22,20 +22,64 @@ def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (int(value[0]), int(value[1]))
 
 
+# The three ResNet families vitlab builds (see docs/models.md):
+#  "bit-post": the ViT code's units (vit_jax/models_resnet.py): post-activation v1.5 bottleneck,
+#              weight-standardised conv, GroupNorm; the hybrid stem. The default, so that configs
+#              saved before `kind` existed keep their meaning.
+#  "bit":      the released BiT (big_transfer): pre-activation bottleneck, weight-standardised conv,
+#              GroupNorm, pre-head GroupNorm + ReLU.
+#  "standard": torchvision / Hugging Face ResNet v1.5 with BatchNorm (basic or bottleneck blocks).
+RESNET_KINDS = ("bit-post", "bit", "standard")
+RESNET_BLOCKS = ("bottleneck", "basic")
+
+
 @dataclass(frozen=True)
 class ResNetConfig:
-    """A BiT ResNet body: used as the hybrid stem and as the ResNet baselines."""
+    """A ResNet body: the hybrid stem (kind "bit-post") or a ResNet classifier of any kind."""
 
     layers: tuple[int, ...] = (3, 4, 6, 3)
     width_factor: int = 1
-    # "bit": 7x7 stride-2 conv + 3x3 stride-2 max-pool (the paper's); "small": 3x3 stride-1 conv,
-    # no pool, for 28-32 px inputs.
+    # Channels of the stem before the width factor (64 in every published ResNet); smaller values make
+    # narrow ResNets for small-data studies. The first stage's inner width is `width`.
+    base_width: int = 64
+    # "bit": 7x7 stride-2 conv + 3x3 stride-2 max-pool (the ImageNet stem of every family);
+    # "small": 3x3 stride-1 conv, no pool, for 28-32 px inputs.
     stem: str = "bit"
+    kind: str = "bit-post"
+    # "basic" (two 3x3 convolutions, expansion 1) exists for kind "standard" only (ResNet-18/34).
+    block: str = "bottleneck"
+    # Weight-standardisation epsilon; None: the kind's own (bit-post: (w-m)/(std+1e-5);
+    # bit: (w-m)/sqrt(var+1e-10) as big_transfer, timm's files use 1e-8). Unused by "standard".
+    ws_eps: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))
         if self.stem not in ("bit", "small"):
             raise VitlabError(f"ResNet stem must be 'bit' or 'small', got {self.stem!r}")
+        if self.kind not in RESNET_KINDS:
+            raise VitlabError(f"ResNet kind must be one of {RESNET_KINDS}, got {self.kind!r}")
+        if self.block not in RESNET_BLOCKS:
+            raise VitlabError(f"ResNet block must be one of {RESNET_BLOCKS}, got {self.block!r}")
+        if self.block == "basic" and self.kind != "standard":
+            raise VitlabError("basic blocks exist only for standard (BatchNorm) ResNets: use kind='standard'")
+        if not isinstance(self.width_factor, int) or self.width_factor < 1:
+            raise VitlabError(f"ResNet width_factor must be a positive integer, got {self.width_factor!r}")
+        if not isinstance(self.base_width, int) or self.base_width < 1:
+            raise VitlabError(f"ResNet base_width must be a positive integer, got {self.base_width!r}")
+        if self.kind != "standard" and self.base_width % 32:
+            raise VitlabError(f"GroupNorm ResNets use 32 groups: base_width must be a multiple of 32, got {self.base_width}")
+        if any(n < 1 for n in self.layers):
+            raise VitlabError(f"ResNet layers must be positive block counts, got {list(self.layers)}")
+
+    @property
+    def width(self) -> int:
+        """Stem channels = inner width of the first stage."""
+        return self.base_width * self.width_factor
+
+    @property
+    def expansion(self) -> int:
+        """Output channels of a block per unit of its inner width (4 for bottlenecks, 1 for basic blocks)."""
+        return 1 if self.block == "basic" else 4
 
 
 @dataclass(frozen=True)
@@ -81,6 +125,8 @@ class ViTConfig:
         if isinstance(self.resnet, dict):
             object.__setattr__(self, "resnet", ResNetConfig(**self.resnet))
         object.__setattr__(self, "conv_stem", tuple(int(c) for c in (self.conv_stem or ())))
+        if self.arch == "vit" and self.resnet is not None and self.resnet.kind != "bit-post":
+            raise VitlabError(f"a hybrid ViT's ResNet stem is the ViT code's (kind 'bit-post'), not {self.resnet.kind!r}")
         if self.conv_stem and (self.resnet is not None or self.arch != "vit"):
             raise VitlabError("conv_stem and resnet are two different stems: give one of them "
                               "(conv_stem=[] turns the conv stem off)")

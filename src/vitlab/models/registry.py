@@ -171,7 +171,7 @@ def _resnet_macs(cfg: ResNetConfig, in_chans: int, size: tuple[int, int]) -> tup
     def out(s: int, stride: int) -> int:
         return math.ceil(s / stride)
 
-    width = 64 * cfg.width_factor
+    width = cfg.width
     h, w = size
     k, s = (7, 2) if cfg.stem == "bit" else (3, 1)
     h, w = out(h, s), out(w, s)

@@ -24,10 +24,10 @@ def resnet_reduction(cfg: ResNetConfig) -> int:
 
 def resnet_channels(cfg: ResNetConfig) -> int:
     """Channels of the body's output feature map."""
-    width = 64 * cfg.width_factor
+    width = cfg.width
     if not cfg.layers:
         return width
-    return width * 2 ** (len(cfg.layers) - 1) * 4
+    return width * 2 ** (len(cfg.layers) - 1) * cfg.expansion
 
 
 def _same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -133,7 +133,7 @@ class ResNetBody(nn.Module):
 
     def __init__(self, cfg: ResNetConfig, in_chans: int = 3):
         super().__init__()
-        width = 64 * cfg.width_factor
+        width = cfg.width
         self.stem = Stem(in_chans, width, cfg.stem)
         stages, chans = [], width
         for i, depth in enumerate(cfg.layers):
