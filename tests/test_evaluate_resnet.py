@@ -1,4 +1,5 @@
-"""The BiT ResNet baselines: parameter counts, small stem, weight standardisation, zero-init, training."""
+"""The ViT code's post-activation BiT ResNets (bit-rNxW-postact; the old "resnet-N" names): parameter counts,
+small stem, weight standardisation, zero-init, training."""
 
 import numpy as np
 import pytest
@@ -11,9 +12,9 @@ from vitlab.models.resnet import Bottleneck, StdConv2dSame
 
 
 @pytest.mark.parametrize("name,params", [
-    ("resnet-50", 25_557_032),   # torchvision resnet50
-    ("resnet-101", 44_549_160),  # torchvision resnet101
-    ("resnet-152", 60_192_808),  # torchvision resnet152
+    ("bit-r50x1-postact", 25_557_032),   # torchvision resnet50
+    ("bit-r101x1-postact", 44_549_160),  # torchvision resnet101
+    ("bit-r152x1-postact", 60_192_808),  # torchvision resnet152
 ])
 def test_parameter_counts_match_torchvision(name, params):
     # GroupNorm has the same weight+bias as BatchNorm and the convolutions have no bias in both.
@@ -24,13 +25,13 @@ def test_parameter_counts_match_torchvision(name, params):
 
 def test_width_factor_scales_channels():
     with torch.device("meta"):
-        model = create_model("resnet-50x2", num_classes=10)
+        model = create_model("bit-r50x2-postact", num_classes=10)
     assert model.num_features == 4096 and model.stem.conv.out_channels == 128
 
 
 def test_small_stem_on_28px():
     # one unit per stage keeps the test fast; the stem and the stage strides are resnet-50's
-    model = create_model("resnet-50-small", num_classes=10, image_size=28, in_chans=1, seed=0, layers=(1, 1, 1, 1)).eval()
+    model = create_model("bit-r50x1-postact-small", num_classes=10, image_size=28, in_chans=1, seed=0, layers=(1, 1, 1, 1)).eval()
     assert model.stem.conv.kernel_size == (3, 3) and model.stem.conv.stride == (1, 1)
     x = torch.randn(1, 1, 28, 28)
     with torch.no_grad():
@@ -39,7 +40,7 @@ def test_small_stem_on_28px():
         assert model.forward_features(x).shape == (1, 2048, 4, 4)
         assert model(x).shape == (1, 10)
     # the paper's stem on the same input: 7x7/2 conv + 3x3/2 pool -> 7, then 7 -> 4 -> 2 -> 1
-    big = create_model("resnet-50", num_classes=10, image_size=28, in_chans=1, seed=0, layers=(1, 1, 1, 1)).eval()
+    big = create_model("bit-r50x1-postact", num_classes=10, image_size=28, in_chans=1, seed=0, layers=(1, 1, 1, 1)).eval()
     with torch.no_grad():
         assert big.forward_features(x).shape == (1, 2048, 1, 1)
 
@@ -63,8 +64,8 @@ def test_weight_standardisation_against_numpy():
 
 def test_last_groupnorm_of_each_unit_is_zero_initialised():
     with torch.device("meta"):
-        assert sum(isinstance(m, Bottleneck) for m in create_model("resnet-50").modules()) == 3 + 4 + 6 + 3
-    model = create_model("resnet-26", num_classes=10, image_size=32, seed=0, layers=(2, 2))
+        assert sum(isinstance(m, Bottleneck) for m in create_model("bit-r50x1-postact").modules()) == 3 + 4 + 6 + 3
+    model = create_model("bit-r26x1-postact", num_classes=10, image_size=32, seed=0, layers=(2, 2))
     units = [m for m in model.modules() if isinstance(m, Bottleneck)]
     assert len(units) == 4
     for u in units:
@@ -80,7 +81,7 @@ def test_last_groupnorm_of_each_unit_is_zero_initialised():
 
 def test_small_resnet_trains():
     torch.manual_seed(0)
-    model = create_model("resnet-26-small", num_classes=3, image_size=8, in_chans=1, layers=(1,), seed=0)
+    model = create_model("bit-r26x1-postact-small", num_classes=3, image_size=8, in_chans=1, layers=(1,), seed=0)
     x = torch.randn(6, 1, 8, 8)
     y = torch.arange(6) % 3
     x = x + y.view(-1, 1, 1, 1).float()  # learnable: the class shifts the mean

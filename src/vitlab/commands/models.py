@@ -1,4 +1,8 @@
-"""`vitlab models`: the table of named models with their parameter counts and compute."""
+"""`vitlab models`: the table of named models with their parameter counts and compute.
+
+ResNet names say the family: `resnet-N` is the standard torchvision / Hugging Face BatchNorm ResNet,
+`bit-rNxW` the pre-activation BiT, `bit-rNxW-postact` the ViT code's post-activation units.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ def rows(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
         macs = analytic_macs(cfg)
         out.append({
             "name": name,
-            "layers": cfg.depth if vit else sum(cfg.resnet.layers) * 3 + 2,
+            "family": family(cfg),
+            # ResNet depth counts weight layers: the stem conv, 2 or 3 per block, the classifier
+            "layers": cfg.depth if vit else sum(cfg.resnet.layers) * (2 if cfg.resnet.block == "basic" else 3) + 2,
             "width": cfg.dim if vit else cfg.resnet.width,
             "mlp": cfg.mlp_dim if vit else "-",
             "heads": cfg.heads if vit else "-",
@@ -39,20 +45,30 @@ def rows(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
     return out
 
 
+def family(cfg) -> str:
+    """One word for the model family shown by `vitlab models`."""
+    if cfg.arch == "vit":
+        return "vit-hybrid" if cfg.is_hybrid else "vit"
+    return {"standard": "resnet-bn", "bit": "bit-preact", "bit-post": "bit-postact"}[cfg.resnet.kind]
+
+
 def run(args: argparse.Namespace) -> int:
     table = rows(args.image_size, args.num_classes)
-    cols = ["name", "layers", "width", "mlp", "heads", "patch", "params", "gmacs", "gflops"]
+    cols = ["name", "family", "layers", "width", "mlp", "heads", "patch", "params", "gmacs", "gflops"]
     if args.format == "csv":
         print(",".join(cols))
         for r in table:
             print(",".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:.2f}" for c in cols))
         return 0
-    head = ["name", "layers", "width", "MLP", "heads", "stride", "parameters", "GMACs", f"GFLOPs@{args.image_size}"]
-    cells = [[r["name"], r["layers"], r["width"], r["mlp"], r["heads"], r["patch"], f"{r['params']:,}",
+    head = ["name", "family", "layers", "width", "MLP", "heads", "stride", "parameters", "GMACs",
+            f"GFLOPs@{args.image_size}"]
+    cells = [[r["name"], r["family"], r["layers"], r["width"], r["mlp"], r["heads"], r["patch"], f"{r['params']:,}",
               f"{r['gmacs']:.2f}", f"{r['gflops']:.2f}"] for r in table]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *cells)]
     print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths))))
     for row in cells:
         print("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(row, widths))))
     print("GFLOPs = 2 x multiply-accumulates; torchvision and timm tables quote GMACs as 'GFLOPS'.")
+    print("resnet-N is the standard BatchNorm ResNet (torchvision / Hugging Face v1.5); bit-rNxW the pre-activation "
+          "BiT; bit-rNxW-postact the ViT code's post-activation units (the old BiT 'resnet-N' names).")
     return 0

@@ -1,4 +1,10 @@
-"""Named models of the paper: "vit-b/16", "r50+vit-b/16", "resnet-50", ... -> config -> module."""
+"""Named models of the paper: "vit-b/16", "r50+vit-b/16", "resnet-50", "bit-r50x1", ... -> config -> module.
+
+Three ResNet families, with names that say which is which (docs/models.md):
+  resnet-N[-small]               standard BatchNorm ResNet v1.5 (torchvision / Hugging Face / timm `resnetN`)
+  bit-rNxW[-small]               pre-activation BiT (big_transfer; GroupNorm + weight-standardised conv)
+  bit-rNxW-postact[-small]       the ViT code's post-activation BiT units (the hybrid stem's blocks)
+"""
 
 from __future__ import annotations
 
@@ -33,18 +39,33 @@ HYBRIDS: dict[str, tuple[str, tuple[int, ...], int, float]] = {
     "r50+vit-l/32": ("l", (3, 4, 6, 3), 1, 0.1),
     "r+vit-ti/16": ("ti", (), 8, 0.0),
 }
+# depth -> blocks per stage of the bottleneck ResNets (BiT and standard); 26 is HF's / the hybrids'.
 RESNETS: dict[int, tuple[int, ...]] = {
     26: (2, 2, 2, 2),
     50: (3, 4, 6, 3),
     101: (3, 4, 23, 3),
     152: (3, 8, 36, 3),
 }
+# depth -> (blocks per stage, block) of the standard ResNets (torchvision's five plus HF's resnet-26).
+STANDARD_RESNETS: dict[int, tuple[tuple[int, ...], str]] = {
+    18: ((2, 2, 2, 2), "basic"),
+    26: ((2, 2, 2, 2), "bottleneck"),
+    34: ((3, 4, 6, 3), "basic"),
+    50: ((3, 4, 6, 3), "bottleneck"),
+    101: ((3, 4, 23, 3), "bottleneck"),
+    152: ((3, 8, 36, 3), "bottleneck"),
+}
+# The released BiT sizes (big_transfer KNOWN_MODELS) plus the R26 of the ViT hybrids; listed by `vitlab models`.
+BIT_LISTED = ((26, 1), (50, 1), (50, 3), (101, 1), (101, 3), (152, 2), (152, 4))
+_RESNET_FIELDS = ("layers", "width_factor", "base_width", "stem", "block", "ws_eps")
 
 # Short override names accepted by create_model, mapped to config fields.
 _ALIASES = {"num_layers": "depth", "hidden_size": "dim", "num_heads": "heads", "width": "dim", "patch": "patch_size"}
 
 _VIT_RE = re.compile(r"^vit-(mu|ti|s|b|l|h)/(\d+)(-gap)?$")
-_RESNET_RE = re.compile(r"^resnet-(\d+)(?:x(\d+))?(-small)?$")
+_RESNET_RE = re.compile(r"^resnet-(\d+)(-small)?$")
+_OLD_RESNET_RE = re.compile(r"^resnet-(\d+)x(\d+)(-small)?$")
+_BIT_RE = re.compile(r"^bit-r(\d+)x(\d+)(-postact)?(-small)?$")
 
 
 def normalize_name(name: str) -> str:
@@ -59,8 +80,28 @@ def model_names() -> list[str]:
     names = [f"vit-{s}/{p}" for s in VIT_SIZES if s != "mu" for p in PATCH_SIZES]
     names.append("vit-b/16-gap")
     names += list(HYBRIDS)
-    names += [f"resnet-{d}" for d in RESNETS]
+    names += [f"resnet-{d}" for d in STANDARD_RESNETS]
+    names += [f"bit-r{d}x{w}" for d, w in BIT_LISTED]
+    names += [f"bit-r{d}x1-postact" for d in RESNETS]
     return names
+
+
+def _old_resnet_hint(name: str, depth: int, width: int, small: str) -> VitlabError:
+    return VitlabError(
+        f"{name!r} is an old BiT name: 'resnet-N' now means the standard torchvision ResNet; use "
+        f"'bit-r{depth}x{width}{small}' (pre-activation BiT) or 'bit-r{depth}x{width}-postact{small}' "
+        "(the ViT code's post-activation units, what the old name built)"
+    )
+
+
+def _resnet_base(name: str, resnet: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A ResNet classifier config; `layers=`, `base_width=`, `width_factor=`, `stem=` ... reach the ResNetConfig."""
+    for key in _RESNET_FIELDS:
+        if key in overrides:
+            resnet[key] = overrides.pop(key)
+    if isinstance(overrides.get("resnet"), dict):  # resnet={...} from a YAML config merges too
+        resnet.update(overrides.pop("resnet"))
+    return ViTConfig(name=name, arch="resnet", resnet=ResNetConfig(**resnet), patch_size=1).to_dict()
 
 
 def get_config(name: str, **overrides: Any) -> ViTConfig:
@@ -85,27 +126,43 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
             dropout=dropout, resnet=ResNetConfig(layers=layers),
         ).to_dict()
     elif m := _RESNET_RE.match(n):
-        depth = int(m.group(1))
+        depth, small = int(m.group(1)), m.group(2) or ""
+        if depth not in STANDARD_RESNETS:
+            raise VitlabError(f"unknown ResNet depth {depth}; choose one of {sorted(STANDARD_RESNETS)} "
+                              "(resnet-N is the standard torchvision ResNet; BiT: bit-rNxW)")
+        layers, block = STANDARD_RESNETS[depth]
+        resnet = {"layers": layers, "block": block, "kind": "standard", "stem": "small" if small else "bit"}
+        base = _resnet_base(n, resnet, overrides)
+    elif m := _OLD_RESNET_RE.match(n):
+        raise _old_resnet_hint(name, int(m.group(1)), int(m.group(2)), m.group(3) or "")
+    elif m := _BIT_RE.match(n):
+        depth, width = int(m.group(1)), int(m.group(2))
         if depth not in RESNETS:
-            raise VitlabError(f"unknown ResNet depth {depth}; choose one of {sorted(RESNETS)}")
-        width = int(m.group(2) or 1)
-        resnet = {"layers": RESNETS[depth], "width_factor": width, "stem": "small" if m.group(3) else "bit"}
-        for key in ("width_factor", "stem", "layers"):
-            if key in overrides:
-                resnet[key] = overrides.pop(key)
-        base = ViTConfig(name=n, arch="resnet", resnet=ResNetConfig(**resnet), patch_size=1).to_dict()
+            raise VitlabError(f"unknown BiT ResNet depth {depth}; choose one of {sorted(RESNETS)}")
+        resnet = {"layers": RESNETS[depth], "width_factor": width, "kind": "bit-post" if m.group(3) else "bit",
+                  "stem": "small" if m.group(4) else "bit"}
+        base = _resnet_base(n, resnet, overrides)
     else:
         raise VitlabError(
             f"unknown model {name!r}; run `vitlab models` for the list "
-            "(e.g. vit-b/16, vit-s/32-gap, r50+vit-b/16, resnet-50, resnet-152x2, custom)"
+            "(e.g. vit-b/16, vit-s/32-gap, r50+vit-b/16, resnet-50, bit-r152x2, bit-r50x1-postact, custom)"
         )
     base.update(overrides)
     return ViTConfig.from_dict(base)
 
 
 def build_model(config: ViTConfig) -> nn.Module:
-    """The module for a config: VisionTransformer (plain or hybrid) or a BiT ResNet classifier."""
+    """The module for a config: VisionTransformer (plain or hybrid) or a ResNet classifier of its kind."""
     if config.arch == "resnet":
+        kind = config.resnet.kind
+        if kind == "standard":
+            from vitlab.models.resnet_standard import StandardResNet
+
+            return StandardResNet(config)
+        if kind == "bit":
+            from vitlab.models.bit import BiTResNet
+
+            return BiTResNet(config)
         from vitlab.models.resnet import ResNet
 
         return ResNet(config)
@@ -178,14 +235,17 @@ def _resnet_macs(cfg: ResNetConfig, in_chans: int, size: tuple[int, int]) -> tup
     macs = h * w * in_chans * k * k * width
     if cfg.stem == "bit":
         h, w = out(h, 2), out(w, 2)
-    chans = width
+    chans, e = width, cfg.expansion
     for i, depth in enumerate(cfg.layers):
         f = width * 2**i
         for j in range(depth):
             stride = 2 if (i > 0 and j == 0) else 1
             ho, wo = out(h, stride), out(w, stride)
-            macs += h * w * chans * f + ho * wo * f * 9 * f + ho * wo * f * 4 * f
-            if chans != 4 * f or stride != 1:
-                macs += ho * wo * chans * 4 * f
-            h, w, chans = ho, wo, 4 * f
+            if cfg.block == "basic":  # 3x3 (strided) + 3x3
+                macs += ho * wo * chans * 9 * f + ho * wo * f * 9 * f
+            else:  # 1x1 at the input size, 3x3 (strided, v1.5), 1x1 to e*f
+                macs += h * w * chans * f + ho * wo * f * 9 * f + ho * wo * f * e * f
+            if chans != e * f or stride != 1:
+                macs += ho * wo * chans * e * f
+            h, w, chans = ho, wo, e * f
     return macs, (h, w), chans

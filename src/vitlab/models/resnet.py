@@ -173,8 +173,46 @@ def init_resnet_(module: nn.Module) -> None:
             nn.init.zeros_(m.norm3.weight)
 
 
-class ResNet(nn.Module):
-    """BiT ResNet classifier (the paper's baselines): body, global average pool, linear head."""
+def zero_head(num_features: int, num_classes: int, like: torch.Tensor | None = None) -> nn.Module:
+    """A zero-initialised linear classifier (paper B.1.1, BiT's fine-tuning rule); 0 classes: no head."""
+    if num_classes <= 0:
+        return nn.Identity()
+    head = nn.Linear(num_features, num_classes)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head if like is None else head.to(device=like.device, dtype=like.dtype)
+
+
+class PooledClassifier:
+    """What the three ResNet families share: global average pooling, a linear head, any input size.
+
+    A class sets `config`, `num_features` and its head, and implements `forward_features` and
+    `_install_head` (where the head lives: `head`, or torchvision's `fc`)."""
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        pooled = features.mean(dim=(2, 3))  # = AdaptiveAvgPool2d(1) + flatten
+        return pooled if pre_logits else self.head(pooled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def set_image_size(self, image_size: int | tuple[int, int]) -> None:
+        """Record a new input size; convolutions and global pooling take any size."""
+        self.config = self.config.replace(image_size=image_size)
+
+    def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
+        """Replace the head by a zero-initialised one with `num_classes` outputs (paper B.1.1).
+
+        `keep_representation` is accepted for symmetry with the ViT; a ResNet has no such layer."""
+        self._install_head(zero_head(self.num_features, num_classes, like=next(self.parameters())))
+        self.config = self.config.replace(num_classes=num_classes)
+
+    def _install_head(self, head: nn.Module) -> None:
+        self.head = head
+
+
+class ResNet(PooledClassifier, nn.Module):
+    """The ViT code's ResNet as a classifier (kind "bit-post"): body, global average pool, linear head."""
 
     def __init__(self, config: ViTConfig):
         super().__init__()
@@ -183,32 +221,10 @@ class ResNet(nn.Module):
         body = ResNetBody(config.resnet, config.in_chans)
         self.stem, self.stages = body.stem, body.stages
         self.num_features = body.out_channels
-        self.head = nn.Linear(self.num_features, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = zero_head(self.num_features, config.num_classes)
         if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
             nn.init.constant_(self.head.bias, config.head_bias_init)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The final feature map (B, C, h, w)."""
         return self.stages(self.stem(x))
-
-    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        pooled = features.mean(dim=(2, 3))
-        return pooled if pre_logits else self.head(pooled)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def set_image_size(self, image_size: int | tuple[int, int]) -> None:
-        """Record a new input size; a ResNet has no position embeddings to resample."""
-        self.config = self.config.replace(image_size=image_size)
-
-    def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
-        """Replace the head by a zero-initialised one with `num_classes` outputs (paper B.1.1).
-
-        `keep_representation` is accepted for symmetry with the ViT; a ResNet has no such layer."""
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
-        self.config = self.config.replace(num_classes=num_classes)
