@@ -37,7 +37,7 @@ def test_native_round_trip_exact(tmp_path, kw):
 
 
 def test_native_hybrid_and_resnet_round_trip(tmp_path):
-    for name, size in (("r+vit-ti/16", 64), ("resnet-26", 32)):
+    for name, size in (("r+vit-ti/16", 64), ("bit-r26x1-postact", 32)):
         kw = dict(depth=1) if name.startswith("r+") else dict(layers=(1, 1))
         model = create_model(name, num_classes=2, image_size=size, seed=1, **kw).eval()
         save_native(model, tmp_path / name.replace("/", "_"))

@@ -295,7 +295,7 @@ def test_timm_hub_folder(tmp_path):
 
 def test_resnet_timm_round_trip(tmp_path):
     """BiT ResNet baselines go out with timm ResNetV2's 1x1-conv head (`head.fc`) and come back unchanged."""
-    model = create_model("resnet-26", num_classes=3, image_size=32, layers=(1, 1), seed=0).eval()
+    model = create_model("bit-r26x1-postact", num_classes=3, image_size=32, layers=(1, 1), seed=0).eval()
     with torch.no_grad():
         model.head.weight.normal_()
     sd = load_file(str(save_timm(model, tmp_path / "r.safetensors")))

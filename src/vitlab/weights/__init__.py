@@ -23,7 +23,7 @@ __all__ = [
 
 
 # Config fields a timm state dict cannot determine, stored by `save_timm` in the safetensors header.
-_TIMM_HINTS = ("heads", "gelu", "layer_norm_eps", "posemb_resample", "dropout", "attention_dropout", "drop_path")
+_TIMM_HINTS = ("ws_eps", "heads", "gelu", "layer_norm_eps", "posemb_resample", "dropout", "attention_dropout", "drop_path")
 
 
 def _first(items: list[str], n: int = 3) -> str:
@@ -66,13 +66,15 @@ def detect_format(path: str | Path) -> str:
             return "timm_folder"
         raise VitlabError(
             f"{p} is a folder but not a vitlab folder (config.json with format 'vitlab'), a Hugging Face "
-            "folder (config.json with model_type 'vit' + model.safetensors or pytorch_model.bin) or a timm Hub "
+            "folder (config.json with model_type 'vit' or 'resnet' + model.safetensors or pytorch_model.bin) or a timm Hub "
             "folder (config.json with 'architecture' + model.safetensors)"
         )
     if not p.exists():
         raise VitlabError(f"no such file or folder: {p}")
     if p.suffix == ".npz":
-        return "official"
+        from vitlab.weights import big_transfer
+
+        return "big_transfer" if big_transfer.is_big_transfer_file(p) else "official"
     if p.name == "config.json" and (native.is_native(p.parent) or hf.is_hf_folder(p.parent)):
         return "native" if native.is_native(p.parent) else "hf"
     if p.suffix in STATE_DICT_SUFFIXES:
@@ -119,6 +121,10 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, 
         from vitlab.weights import official
 
         config, sd, meta = official.read_official(p, **overrides)
+    elif fmt == "big_transfer":
+        from vitlab.weights import big_transfer
+
+        config, sd, meta = big_transfer.read_big_transfer(p, **overrides)
     else:
         from vitlab.weights.io import read_tensors, safetensors_metadata
 
@@ -143,16 +149,22 @@ def convert_state_dict(sd: dict[str, torch.Tensor], source: str = "state dict", 
     """Tell timm, torchvision and Hugging Face state dicts apart by their keys and convert them."""
     from vitlab.weights import hf, timm, torchvision
 
+    if torchvision.is_torchvision_resnet(sd):  # torchvision and timm `resnet*` share the keys
+        return torchvision.read_torchvision_resnet(sd, source, **overrides)
     if torchvision.is_torchvision(sd):
         return torchvision.read_torchvision(sd, **overrides)
     if hf.is_hf_state_dict(sd):
         return hf.read_hf_state_dict(sd, None, **overrides)
+    from vitlab.weights import timm_bit  # before timm: its ResNet reader takes post-activation files only
+
+    if timm_bit.is_timm_bit(sd):
+        return timm_bit.read_timm_bit(sd, **overrides)
     if timm.is_timm(sd):
         return timm.read_timm(sd, **overrides)
     raise VitlabError(
         f"{source}: unknown state-dict layout (first keys: {_first(sorted(sd), 4)}); expected timm "
-        "('patch_embed.proj.weight'), torchvision ('conv_proj.weight') or Hugging Face "
-        "('embeddings.patch_embeddings.projection.weight') names"
+        "('patch_embed.proj.weight'), torchvision ('conv_proj.weight'; ResNets 'conv1.weight' + 'layer1.0...') or "
+        "Hugging Face ('embeddings.patch_embeddings.projection.weight', 'resnet.embedder...') names"
     )
 
 
@@ -230,14 +242,16 @@ def adapt(
 
 
 def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
-    """Write a Hugging Face folder that `transformers.ViTForImageClassification.from_pretrained` loads."""
+    """Write a Hugging Face folder that `transformers.ViTForImageClassification.from_pretrained` loads
+    (`ResNetForImageClassification` for a standard BatchNorm ResNet)."""
     from vitlab.weights import hf
 
     return hf.save_hf(model, folder, class_names, preprocess)
 
 
 def save_timm(model: nn.Module, path: str | Path) -> Path:
-    """Write a timm-named state dict (`.safetensors`, or `.pth` by suffix)."""
+    """Write a timm-named state dict (`.safetensors`, or `.pth` by suffix); a standard ResNet's keys are
+    torchvision's = timm's `resnet*`, so the file also loads strictly into torchvision."""
     from vitlab.weights import timm
 
     return timm.save_timm(model, path)

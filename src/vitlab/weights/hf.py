@@ -1,6 +1,7 @@
 """Hugging Face transformers ViT: folders in (4.x and 5.x key layouts, `ViTModel` and
 `ViTForImageClassification`, with or without the `vit.` prefix) and out (loadable by
-`transformers.ViTForImageClassification.from_pretrained`).
+`transformers.ViTForImageClassification.from_pretrained`). Also `ResNetForImageClassification`
+(model_type "resnet", e.g. microsoft/resnet-50) in and out, mapped by name onto torchvision's keys.
 
 Numerics come from the folder's config.json: LayerNorm eps (HF default 1e-12), GELU (`gelu` is the
 exact erf form), qkv bias. `ViTModel`'s tanh pooler on the class token is our representation layer.
@@ -49,11 +50,16 @@ def _read_json(path: Path) -> dict:
 
 def is_hf_folder(folder: Path) -> bool:
     data = folder_config(folder)
-    return data is not None and (data.get("model_type") in ("vit", "deit") or "hidden_size" in data)
+    return data is not None and (data.get("model_type") in ("vit", "deit", "resnet") or "hidden_size" in data)
 
 
 def is_hf_state_dict(sd: dict[str, torch.Tensor]) -> bool:
-    return any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in sd)
+    return any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in sd) or is_hf_resnet_state_dict(sd)
+
+
+def is_hf_resnet_state_dict(sd: dict[str, torch.Tensor]) -> bool:
+    """`ResNetForImageClassification` (`resnet.` prefix) or `ResNetModel` (none) keys."""
+    return any(k.endswith("embedder.embedder.convolution.weight") for k in sd)
 
 
 def _weights_files(folder: Path) -> list[Path]:
@@ -79,7 +85,10 @@ def read_hf_folder(folder: str | Path, **overrides: Any) -> tuple[ViTConfig, dic
     config, state, meta = read_hf_state_dict(sd, hf_cfg, **overrides)
     pre = folder / "preprocessor_config.json"
     if pre.is_file():
-        meta["preprocess"] = preprocess_from_hf(_read_json(pre), config)
+        pp = _read_json(pre)
+        # HF ResNets ship a ConvNext processor (resize to N / crop_pct, crop N); ViTs a ViTImageProcessor
+        meta["preprocess"] = preprocess_from_convnext(pp, config) if _is_convnext_processor(pp) \
+            else preprocess_from_hf(pp, config)
     return config, state, meta
 
 
@@ -99,6 +108,8 @@ def read_hf_state_dict(
 
     Without a config.json the shapes give the architecture and HF's defaults the numerics.
     """
+    if (hf_cfg or {}).get("model_type") == "resnet" or is_hf_resnet_state_dict(sd):
+        return read_hf_resnet_state_dict(sd, hf_cfg, **overrides)
     sd = _strip_prefix(sd)
     hf_cfg = dict(hf_cfg or {})
     if hf_cfg.get("model_type") not in (None, "vit"):
@@ -296,7 +307,9 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     """Write config.json, model.safetensors and preprocessor_config.json in the Hugging Face layout."""
     from safetensors.torch import save_file
 
-    hf_cfg, sd = to_hf_state_dict(model)
+    cfg = model.config
+    resnet = cfg.arch == "resnet" and cfg.resnet is not None and cfg.resnet.kind == "standard"
+    hf_cfg, sd = to_hf_resnet_state_dict(model) if resnet else to_hf_state_dict(model)
     n = model.config.num_classes
     if n:
         names = [str(c) for c in class_names] if class_names else [f"LABEL_{i}" for i in range(n)]
@@ -308,6 +321,13 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if resnet:
+        from vitlab.weights.torchvision import resnet_v1_preprocess
+
+        pre = preprocess.to_dict() if hasattr(preprocess, "to_dict") else (preprocess or resnet_v1_preprocess(cfg))
+        proc = convnext_processor(pre)
+        (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
+        return folder
     pre = preprocess.to_dict() if hasattr(preprocess, "to_dict") else (preprocess or hf_default_preprocess(model.config))
     resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
     h, w = pre.get("image_size", model.config.image_size)
@@ -318,3 +338,152 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     proc["size"] = {"height": int(h), "width": int(w)}
     (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
     return folder
+
+
+# ------------------------------------------------------------------ ResNetForImageClassification
+# HF name (after the `resnet.` prefix) -> torchvision name. HF lists each block's `shortcut` before its
+# `layer`, torchvision its `downsample` last: the mapping goes by name, never by position.
+_HF_RESNET_KEY = re.compile(
+    r"^encoder\.stages\.(\d+)\.layers\.(\d+)\.(?:layer\.(\d+)|(shortcut))\.(convolution|normalization)\.(\w+)$"
+)
+_BN_TENSORS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def _hf_to_torchvision_key(key: str) -> str | None:
+    if key == "embedder.embedder.convolution.weight":
+        return "conv1.weight"
+    if key.startswith("embedder.embedder.normalization.") and key.rsplit(".", 1)[1] in _BN_TENSORS:
+        return "bn1." + key.rsplit(".", 1)[1]
+    if key in ("classifier.1.weight", "classifier.1.bias"):
+        return "fc." + key.rsplit(".", 1)[1]
+    m = _HF_RESNET_KEY.match(key)
+    if not m:
+        return None
+    s, b, i, shortcut, part, tensor = m.groups()
+    block = f"layer{int(s) + 1}.{b}."
+    if part == "convolution":
+        if tensor != "weight":
+            return None
+        return block + ("downsample.0.weight" if shortcut else f"conv{int(i) + 1}.weight")
+    if tensor not in _BN_TENSORS:
+        return None
+    return block + ("downsample.1." if shortcut else f"bn{int(i) + 1}.") + tensor
+
+
+def read_hf_resnet_state_dict(
+    sd: dict[str, torch.Tensor], hf_cfg: dict | None, **overrides: Any
+) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, vitlab state dict, meta) of a HF ResNet; the architecture comes from the shapes,
+    config.json is checked for the options vitlab does not build (v1 stride, a strided first stage)."""
+    from vitlab.weights.torchvision import fill_bn_counters, resnet_v1_preprocess, standard_resnet_config
+
+    hf_cfg = dict(hf_cfg or {})
+    if hf_cfg.get("downsample_in_bottleneck"):
+        raise VitlabError("this Hugging Face ResNet has downsample_in_bottleneck=true (ResNet v1: stride on the first "
+                          "1x1); vitlab builds v1.5 (stride on the 3x3) only")
+    if hf_cfg.get("downsample_in_first_stage"):
+        raise VitlabError("this Hugging Face ResNet has downsample_in_first_stage=true (a strided first stage); "
+                          "vitlab builds torchvision's layout (first stage stride 1) only")
+    if hf_cfg.get("hidden_act", "relu") != "relu":
+        raise VitlabError(f"Hugging Face ResNet hidden_act {hf_cfg['hidden_act']!r} is not supported; only relu")
+    out: dict[str, torch.Tensor] = {}
+    left = []
+    for k, v in sd.items():
+        name = _hf_to_torchvision_key(k.removeprefix("resnet."))
+        if name is None:
+            left.append(k)
+        else:
+            out[name] = v
+    if left:
+        raise VitlabError(f"Hugging Face ResNet checkpoint has keys vitlab cannot place: {', '.join(left[:3])}"
+                          + (f" ... ({len(left)} in all)" if len(left) > 3 else ""))
+    config = standard_resnet_config(out, "Hugging Face ResNet", **overrides)
+    layer_type = hf_cfg.get("layer_type")
+    if layer_type is not None and layer_type != config.resnet.block:
+        raise VitlabError(f"config.json says layer_type {layer_type!r} but the weights hold {config.resnet.block} "
+                          "blocks; the folder is inconsistent")
+    config = config.replace(name=f"hf-{config.name}")
+    meta = {"format": "hf", "class_names": _class_names(hf_cfg, config.num_classes),
+            "preprocess": resnet_v1_preprocess(config)}
+    return config, fill_bn_counters(out), meta
+
+
+def _is_convnext_processor(pp: dict) -> bool:
+    kind = str(pp.get("image_processor_type") or pp.get("feature_extractor_type") or "")
+    return kind.startswith("ConvNext") or "crop_pct" in pp
+
+
+def preprocess_from_convnext(pp: dict, config: ViTConfig) -> dict:
+    """ConvNextImageProcessor (what microsoft/resnet-* ship): shortest edge N < 384 -> resize to
+    int(N / crop_pct), centre crop N; N >= 384 -> warp to N x N. Class defaults (mean/std 0.5,
+    crop_pct 224/256, N 384, bilinear) apply only where the file is silent."""
+    c = config.in_chans
+    size = pp.get("size", 384)
+    edge = int(size.get("shortest_edge", 384)) if isinstance(size, dict) else int(size)
+    crop_pct = float(pp.get("crop_pct") or 224 / 256)
+    out = {"image_size": [edge, edge], "resize": int(edge / crop_pct) if edge < 384 else None,
+           "crop_fraction": 1.0, "interpolation": _PIL_RESAMPLE.get(pp.get("resample", 2), "bilinear"), "channels": c}
+    if pp.get("do_normalize", True):
+        mean, std = pp.get("image_mean", [0.5] * 3), pp.get("image_std", [0.5] * 3)
+        out["mean"] = list(mean)[:c] if isinstance(mean, (list, tuple)) else [float(mean)] * c
+        out["std"] = list(std)[:c] if isinstance(std, (list, tuple)) else [float(std)] * c
+    else:
+        out["mean"], out["std"] = [0.0] * c, [1.0] * c
+    return out
+
+
+def convnext_processor(pre: dict) -> dict:
+    """vitlab preprocessing -> the ConvNextImageProcessor config HF ResNets use (resize + centre crop)."""
+    h, _w = pre.get("image_size", [224, 224])
+    resize = pre.get("resize")
+    # ConvNext resizes the shortest edge to int(N / crop_pct), then crops N; without a resize (a plain
+    # warp) crop_pct 1 gives the same square for square images.
+    crop_pct = float(h) / float(resize) if resize else 1.0
+    resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
+    return {"image_processor_type": "ConvNextImageProcessor", "do_resize": True, "size": {"shortest_edge": int(h)},
+            "crop_pct": crop_pct, "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": list(pre.get("mean", [0.485, 0.456, 0.406])),
+            "image_std": list(pre.get("std", [0.229, 0.224, 0.225]))}
+
+
+def to_hf_resnet_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(HF config.json dict, state dict) of a StandardResNet for `ResNetForImageClassification` (or
+    `ResNetModel` without a head)."""
+    cfg: ViTConfig = model.config
+    r = cfg.resnet
+    if r.stem != "bit":
+        raise VitlabError("Hugging Face ResNets always have the 7x7 stride-2 stem; a small-stem ResNet cannot be "
+                          "exported to Hugging Face; use --to native or --to timm")
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    inverse: dict[str, str] = {}
+    n_convs = 3 if r.block == "bottleneck" else 2
+    for s, depth in enumerate(r.layers):
+        for b in range(depth):
+            src, dst = f"layer{s + 1}.{b}.", f"encoder.stages.{s}.layers.{b}."
+            for i in range(n_convs):
+                inverse[f"{src}conv{i + 1}.weight"] = f"{dst}layer.{i}.convolution.weight"
+                for t in _BN_TENSORS:
+                    inverse[f"{src}bn{i + 1}.{t}"] = f"{dst}layer.{i}.normalization.{t}"
+            inverse[f"{src}downsample.0.weight"] = f"{dst}shortcut.convolution.weight"
+            for t in _BN_TENSORS:
+                inverse[f"{src}downsample.1.{t}"] = f"{dst}shortcut.normalization.{t}"
+    inverse["conv1.weight"] = "embedder.embedder.convolution.weight"
+    for t in _BN_TENSORS:
+        inverse[f"bn1.{t}"] = f"embedder.embedder.normalization.{t}"
+    head = bool(cfg.num_classes)
+    prefix = "resnet." if head else ""
+    out = {}
+    for k, v in sd.items():
+        if k in ("fc.weight", "fc.bias"):
+            out["classifier.1." + k.split(".")[1]] = v
+        else:
+            out[prefix + inverse[k]] = v
+    width = r.width
+    hf_cfg = {
+        "architectures": ["ResNetForImageClassification" if head else "ResNetModel"], "model_type": "resnet",
+        "num_channels": cfg.in_chans, "embedding_size": width,
+        "hidden_sizes": [width * 2**i * r.expansion for i in range(len(r.layers))], "depths": list(r.layers),
+        "layer_type": r.block, "hidden_act": "relu", "downsample_in_first_stage": False,
+        "downsample_in_bottleneck": False,
+    }
+    return hf_cfg, {k: v.contiguous().clone() for k, v in out.items()}

@@ -243,6 +243,10 @@ def to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig) -> dict[str,
 def read_official(path: str | Path, **overrides) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
     """(config, state dict, meta) of an official ViT / hybrid / big_vision `.npz`."""
     arrays = read_npz(path)
+    from vitlab.weights import big_transfer
+
+    if big_transfer.is_big_transfer_keys(arrays):  # a released BiT ResNet, not a ViT
+        return big_transfer.read_arrays(arrays, str(path), **overrides)
     if not is_official_npz(arrays):
         raise VitlabError(f"{path} is an .npz but not an official ViT checkpoint (no 'embedding/kernel')")
     try:

@@ -35,8 +35,17 @@ def guess_heads(dim: int) -> int:
 
 
 def is_timm(sd: dict[str, torch.Tensor]) -> bool:
+    """A timm ViT / hybrid, or a post-activation ResNetV2 (the ViT code's units). Pre-activation ResNetV2
+    (BiT, final `norm`) is `weights.timm_bit`'s; timm's BatchNorm `resnet*` use torchvision's keys
+    (`weights.torchvision.is_torchvision_resnet`)."""
     return "patch_embed.proj.weight" in sd or any(k.startswith("patch_embed.backbone.") for k in sd) \
-        or ("stem.conv.weight" in sd and any(k.startswith("stages.") for k in sd))
+        or is_timm_resnetv2_postact(sd)
+
+
+def is_timm_resnetv2_postact(sd: dict[str, torch.Tensor]) -> bool:
+    """timm ResNetV2 with preact=False: per-block `norm3` (post-activation) and no final `norm`."""
+    return "stem.conv.weight" in sd and "norm.weight" not in sd and any(k.startswith("stages.") for k in sd) \
+        and not any(k.startswith("conv1.") or k.startswith("layer1.") for k in sd)
 
 
 def _resnet_layout(sd: dict[str, torch.Tensor], prefix: str) -> tuple[ResNetConfig, int]:
@@ -64,6 +73,10 @@ def _square_side(n: int, what: str) -> int:
 def read_timm(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
     """(config, vitlab state dict, meta) of a timm ViT / hybrid / non-preact ResNetV2 state dict."""
     sd = dict(sd)
+    from vitlab.weights import timm_bit
+
+    if timm_bit.is_timm_bit(sd):  # pre-activation BiT (resnetv2_*_bit), e.g. from a timm Hub folder
+        return timm_bit.read_timm_bit(sd, **overrides)
     if "patch_embed.proj.weight" not in sd:
         return _read_timm_resnet(sd, **overrides)
     for bad, why in (("norm_pre.weight", "a pre-norm (CLIP-style) ViT"), ("reg_token", "register tokens"),
@@ -179,11 +192,14 @@ def timm_preprocess(config: ViTConfig) -> dict:
 
 
 def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """vitlab state dict -> timm names (identical for ViTs; ResNet heads become timm's 1x1 conv `head.fc`)."""
+    """vitlab state dict -> timm names (identical for ViTs and standard ResNets; BiT-post-activation ResNet
+    heads become timm ResNetV2's 1x1 conv `head.fc`)."""
     cfg: ViTConfig = model.config
     if cfg.conv_stem:
         raise VitlabError("timm's VisionTransformer has no conv stem (conv_stem); save this model with --to native")
     sd = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    if cfg.arch == "resnet" and cfg.resnet.kind == "standard":
+        return sd  # StandardResNet's keys are torchvision's, which are timm's `resnet*` keys
     if cfg.arch == "resnet":
         if "head.weight" in sd:
             w, b = sd.pop("head.weight"), sd.pop("head.bias")
@@ -209,6 +225,8 @@ def save_timm(model: nn.Module, path: str | Path) -> Path:
         cfg = model.config
         hints = {"heads": cfg.heads, "gelu": cfg.gelu, "layer_norm_eps": cfg.layer_norm_eps,
                  "posemb_resample": cfg.posemb_resample} if cfg.arch == "vit" else {}
+        if cfg.arch == "resnet" and cfg.resnet.kind == "bit" and cfg.resnet.ws_eps is not None:
+            hints["ws_eps"] = cfg.resnet.ws_eps  # timm itself uses 1e-8; a big_transfer model keeps its 1e-10
         save_file(sd, str(path), metadata={"format": "pt", "vitlab_config": json.dumps(hints)})
     else:
         torch.save(sd, path)

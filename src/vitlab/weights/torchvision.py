@@ -1,7 +1,8 @@
-"""torchvision `vit_*` state dicts -> vitlab (1:1 renames; torchvision's in_proj is timm's fused qkv).
+"""torchvision state dicts -> vitlab: `vit_*` (1:1 renames; torchvision's in_proj is timm's fused qkv)
+and `resnet*` (identical keys: vitlab's StandardResNet uses torchvision's names, as timm's `resnet*` do).
 
-torchvision ViTs use exact GELU and LayerNorm eps 1e-6; their published weights expect ImageNet
-mean/std with a 256 -> 224 bilinear resize and centre crop.
+torchvision ViTs use exact GELU and LayerNorm eps 1e-6; their published weights (ViT and ResNet V1)
+expect ImageNet mean/std with a 256 -> 224 bilinear resize and centre crop.
 """
 
 from __future__ import annotations
@@ -84,3 +85,79 @@ def read_torchvision(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViT
            "std": IMAGENET_STD if c == 3 else [0.226], "resize": round(h * 256 / 224), "crop_fraction": 1.0,
            "interpolation": "bilinear", "channels": c}
     return config, out, {"format": "torchvision", "class_names": None, "preprocess": pre}
+
+
+# ------------------------------------------------------------------------------ standard ResNets
+def is_torchvision_resnet(sd: dict[str, torch.Tensor]) -> bool:
+    """torchvision / timm `resnet*` keys (BatchNorm stem + `layer1`); timm's are the same names."""
+    return "conv1.weight" in sd and "layer1.0.conv1.weight" in sd and "bn1.running_mean" in sd
+
+
+def fill_bn_counters(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Add the `num_batches_tracked` buffers a file left out (older torch saves, some converters).
+
+    They only matter for momentum=None (cumulative averaging), which vitlab never uses, so 0 is exact.
+    """
+    out = dict(sd)
+    for key in list(sd):
+        if key.endswith(".running_mean"):
+            counter = key[: -len("running_mean")] + "num_batches_tracked"
+            out.setdefault(counter, torch.tensor(0, dtype=torch.long))
+    return out
+
+
+def standard_resnet_config(sd: dict[str, torch.Tensor], source: str, **overrides: Any) -> ViTConfig:
+    """The StandardResNet config of a torchvision-named state dict, read off its shapes."""
+    from vitlab.models.config import ResNetConfig
+
+    stem = sd["conv1.weight"]
+    width, in_chans, k, _ = stem.shape
+    if k not in (7, 3):
+        raise VitlabError(f"{source}: a {k}x{k} ResNet stem convolution; vitlab builds the 7x7 (ImageNet) and "
+                          "3x3 (small) stems only")
+    counts: dict[int, int] = {}
+    for key in sd:
+        if m := re.match(r"layer(\d+)\.(\d+)\.", key):
+            s, b = int(m.group(1)), int(m.group(2))
+            counts[s] = max(counts.get(s, 0), b + 1)
+    if sorted(counts) != list(range(1, len(counts) + 1)):
+        raise VitlabError(f"{source}: ResNet stages {sorted(counts)} are not numbered layer1..layerN")
+    layers = tuple(counts[s] for s in sorted(counts))
+    block = "bottleneck" if "layer1.0.conv3.weight" in sd else "basic"
+    inner = sd["layer1.0.conv1.weight"].shape[0]
+    conv2 = sd["layer1.0.conv2.weight"]
+    if inner != width or conv2.shape[1] != conv2.shape[0]:
+        raise VitlabError(f"{source}: a wide ResNet or ResNeXt (stem width {width}, first block width {inner}, "
+                          f"groups {conv2.shape[0] // conv2.shape[1]}); vitlab builds the plain ResNets only")
+    factor = width // 64 if width % 64 == 0 else 1
+    num_classes = sd["fc.weight"].shape[0] if "fc.weight" in sd else 0
+    resnet = dict(layers=layers, width_factor=factor, base_width=width // factor, stem="bit" if k == 7 else "small",
+                  kind="standard", block=block)
+    for key in ("layers", "width_factor", "base_width", "stem"):
+        if key in overrides:
+            resnet[key] = overrides.pop(key)
+    depth = sum(layers) * (3 if block == "bottleneck" else 2) + 2
+    config = dict(name=f"resnet-{depth}", arch="resnet", resnet=ResNetConfig(**resnet), in_chans=in_chans,
+                  patch_size=1, num_classes=num_classes, image_size=224 if k == 7 else 32)
+    config.update(overrides)
+    return ViTConfig(**config)
+
+
+def resnet_v1_preprocess(config: ViTConfig) -> dict:
+    """torchvision's V1 evaluation transform: shorter side 256, centre crop 224, bilinear, ImageNet mean/std.
+
+    (V2 weights resize to 232 instead; the file does not say which it is, so V1's is the default.)"""
+    c = config.in_chans
+    h, _w = config.image_size
+    return {"image_size": list(config.image_size), "mean": IMAGENET_MEAN if c == 3 else [0.449] * c,
+            "std": IMAGENET_STD if c == 3 else [0.226] * c, "resize": round(h * 256 / 224), "crop_fraction": 1.0,
+            "interpolation": "bilinear", "channels": c}
+
+
+def read_torchvision_resnet(sd: dict[str, torch.Tensor], source: str = "state dict",
+                            **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, vitlab state dict, meta) of a torchvision or timm `resnet*` state dict (the keys are vitlab's)."""
+    config = standard_resnet_config(sd, source, **overrides)
+    out = fill_bn_counters(sd)
+    meta = {"format": "torchvision", "class_names": None, "preprocess": resnet_v1_preprocess(config)}
+    return config, out, meta
