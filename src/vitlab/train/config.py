@@ -74,6 +74,11 @@ class TrainConfig:
     compile: bool = False
     threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
     fsdp: bool = False  # shard parameters over processes (models too big for one device)
+    # BatchNorm during training (models without BN ignore it; docs/training.md): "train" updates the
+    # running statistics (torchvision / timm / HF Trainer default); "frozen" keeps BN layers in eval
+    # mode (statistics fixed, affine weights still learn: fine-tuning with small batches); "sync"
+    # SyncBatchNorm over the processes of a multi-GPU run (a logged no-op elsewhere).
+    batchnorm: str = "train"
     # --- run folder
     ckpt_every: int = 200  # optimizer steps between mid-epoch checkpoints (0: epoch ends only)
     keep_last: int = 2
@@ -292,6 +297,8 @@ def validate(cfg: TrainConfig) -> None:
         raise VitlabError(f"optimizer must be adamw, adam or sgd, got {cfg.optimizer!r}")
     if cfg.decay not in ("cosine", "linear", "constant"):
         raise VitlabError(f"decay must be cosine, linear or constant, got {cfg.decay!r}")
+    if cfg.batchnorm not in ("train", "frozen", "sync"):
+        raise VitlabError(f"batchnorm must be train, frozen or sync, got {cfg.batchnorm!r}")
     if cfg.precision not in ("auto", "bf16", "fp16", "fp32", "bf16-stem"):
         raise VitlabError(f"precision must be auto, bf16, fp16, fp32 or bf16-stem, got {cfg.precision!r}")
     if cfg.batch_size < 1 or (cfg.micro_batch is not None and cfg.micro_batch < 1):

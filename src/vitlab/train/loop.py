@@ -157,6 +157,33 @@ def prepare_given_model(model: nn.Module, num_classes: int, cfg: TrainConfig) ->
     return model
 
 
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def set_train_mode(model: nn.Module, batchnorm: str = "train") -> None:
+    """`model.train()`, then BatchNorm layers back to eval for batchnorm="frozen": their running
+    statistics stay the checkpoint's while their affine weight and bias still receive gradients."""
+    model.train()
+    if batchnorm == "frozen":
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+
+
+def convert_sync_batchnorm(model: nn.Module, batchnorm: str, info: D.DistInfo, device: torch.device) -> nn.Module:
+    """batchnorm="sync": SyncBatchNorm before the DDP wrap, as torchvision's --sync-bn. It needs several
+    CUDA processes (SyncBatchNorm rejects CPU tensors); elsewhere plain BN runs and one line says so."""
+    if batchnorm != "sync" or not has_batchnorm(model):
+        return model
+    if info.enabled and info.world_size > 1 and device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if info.is_main:
+        print("vitlab train: batchnorm=sync needs several CUDA processes (torchrun on GPUs); running plain "
+              "BatchNorm (statistics of each process's micro-batch)", file=sys.stderr)
+    return model
+
+
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.sum(-targets * F.log_softmax(logits, dim=-1), dim=-1).mean()
 
@@ -351,6 +378,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     if state is not None:
         raw_model.load_state_dict(state["model"])
 
+    raw_model = convert_sync_batchnorm(raw_model, cfg.batchnorm, info, device)
     wrapped = D.wrap_model(raw_model, info, device, fsdp=cfg.fsdp)
     named = {_plain_name(n): p for n, p in wrapped.named_parameters() if p.requires_grad}
     groups = [{"params": [p for n, p in named.items() if mask.get(n, False)], "weight_decay": cfg.weight_decay},
@@ -432,7 +460,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     epoch_sums = [0.0, 0.0, 0.0]  # loss x n, correct, n of this epoch (this process)
     if state is not None and "epoch_sums" in state:
         epoch_sums = list(state["epoch_sums"])
-    forward_model.train()
+    set_train_mode(forward_model, cfg.batchnorm)
     while global_step < total_steps:
         loader = iter(train_loader(epoch, step_in_epoch * accum))
         while step_in_epoch < steps_per_epoch and global_step < total_steps:
@@ -520,6 +548,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
         metric = None
         if data.val is not None and ((epoch + 1) % max(1, cfg.eval_every) == 0 or is_last):
             logits, labels = predict_split(eval_model, data.val, eval_tf, device, precision, cfg.eval_batch_size, info)
+            set_train_mode(forward_model, cfg.batchnorm)  # predict_split restored train() on every layer
             vm = split_metrics(logits, labels, class_names)
             record.update(val_loss=vm["loss"], val_acc=vm["accuracy"], val_macro_f1=vm["macro_f1"])
             metric = vm["accuracy"]
