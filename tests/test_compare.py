@@ -45,7 +45,8 @@ def test_compare_end_to_end(tmp_path, capsys):
                "--out", str(out), "--quiet"])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "fine-tuned acc %" in printed
+    assert "fine-tuned acc %" in printed and "train images/s" in printed
+    assert "zero-shot (mapped pretrained head)" in printed and "untrained model (random init, chance)" in printed
     for f in ("compare.md", "compare.csv", "compare.json", "history.csv", "val_loss.png", "val_accuracy.png",
               "runtime.png"):
         assert (out / f).stat().st_size > 0, f
@@ -57,9 +58,11 @@ def test_compare_end_to_end(tmp_path, capsys):
     assert res["tiny-pretrained"]["zero_shot_label"] == "zero-shot (mapped pretrained head)"
     assert res["tiny-pretrained"]["source"] == "pretrained"
     for r in summary["models"]:
-        assert [h["epoch"] for h in r["history"]] == [1, 2]
+        # the curves start at epoch 0: the zero-shot evaluation on the validation split, labelled as such
+        assert [h["epoch"] for h in r["history"]] == [0, 1, 2]
+        assert r["history"][0]["evaluation"] == r["zero_shot_label"] and r["epochs"] == 2
         assert all(h["val_loss"] is not None and h["val_acc"] is not None for h in r["history"])
-        assert r["train_wall_time_s"] > 0
+        assert r["train_wall_time_s"] > 0 and r["train_images_per_s"] > 0 and r["status"] == "ok"
         # our evaluation and the training loop's own test pass agree (same preprocessing, fp32)
         assert r["fine_tuned"]["head"]["accuracy"] == pytest.approx(r["train_test_accuracy"])
         assert r["fine_tuned"]["rows"][0]["label"] == "fine-tuned"
@@ -75,8 +78,11 @@ def test_compare_end_to_end(tmp_path, capsys):
         (tiny_vit, "resnet-26-small(layers=(1,))"), (tiny_vit, "tiny-pretrained"),
         ("resnet-26-small(layers=(1,))", "tiny-pretrained")]
     assert all(0.0 <= t["p_value"] <= 1.0 for t in summary["mcnemar"])
+    with (out / "history.csv").open() as f:
+        hist = list(csv.DictReader(f))
+    assert [h["epoch"] for h in hist if h["model"] == "tiny-pretrained"] == ["0", "1", "2"]
     md = (out / "compare.md").read_text()
-    assert "McNemar" in md
+    assert "McNemar" in md and "train images/s" in md
     assert "untrained model (random init, chance)" in md and "zero-shot (mapped pretrained head)" in md
     # the fine-tuning run folder evaluates again to the same number, with the run's own data settings
     run = res["tiny-pretrained"]["run_dir"]

@@ -130,3 +130,24 @@ def test_mcnemar_exact():
     x, y = rng.random(300) < 0.8, rng.random(300) < 0.7
     t = mcnemar(x, y)
     assert t["p_value"] == pytest.approx(binomtest(t["only_a"], t["only_a"] + t["only_b"], 0.5).pvalue)
+
+
+@pytest.mark.parametrize("b,c", [(0, 0), (0, 1), (3, 3), (0, 5000), (2400, 2600), (2500, 2500), (1200, 3800),
+                                 (1023, 1024), (4999, 1), (499_000, 501_000), (500_000, 500_000), (3, 999_997)])
+def test_mcnemar_exact_for_any_number_of_discordant_pairs(b, c):
+    # the direct sum C(n, i) / 2^n overflowed a float past ~1023 discordant pairs
+    from scipy.stats import binomtest
+
+    from vitlab.evaluate.metrics import binom_two_sided_half, mcnemar
+
+    n = b + c
+    expected = 1.0 if n == 0 else binomtest(b, n, 0.5).pvalue
+    p = binom_two_sided_half(b, n)
+    assert 0.0 <= p <= 1.0
+    assert p == pytest.approx(expected, rel=1e-8, abs=1e-300)
+    if n <= 10_000:  # through the test itself: b examples only A gets right, c only B
+        a_right = np.r_[np.ones(b, bool), np.zeros(c, bool), np.ones(7, bool)]
+        b_right = np.r_[np.zeros(b, bool), np.ones(c, bool), np.ones(7, bool)]
+        t = mcnemar(a_right, b_right)
+        assert (t["only_a"], t["only_b"]) == (b, c)
+        assert t["p_value"] == pytest.approx(expected, rel=1e-8, abs=1e-300)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from vitlab.commands.evaluate import add_data_args, add_frozen_args, frozen_options, load_splits
+from vitlab.errors import VitlabError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,50 +35,80 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int,
                    help="model input size (default: a pretrained model's own, a from-scratch model's = the data's)")
     p.add_argument("--zero-shot-map", metavar="MAP",
-                   help="class map to the pretrained head, e.g. 'Sandal=774,Sneaker=770+630,Ankle boot=514'")
+                   help="class map to the pretrained head: inline 'Sandal=774,Sneaker=770+630,Ankle boot=514', "
+                        "a file (JSON {\"Sandal\": [774], ...} or 'Sandal = 774' lines; head label names allowed "
+                        "when the model stores them), or a bundled map: fashion-mnist-footwear-in1k, "
+                        "fashion-mnist-footwear-in21k (BiT-M)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other training setting (TrainConfig field), repeatable, e.g. --set label_smoothing=0.1")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
     p.add_argument("--eval-batch-size", type=int, default=64)
-    p.add_argument("--out", help="output folder (default compare-<data>-<UTC time>)")
+    p.add_argument("--out", help="output folder (default compare-<data>-<UTC time>); an existing one is resumed: "
+                                 "models finished there with the same settings are reused, the rest redone")
+    p.add_argument("--resume", metavar="OUT", help="resume the study in OUT (the same as --out OUT, but OUT must exist)")
     p.add_argument("--quiet", action="store_true", help="no progress bars, one line per epoch")
     add_frozen_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.experiments.compare import CompareSettings, parse_models, run_compare, table_rows
-    from vitlab.train.config import parse_kv
+    from vitlab.experiments.compare import parse_models, run_compare
 
     models = parse_models(args.models, args.weights)
-    extra: dict = {}
-    for item in args.set:
-        extra.update(parse_kv(item))
+    settings = _settings(args)
+    out = _out_dir(args)
     data = load_splits(args)
     if not args.quiet:
         print(f"data: {data.summary()}")
-    settings = CompareSettings(
+    data_args = {"data": args.data, "classes": args.classes, "per_class": args.per_class,
+                 "val_fraction": args.val_fraction, "test_fraction": args.test_fraction}
+    summary = run_compare(data, models, settings, out, frozen=frozen_options(args), data_args=data_args)
+    _print_table(summary, out)
+    if summary["failed"]:
+        # non-zero so that scripts notice a missing row; the tables for the others are written anyway
+        reasons = "; ".join(f"{r['model']} ({r['error']})" for r in summary["models"] if r["status"] != "ok")
+        raise VitlabError(f"{len(summary['failed'])} of {len(models)} models failed: {reasons}; the others are in "
+                          f"{out / 'compare.md'}; rerun the same command to retry only the failed ones")
+    return 0
+
+
+def _settings(args: argparse.Namespace):
+    from vitlab.experiments.compare import CompareSettings
+    from vitlab.train.config import parse_kv
+
+    extra: dict = {}
+    for item in args.set:
+        extra.update(parse_kv(item))
+    return CompareSettings(
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer,
         weight_decay=args.weight_decay, decay=args.decay, warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip, augment=args.augment, image_size=args.image_size, precision=args.precision,
         device=args.device, seed=args.seed, eval_batch_size=args.eval_batch_size,
         zero_shot_map=args.zero_shot_map, train_overrides=extra, quiet=args.quiet,
     )
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    if args.resume:
+        out = Path(args.resume)
+        if args.out and Path(args.out) != out:
+            raise VitlabError(f"--out {args.out} and --resume {args.resume} name different folders; give one")
+        if not out.is_dir():
+            raise VitlabError(f"--resume {out}: no such folder; give the --out of the study to resume")
+        return out
     if args.out:
-        out = Path(args.out)
+        return Path(args.out)
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(args.data.split(":")[0]).name) or "data"
+    return Path(f"compare-{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+
+
+def _print_table(summary: dict, out: Path) -> None:
+    from vitlab.experiments.compare import PRINT_COLS, markdown_table, table_rows
+
+    print("\n".join(markdown_table(table_rows(summary), PRINT_COLS)))
+    if summary["models"] and len(summary["failed"]) < len(summary["models"]):
+        print(f"table: {out / 'compare.md'} (CSV: compare.csv); curves from epoch 0 (zero-shot): val_loss.png, "
+              "val_accuracy.png; runtime.png")
     else:
-        stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(args.data.split(":")[0]).name) or "data"
-        out = Path(f"compare-{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
-    data_args = {"data": args.data, "classes": args.classes, "per_class": args.per_class,
-                 "val_fraction": args.val_fraction}
-    summary = run_compare(data, models, settings, out, frozen=frozen_options(args), data_args=data_args)
-    rows = table_rows(summary)
-    cols = ["model", "zero-shot evaluation", "zero-shot acc %", "zero-shot macro-F1 %", "fine-tuned acc %",
-            "fine-tuned macro-F1 %", "train time s"]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in rows:
-        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-    print(f"table: {out / 'compare.md'} (CSV: compare.csv); curves: val_loss.png, val_accuracy.png; runtime.png")
-    return 0
+        print(f"table: {out / 'compare.md'} (CSV: compare.csv); no model finished, so no figures")

@@ -97,6 +97,22 @@ def fit_image_size(spec: str, side: int | None) -> int | None:
     return next(size for size in range(side, side + cfg.stride) if fits(size))  # always < one stride away
 
 
+def weights_path(spec: str | None) -> Path | None:
+    """The local file/folder `spec` names, or None for a registry name. Existing paths pass through;
+    `hf:ORG/NAME` and official checkpoint names (ViT-B_16.npz, imagenet21k/...) go through
+    `vitlab.weights.hub.resolve` exactly as in finetune/predict/convert (cache, else download, else a
+    one-line error saying where to put the file)."""
+    if not spec:
+        return None
+    p = Path(spec).expanduser()
+    if p.exists():
+        return p
+    from vitlab.weights import hub
+
+    resolved = hub.resolve(spec)
+    return Path(resolved) if str(resolved) != str(spec) else None
+
+
 def load_for_eval(
     spec: str,
     *,
@@ -105,11 +121,12 @@ def load_for_eval(
     in_chans: int | None = None,
     seed: int = 0,
 ) -> LoadedModel:
-    """Load `spec` (path or registry name). Registry models get `num_classes`/`image_size`/`in_chans`."""
+    """Load `spec` (path, run folder, hf:/official name, or registry name). Registry models get
+    `num_classes`/`image_size`/`in_chans`."""
     from vitlab.weights import load_with_meta
 
-    p = Path(spec).expanduser()
-    if p.exists():
+    p = weights_path(spec)
+    if p is not None:
         run_config = None
         target, source = p, "weights"
         if is_run_folder(p):

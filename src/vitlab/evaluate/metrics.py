@@ -132,10 +132,35 @@ def classification_metrics(
     return out
 
 
+def binom_two_sided_half(k: int, n: int) -> float:
+    """Exact two-sided binomial p-value at p = 1/2: min(1, 2 * P[X <= min(k, n - k)]), X ~ Bin(n, 1/2).
+
+    Summed in log space (math.lgamma, terms scaled by the largest): the direct sum of C(n, i) / 2^n overflows a float
+    once n passes ~1023. Hand-written because scipy is not a runtime dependency; the tests check it
+    against `scipy.stats.binomtest`.
+    """
+    if n <= 0:
+        return 1.0
+    m = min(k, n - k)
+    if 2 * m >= n:  # k = n/2: the two tails cover everything
+        return 1.0
+    # log C(n, m) once, then the lower terms relative to it: C(n, i-1) / C(n, i) = i / (n - i + 1) < 1,
+    # so the relative terms only shrink and the sum stops once they no longer change it
+    log_top = math.lgamma(n + 1) - math.lgamma(m + 1) - math.lgamma(n - m + 1)
+    total, term = 1.0, 1.0
+    for i in range(m, 0, -1):
+        term *= i / (n - i + 1)
+        if term < 1e-18 * total:
+            break
+        total += term
+    log_tail = log_top + math.log(total) - n * math.log(2.0)
+    return min(1.0, 2.0 * math.exp(log_tail))
+
+
 def mcnemar(correct_a: Any, correct_b: Any) -> dict[str, Any]:
     """Exact McNemar test of two classifiers on the same examples (two-sided binomial on the discordant pairs).
 
-    b = examples only A gets right, c = only B gets right; p = P(|X - n/2| >= |b - n/2|), X ~ Bin(b + c, 1/2).
+    b = examples only A gets right, c = only B gets right; p = min(1, 2 P[X <= min(b, c)]), X ~ Bin(b + c, 1/2).
     """
     a = np.asarray(correct_a, bool).reshape(-1)
     b_ = np.asarray(correct_b, bool).reshape(-1)
@@ -143,13 +168,7 @@ def mcnemar(correct_a: Any, correct_b: Any) -> dict[str, Any]:
         raise VitlabError("McNemar needs the two models' results on the same examples")
     b = int((a & ~b_).sum())
     c = int((~a & b_).sum())
-    n = b + c
-    if n == 0:
-        p = 1.0
-    else:
-        k = min(b, c)
-        p = min(1.0, 2.0 * sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n)
-    return {"only_a": b, "only_b": c, "p_value": p}
+    return {"only_a": b, "only_b": c, "p_value": binom_two_sided_half(b, b + c)}
 
 
 def write_confusion_csv(cm: Sequence[Sequence[int]], class_names: Sequence[str], path: str | Path) -> Path:

@@ -73,8 +73,8 @@ def plot_lines(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if series:
-        ax.legend()
+    if series:  # outside the axes, right: a legend inside covers curves that run into a corner
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, frameon=False)
     if xlabel == "epoch":
         ax.xaxis.get_major_locator().set_params(integer=True)
     return _save(fig, path)

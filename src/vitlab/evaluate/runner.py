@@ -86,7 +86,8 @@ def choose_head_mode(
     if zero_shot_map:
         if n_head <= 0:
             raise VitlabError("--zero-shot-map needs a model with a classifier head; this one has none")
-        return "mapped", zs.parse_class_map(zero_shot_map, data_classes, n_head)
+        head_names = model_classes if model_classes is not None and len(model_classes) == n_head else None
+        return "mapped", zs.parse_class_map(zero_shot_map, data_classes, n_head, head_names)
     if head == "mapped":
         raise VitlabError("a mapped head needs --zero-shot-map CLASS=INDEX,..., e.g. 'Sandal=774,Sneaker=770,Ankle boot=514'")
     names = [_norm(c) for c in data_classes]
@@ -140,6 +141,19 @@ def _row(method: str, label: str, m: dict, train_images: int | str = "", note: s
             "macro_f1": m["macro_f1"], "n_test": m["n"], "train_images": train_images, "note": note}
 
 
+def head_loss(scores: torch.Tensor, labels: Any, mapped: bool = False) -> float:
+    """Mean cross-entropy of the head's scores: logits, or for a mapped head its summed probabilities
+    renormalised over the data's classes (the loss the validation curves plot)."""
+    y = torch.as_tensor(np.asarray(labels)).long()
+    if y.numel() == 0:
+        return float("nan")
+    s = scores.float()
+    if mapped:
+        logp = torch.log(s.clamp_min(1e-30)) - torch.log(s.sum(dim=1, keepdim=True).clamp_min(1e-30))
+        return float(torch.nn.functional.nll_loss(logp, y))
+    return float(torch.nn.functional.cross_entropy(s, y))
+
+
 def evaluate_model(
     model: nn.Module,
     data,
@@ -180,10 +194,15 @@ def evaluate_model(
         scores = logits
     pred = scores.argmax(dim=1).numpy()
     m = classification_metrics(out.labels, pred, k, class_names, logits=scores)
+    m["loss"] = head_loss(scores, out.labels, mapped=(mode == "mapped"))
     result.head_metrics = m
     result.labels, result.predictions = out.labels.tolist(), pred.tolist()
     label = zs.LABEL_UNTRAINED if untrained else head_label(mode, model)
-    result.rows.append(_row("head", label, m, note="class map " + str(class_map) if mode == "mapped" else ""))
+    note = ""
+    if mode == "mapped":
+        where = zs.read_class_map(zero_shot_map)[1] if zero_shot_map else "by class name"
+        note = f"class map ({where}) {class_map}"
+    result.rows.append(_row("head", label, m, note=note))
 
     if frozen.any:
         from vitlab.evaluate import fewshot as fs

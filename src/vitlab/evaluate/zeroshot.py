@@ -9,12 +9,16 @@ Two honest variants, labelled differently in every table:
   nn.Linear init, seeded), as the comparison studies did. Expected at chance level: it measures
   nothing but the head's initialisation. (A zero-initialised head, as the paper fine-tunes from,
   would output all-equal logits and always predict class 0.)
+
+A class map is given inline, as a JSON or text file, or by the name of a bundled example
+(`fashion-mnist-footwear-in1k`, `fashion-mnist-footwear-in21k` for BiT-M's 21k heads).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -29,37 +33,134 @@ LABEL_TRAINED = "trained head"
 LABEL_UNTRAINED = "untrained model (random init, chance)"
 
 
+LABEL_MAPPED_IMAGENET21K = "zero-shot (mapped ImageNet-21k head)"
+
+# Example maps shipped with the package (vitlab/data/bundled/maps/<name>.txt), usable by name.
+MAPS_PACKAGE = ("vitlab.data", "bundled", "maps")
+
+
 def mapped_label(head_classes: int) -> str:
-    return LABEL_MAPPED_IMAGENET if head_classes in (1000, 21843) else LABEL_MAPPED
+    if head_classes == 21843:
+        return LABEL_MAPPED_IMAGENET21K
+    return LABEL_MAPPED_IMAGENET if head_classes == 1000 else LABEL_MAPPED
 
 
-def parse_class_map(spec: str, class_names: Sequence[str], head_classes: int | None = None) -> list[list[int]]:
-    """"Sandal=774,Sneaker=770+630,Ankle boot=514" -> [[774], [770, 630], [514]] in data-class order.
+def bundled_maps() -> dict[str, str]:
+    """{name: text} of the example class maps shipped with vitlab."""
+    from importlib import resources
 
-    Keys are class names of the data set or their indices; every data class must be mapped.
+    folder = resources.files(MAPS_PACKAGE[0]).joinpath(*MAPS_PACKAGE[1:])
+    if not folder.is_dir():
+        return {}
+    return {f.name.removesuffix(".txt").removesuffix(".json"): f.read_text()
+            for f in folder.iterdir() if f.name.endswith((".txt", ".json"))}
+
+
+def read_class_map(spec: str) -> tuple[list[tuple[str, list[str]]], str]:
+    """([(data class, [head class, ...]), ...], where it came from) from any --zero-shot-map form.
+
+    Forms: inline 'Sandal=774,Sneaker=770+630'; a file (JSON {"Sandal": [774], ...} or one
+    'Sandal = 774' per line, '#' comments); or the name of a bundled map (`bundled_maps()`).
+    Head classes stay strings here: indices or the head's label names, resolved by `parse_class_map`.
+    """
+    spec = str(spec).strip()
+    bundled = bundled_maps()
+    path = Path(spec).expanduser()
+    if spec in bundled:
+        return _parse_map_text(bundled[spec], f"bundled map {spec}", lines=True), f"bundled map {spec}"
+    if path.is_file():
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise VitlabError(f"cannot read the class map {path}: {exc}") from None
+        if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+            return _parse_map_json(text, path), f"file {path}"
+        return _parse_map_text(text, f"class map {path}", lines=True), f"file {path}"
+    if "=" not in spec and (path.suffix.lower() in (".json", ".txt", ".map") or "/" in spec):
+        raise VitlabError(f"class map file {spec} not found; give an existing file, an inline map like "
+                          f"'Sandal=774,Sneaker=770+630', or a bundled map: {sorted(bundled)}")
+    return _parse_map_text(spec, "--zero-shot-map", lines=False), "inline"
+
+
+def _parse_map_text(text: str, where: str, lines: bool) -> list[tuple[str, list[str]]]:
+    """'name=idx+idx' items: one per line in a file (so head label names may hold commas), comma-separated inline."""
+    items = text.splitlines() if lines else text.split(",")
+    out = []
+    for item in items:
+        item = item.split("#", 1)[0].strip() if lines else item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise VitlabError(f"bad entry {item!r} in {where}; write CLASS=INDEX[+INDEX...], e.g. 'Sandal=774'")
+        key, _, value = item.rpartition("=")
+        out.append((key.strip(), [v.strip() for v in value.split("+")]))
+    return out
+
+
+def _parse_map_json(text: str, path: Path) -> list[tuple[str, list[str]]]:
+    import json
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VitlabError(f"the class map {path} is not valid JSON ({exc}); write {{\"Sandal\": [774], ...}}") from None
+    if not isinstance(data, dict):
+        raise VitlabError(f"the class map {path} must be a JSON object like {{\"Sandal\": [774], \"Sneaker\": [770, 630]}}")
+    out = []
+    for key, value in data.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values):
+            raise VitlabError(f"the class map {path} maps {key!r} to {value!r}; give a head index, a head label "
+                              "name or a list of them")
+        out.append((str(key), [str(v).strip() for v in values]))
+    return out
+
+
+def _head_index(target: str, key: str, head_classes: int | None, head_names: Sequence[str] | None) -> int:
+    """A head class given as an index or (when the model's class names are known) as a label name;
+    a name matches the whole label or one of its comma-separated synonyms ('clog, geta, patten, sabot')."""
+    if target.isdigit():
+        t = int(target)
+        if head_classes is not None and t >= head_classes:
+            raise VitlabError(f"--zero-shot-map index {t} is outside the pretrained head's 0..{head_classes - 1}")
+        return t
+    if not head_names:
+        raise VitlabError(f"--zero-shot-map maps {key!r} to the label {target!r}, but this model's head has no "
+                          "class names stored; give head indices instead (e.g. 770 for 'running shoe')")
+    want = target.lower()
+    for i, name in enumerate(head_names):
+        label = str(name).lower()
+        if want == label or want in (s.strip() for s in label.split(",")):
+            return i
+    raise VitlabError(f"--zero-shot-map target {target!r} (for {key!r}) is neither an index nor a class of the "
+                      "pretrained head; check the spelling or give the index")
+
+
+def parse_class_map(
+    spec: str,
+    class_names: Sequence[str],
+    head_classes: int | None = None,
+    head_names: Sequence[str] | None = None,
+) -> list[list[int]]:
+    """Any --zero-shot-map form (see `read_class_map`) -> [[774], [770, 630], [514]] in data-class order.
+
+    Keys are class names of the data set or their indices; every data class must be mapped. Targets are
+    head indices, or the head's label names when `head_names` (the model's class names) are known.
     """
     names = [str(n) for n in class_names]
     lowered = {n.lower(): i for i, n in enumerate(names)}
     mapping: dict[int, list[int]] = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        if "=" not in item:
-            raise VitlabError(f"bad --zero-shot-map entry {item!r}; write CLASS=INDEX[+INDEX...], e.g. 'Sandal=774'")
-        key, _, value = item.rpartition("=")
-        key = key.strip()
+    entries, _ = read_class_map(spec)
+    for key, targets in entries:
         if key.lower() in lowered:
             cls = lowered[key.lower()]
         elif key.isdigit() and int(key) < len(names):
             cls = int(key)
         else:
             raise VitlabError(f"--zero-shot-map names class {key!r}, which the data set does not have; its classes: {names}")
-        try:
-            targets = [int(v) for v in value.split("+")]
-        except ValueError:
-            raise VitlabError(f"bad --zero-shot-map target {value!r} for {key!r}; give head indices like 770+630") from None
-        for t in targets:
-            if t < 0 or (head_classes is not None and t >= head_classes):
-                raise VitlabError(f"--zero-shot-map index {t} is outside the pretrained head's 0..{(head_classes or 1) - 1}")
-        mapping[cls] = targets
+        if not all(targets):
+            raise VitlabError(f"bad --zero-shot-map target list for {key!r}; give head indices like 770+630")
+        mapping[cls] = [_head_index(t, key, head_classes, head_names) for t in targets]
     missing = [names[i] for i in range(len(names)) if i not in mapping]
     if missing:
         raise VitlabError(f"--zero-shot-map leaves classes {missing} unmapped; map every class of the data set")

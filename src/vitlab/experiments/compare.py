@@ -6,6 +6,11 @@ For each model: (1) load it (pretrained weights, a vitlab run, or a registry nam
 head = chance; a from-scratch model is "untrained"), optionally few-shot / kNN / probe on its frozen
 features, (3) fine-tune with `vitlab.train.train` on the same splits, (4) evaluate the fine-tuned
 model with the same code and preprocessing. Every model sees the same data, order and settings.
+
+The study always finishes: a model that fails (bad weights, NaN, OOM, ...) becomes a row saying why
+and the others go on. It resumes: each finished model stores `<out>/<model>/result.json` with the
+settings it ran with; the same command with the same --out reuses those and redoes only the rest.
+The validation curves start at epoch 0, the zero-shot evaluation on the validation split.
 """
 
 from __future__ import annotations
@@ -91,13 +96,20 @@ def _data_side(data) -> int:
 
 
 def _load(ms: ModelSpec, data, st: CompareSettings):
-    """(model, preprocess, class_names, source description) for one entry."""
-    from vitlab.data import Preprocess
-    from vitlab.evaluate.loading import fit_image_size, load_for_eval
+    """(loaded model, preprocess, source, local weights path or None) for one entry.
 
-    path = ms.weights or (ms.spec if Path(ms.spec).expanduser().exists() else None)
-    if path:
-        lm = load_for_eval(path, image_size=st.image_size)
+    Weights and model names resolve with `weights_path`, i.e. `vitlab.weights.hub.resolve` as in every
+    other command: files, folders, run folders, `hf:ORG/NAME`, official names like ViT-B_16.npz.
+    """
+    from vitlab.data import Preprocess
+    from vitlab.evaluate.loading import fit_image_size, load_for_eval, weights_path
+
+    path = weights_path(ms.weights) if ms.weights else weights_path(ms.spec)
+    if ms.weights and path is None:
+        raise VitlabError(f"--weights {ms.weights!r} for {ms.name}: no such file or folder, and not an official "
+                          "checkpoint name (e.g. ViT-B_16.npz) or hf:ORG/NAME")
+    if path is not None:
+        lm = load_for_eval(str(path), image_size=st.image_size)
         source = "pretrained" if lm.source == "weights" else "vitlab run"
     else:
         size = st.image_size or fit_image_size(ms.spec, _data_side(data))
@@ -109,7 +121,13 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
     # normalisation the weights were trained with (the fine-tuning's own evaluation transform)
     pre = Preprocess(image_size=cfg.image_size, mean=lm.preprocess.mean, std=lm.preprocess.std,
                      channels=cfg.in_chans)
-    return lm, pre, source
+    return lm, pre, source, path
+
+
+RESULT_FILE = "result.json"
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+_STAGE_DIRS = ("zero-shot", "fine-tuned", "finetune", RESULT_FILE, "error.txt")  # what one model attempt writes
 
 
 def run_compare(
@@ -120,83 +138,236 @@ def run_compare(
     frozen=None,
     data_args: dict | None = None,
 ) -> dict:
-    """Run the whole comparison and write compare.md / .csv / .json, history.csv and three PNGs."""
+    """Run the whole comparison and write compare.md / .csv / .json, history.csv and three PNGs.
+
+    Resumable: a model whose `<out>/<model>/result.json` was made with the same settings and data is
+    reused, not redone; a failing model becomes a row saying why and the others go on.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _map_source(settings.zero_shot_map)  # a missing or malformed map file fails now, once, not per model
+    study = study_settings(data, settings, frozen, data_args)
+    # check every earlier result first: a settings mismatch stops before any work, not after hours
+    finished = {ms.name: finished_result(out / _safe(ms.name), model_settings(ms, study)) for ms in models}
+    results = []
+    for ms in models:
+        if finished[ms.name] is not None:
+            if not settings.quiet:
+                print(f"=== {ms.name}: finished earlier, reusing {out / _safe(ms.name) / RESULT_FILE} ===", flush=True)
+            results.append(finished[ms.name])
+            continue
+        results.append(compare_one(ms, data, settings, out / _safe(ms.name), frozen, data_args,
+                                   model_settings(ms, study)))
+    ok = [r for r in results if r["status"] == STATUS_OK]
+    summary = {"data": data.summary(), "mcnemar": paired_tests(ok), "class_names": list(data.class_names),
+               "train_images": len(data.train), "val_images": len(data.val) if data.val is not None else 0,
+               "test_images": len(data.test), "settings": {kk: v for kk, v in vars(settings).items()},
+               "zero_shot_map_source": _map_source(settings.zero_shot_map),
+               "failed": [r["model"] for r in results if r["status"] != STATUS_OK], "models": results}
+    write_outputs(summary, out)
+    return summary
+
+
+def _map_source(spec: str | None) -> str | None:
+    from vitlab.evaluate.zeroshot import read_class_map
+
+    return read_class_map(spec)[1] if spec else None
+
+
+def _jsonable(obj: Any) -> Any:
+    """The object as it reads back from JSON, so a fresh result and a reused one look the same."""
+    from vitlab.evaluate.runner import _json_default
+
+    return json.loads(json.dumps(obj, default=_json_default))
+
+
+def study_settings(data, settings: CompareSettings, frozen, data_args: dict | None) -> dict:
+    """Everything a finished model's numbers depend on besides the model itself (to decide reuse)."""
+    import dataclasses
+
+    st = {k: v for k, v in vars(settings).items() if k != "quiet"}  # quiet changes output only
+    return _jsonable({
+        "settings": st, "frozen": dataclasses.asdict(frozen) if frozen is not None else None,
+        "data": {"args": data_args or {"data": data.name}, "summary": data.summary(),
+                 "class_names": list(data.class_names)},
+    })
+
+
+def model_settings(ms: ModelSpec, study: dict) -> dict:
+    return {**study, "model": {"spec": ms.spec, "weights": ms.weights}}
+
+
+def _differences(a: Any, b: Any, where: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{where}.{k}" if where else k)]
+    return [] if a == b else [f"{where.split('.')[-1]} {a!r} -> {b!r}"]
+
+
+def finished_result(mdir: Path, wanted: dict) -> dict | None:
+    """The stored result of a finished model if it was made with `wanted` settings; None if there is none.
+    A result made with other settings is an error, never silently mixed into the new table."""
+    f = mdir / RESULT_FILE
+    if not f.is_file():
+        return None
+    try:
+        stored = json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # a result cut off mid-write: the model is redone
+    if not isinstance(stored.get("settings_used"), dict):
+        raise VitlabError(f"{f} does not record the settings it was made with; use another --out (or delete "
+                          "that folder to redo the model)")
+    diff = _differences(stored["settings_used"], wanted)
+    if diff:
+        raise VitlabError(f"{f} was made with other settings or data ({'; '.join(diff[:3])}); rerun with the same "
+                          "settings to resume, or use another --out (or delete that folder to redo the model)")
+    return stored
+
+
+def compare_one(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, data_args: dict | None,
+                wanted: dict) -> dict:
+    """One model's row: computed and stored in `mdir/result.json`, or a failure record saying why."""
+    import shutil
+
+    for name in _STAGE_DIRS:  # an unfinished earlier attempt is redone from scratch
+        stale = mdir / name
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    if not st.quiet:
+        print(f"=== {ms.name} ===", flush=True)
+    stage = ["loading"]
+    try:
+        record = _run_model(ms, data, st, mdir, frozen, data_args, stage)
+    except Exception as exc:  # any failure of one model (load, training, NaN, OOM, a bug) must not lose the others
+        return _failure(ms, mdir, stage[0], exc)
+    record = _jsonable({**record, "status": STATUS_OK, "error": None, "settings_used": wanted})
+    tmp = mdir / (RESULT_FILE + ".part")  # written whole, then renamed: a kill never leaves half a result
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(mdir / RESULT_FILE)
+    return record
+
+
+def _failure(ms: ModelSpec, mdir: Path, stage: str, exc: BaseException) -> dict:
+    """The failed model's row (one-line reason) and its full traceback in `mdir/error.txt`."""
+    import gc
+    import sys
+    import traceback
+
+    import torch
+
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, VitlabError):
+        reason = f"{type(exc).__name__}: {reason}"
+    mdir.mkdir(parents=True, exist_ok=True)
+    (mdir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+    print(f"vitlab compare: {ms.name} failed while {stage}: {reason} (traceback in {mdir / 'error.txt'}); "
+          "going on with the other models", file=sys.stderr, flush=True)
+    del exc
+    gc.collect()  # free the failed model (an OOM must not take the next model down too)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"model": ms.name, "spec": ms.spec, "weights": ms.weights, "status": STATUS_FAILED,
+            "error": f"{stage}: {reason}", "stage": stage, "history": []}
+
+
+def _zero_shot(model, lm, data, pre, st: CompareSettings, name: str, source: str, split: str, frozen=None):
+    """The zero-shot evaluation (mapped head, fresh head or untrained model) on one split."""
+    from vitlab.evaluate.runner import evaluate_model
+
+    return evaluate_model(model, data, pre, split=split, model_classes=lm.class_names,
+                          zero_shot_map=st.zero_shot_map, frozen=frozen, batch_size=st.eval_batch_size,
+                          device=st.device, seed=st.seed, progress=not st.quiet, name=name,
+                          untrained=(source == "from scratch"))
+
+
+def _epoch_zero(model, lm, data, pre, st: CompareSettings, name: str, source: str) -> dict | None:
+    """The curves' epoch-0 point: the zero-shot evaluation on the validation split, before fine-tuning,
+    with the same preprocessing as the training loop's per-epoch validation (train/ leaves it out)."""
+    if data.val is None or len(data.val) == 0:
+        return None
+    zv = _zero_shot(model, lm, data, pre, st, name, source, split="val")
+    m = zv.head_metrics
+    return {"epoch": 0, "step": 0, "train_loss": None, "train_acc": None, "lr": None, "time_s": 0.0,
+            "val_loss": m["loss"], "val_acc": m["accuracy"], "val_macro_f1": m["macro_f1"],
+            "evaluation": zv.rows[0]["label"]}
+
+
+def _finetune(model, lm, zs, ms: ModelSpec, data, st: CompareSettings, pre, source: str, path: Path | None,
+              mdir: Path, data_args: dict | None):
+    """Fine-tune with the shared budget; (train result, wall-clock seconds)."""
     from vitlab.evaluate.loading import parse_model_spec
+    from vitlab.train import resolve_config, train
+
+    # the paper's zero-initialised head unless the model's own head fits the data
+    same_order = lm.class_names is None or [c.lower() for c in lm.class_names] == [
+        c.lower() for c in data.class_names]
+    keep_head = zs.head_mode == "trained" and source != "from scratch" and same_order
+    if not keep_head and hasattr(model, "reset_classifier"):
+        model.reset_classifier(data.num_classes)
+    spec_name, spec_args = parse_model_spec(ms.spec)
+    da = data_args or {}
+    overrides = dict(
+        data=str(da.get("data", data.name)), classes=da.get("classes"), per_class=da.get("per_class"),
+        val_fraction=da.get("val_fraction", 0.1),
+        model=spec_name if source == "from scratch" else getattr(model.config, "name", ms.spec),
+        model_args=spec_args if source == "from scratch" else {},
+        weights=str(path) if path is not None else None,
+        image_size=int(model.config.image_size[0]), out_dir=str(mdir), name="finetune",
+        epochs=st.epochs, steps=0, batch_size=st.batch_size, eval_batch_size=st.eval_batch_size,
+        optimizer=st.optimizer, lr=st.lr, weight_decay=st.weight_decay, decay=st.decay,
+        warmup_steps=st.warmup_steps, warmup_epochs=0.0, grad_clip=st.grad_clip, label_smoothing=0.0,
+        zero_head=not keep_head, mean=list(pre.mean), std=list(pre.std),
+        inception_crop=st.augment, hflip=st.augment, precision=st.precision, device=st.device,
+        seed=st.seed, quiet=st.quiet, ckpt_every=0, keep_last=1, eval_every=1,
+    )
+    overrides.update(st.train_overrides)
+    cfg = resolve_config("finetune", overrides=overrides)
+    t0 = time.perf_counter()
+    tr = train(cfg, model=model, data=data)
+    return tr, time.perf_counter() - t0
+
+
+def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, data_args: dict | None,
+               stage: list[str]) -> dict:
+    """Load, zero-shot, fine-tune, evaluate one model; `stage[0]` says how far it got (for a failure's row)."""
     from vitlab.evaluate.runner import evaluate_model, write_report
     from vitlab.evaluate.zeroshot import LABEL_FINETUNED
     from vitlab.models.registry import count_parameters
-    from vitlab.train import resolve_config, train
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    st = settings
-    k = data.num_classes
-    results = []
-    for ms in models:
-        if not st.quiet:
-            print(f"=== {ms.name} ===", flush=True)
-        lm, pre, source = _load(ms, data, st)
-        model: nn.Module = lm.model
-        mdir = out / _safe(ms.name)
-        # ---- zero-shot
-        zs = evaluate_model(model, data, pre, split="test", model_classes=lm.class_names,
-                            zero_shot_map=st.zero_shot_map, frozen=frozen, batch_size=st.eval_batch_size,
-                            device=st.device, seed=st.seed, progress=not st.quiet, name=ms.name,
-                            untrained=(source == "from scratch"))
-        zs.info["model_description"] = lm.description
-        write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning")
-        # ---- fine-tune: the paper's zero-initialised head unless the model's own head fits the data
-        same_order = lm.class_names is None or [c.lower() for c in lm.class_names] == [
-            c.lower() for c in data.class_names]
-        keep_head = zs.head_mode == "trained" and source != "from scratch" and same_order
-        if not keep_head and hasattr(model, "reset_classifier"):
-            model.reset_classifier(k)
-        spec_name, spec_args = parse_model_spec(ms.spec)
-        overrides = dict(
-            data=str((data_args or {}).get("data", data.name)), classes=(data_args or {}).get("classes"),
-            per_class=(data_args or {}).get("per_class"), val_fraction=(data_args or {}).get("val_fraction", 0.1),
-            model=spec_name if source == "from scratch" else getattr(model.config, "name", ms.spec),
-            model_args=spec_args if source == "from scratch" else {},
-            weights=ms.weights or (ms.spec if source != "from scratch" else None),
-            image_size=int(model.config.image_size[0]), out_dir=str(mdir), name="finetune",
-            epochs=st.epochs, steps=0, batch_size=st.batch_size, eval_batch_size=st.eval_batch_size,
-            optimizer=st.optimizer, lr=st.lr, weight_decay=st.weight_decay, decay=st.decay,
-            warmup_steps=st.warmup_steps, warmup_epochs=0.0, grad_clip=st.grad_clip, label_smoothing=0.0,
-            zero_head=not keep_head, mean=list(pre.mean), std=list(pre.std),
-            inception_crop=st.augment, hflip=st.augment, precision=st.precision, device=st.device,
-            seed=st.seed, quiet=st.quiet, ckpt_every=0, keep_last=1, eval_every=1,
-        )
-        overrides.update(st.train_overrides)
-        cfg = resolve_config("finetune", overrides=overrides)
-        t0 = time.perf_counter()
-        tr = train(cfg, model=model, data=data)
-        train_wall = time.perf_counter() - t0
-        ft = evaluate_model(tr.model, data, pre, split="test", model_classes=list(data.class_names),
-                            head="trained", batch_size=st.eval_batch_size, device=st.device, seed=st.seed,
-                            progress=not st.quiet, name=ms.name)
-        ft.rows[0]["label"] = LABEL_FINETUNED
-        ft.info["model_description"] = f"{lm.description}, fine-tuned in {tr.run_dir}"
-        write_report(ft, mdir / "fine-tuned", title=f"{ms.name}: after fine-tuning")
-        results.append({
-            "model": ms.name, "spec": ms.spec, "weights": ms.weights, "source": source,
-            "description": lm.description, "parameters": count_parameters(tr.model),
-            "image_size": list(tr.model.config.image_size),
-            "zero_shot": zs.to_dict(), "zero_shot_label": zs.rows[0]["label"],
-            "fine_tuned": ft.to_dict(), "history": tr.history, "run_dir": str(tr.run_dir),
-            "train_wall_time_s": train_wall, "train_images_per_s": tr.images_per_s,
-            "train_test_accuracy": (tr.test_metrics or {}).get("accuracy"),
-            "fine_tuned_correct": [int(p == y) for p, y in zip(ft.predictions, ft.labels)],
-        })
-        if not st.quiet:
-            z, f = zs.head_metrics, ft.head_metrics
-            print(f"{ms.name}: {zs.rows[0]['label']} {100 * z['accuracy']:.2f}% -> fine-tuned "
-                  f"{100 * f['accuracy']:.2f}% ({train_wall:.1f}s)", flush=True)
-    summary = {"data": data.summary(), "mcnemar": paired_tests(results), "class_names": list(data.class_names),
-               "train_images": len(data.train), "val_images": len(data.val) if data.val is not None else 0,
-               "test_images": len(data.test), "settings": {kk: v for kk, v in vars(st).items()},
-               "models": results}
-    write_outputs(summary, out)
-    return summary
+    lm, pre, source, path = _load(ms, data, st)
+    model: nn.Module = lm.model
+    stage[0] = "evaluating zero-shot"
+    zs = _zero_shot(model, lm, data, pre, st, ms.name, source, split="test", frozen=frozen)
+    zs.info["model_description"] = lm.description
+    write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning ({zs.rows[0]['label']})")
+    start = _epoch_zero(model, lm, data, pre, st, ms.name, source)
+    stage[0] = "fine-tuning"
+    tr, train_wall = _finetune(model, lm, zs, ms, data, st, pre, source, path, mdir, data_args)
+    stage[0] = "evaluating the fine-tuned model"
+    ft = evaluate_model(tr.model, data, pre, split="test", model_classes=list(data.class_names),
+                        head="trained", batch_size=st.eval_batch_size, device=st.device, seed=st.seed,
+                        progress=not st.quiet, name=ms.name)
+    ft.rows[0]["label"] = LABEL_FINETUNED
+    ft.info["model_description"] = f"{lm.description}, fine-tuned in {tr.run_dir}"
+    write_report(ft, mdir / "fine-tuned", title=f"{ms.name}: after fine-tuning")
+    if not st.quiet:
+        z, f = zs.head_metrics, ft.head_metrics
+        print(f"{ms.name}: {zs.rows[0]['label']} {100 * z['accuracy']:.2f}% -> fine-tuned "
+              f"{100 * f['accuracy']:.2f}% ({train_wall:.1f}s, {tr.images_per_s:.1f} images/s)", flush=True)
+    history = [dict(h, evaluation="fine-tuning") for h in tr.history]
+    return {
+        "model": ms.name, "spec": ms.spec, "weights": ms.weights, "source": source,
+        "weights_path": str(path) if path is not None else None,
+        "description": lm.description, "parameters": count_parameters(tr.model),
+        "image_size": list(tr.model.config.image_size),
+        "zero_shot": zs.to_dict(), "zero_shot_label": zs.rows[0]["label"],
+        "fine_tuned": ft.to_dict(), "history": ([start] if start else []) + history,
+        "epochs": len(tr.history), "run_dir": str(tr.run_dir),
+        "train_wall_time_s": train_wall, "train_images_per_s": tr.images_per_s,
+        "train_test_accuracy": (tr.test_metrics or {}).get("accuracy"),
+        "fine_tuned_correct": [int(p == y) for p, y in zip(ft.predictions, ft.labels)],
+    }
 
 
 def paired_tests(results: list[dict]) -> list[dict]:
@@ -212,92 +383,133 @@ def paired_tests(results: list[dict]) -> list[dict]:
     return out
 
 
-TABLE_COLS = ["model", "source", "zero-shot evaluation", "zero-shot acc %", "zero-shot 95% CI", "zero-shot macro-F1 %",
-              "fine-tuned acc %", "fine-tuned 95% CI", "fine-tuned macro-F1 %", "train images", "epochs",
-              "train time s", "parameters"]
-CSV_COLS = ["model", "weights", "source", "zero_shot_evaluation", "zero_shot_accuracy", "zero_shot_ci95_lo",
-            "zero_shot_ci95_hi", "zero_shot_macro_f1", "fine_tuned_accuracy", "fine_tuned_ci95_lo",
-            "fine_tuned_ci95_hi", "fine_tuned_macro_f1", "train_images", "test_images", "epochs",
-            "train_time_s", "parameters"]
+TABLE_COLS = ["model", "source", "status", "zero-shot evaluation", "zero-shot acc %", "zero-shot 95% CI",
+              "zero-shot macro-F1 %", "fine-tuned acc %", "fine-tuned 95% CI", "fine-tuned macro-F1 %",
+              "train images", "epochs", "train time s", "train images/s", "parameters"]
+CSV_COLS = ["model", "weights", "source", "status", "error", "zero_shot_evaluation", "zero_shot_accuracy",
+            "zero_shot_ci95_lo", "zero_shot_ci95_hi", "zero_shot_macro_f1", "fine_tuned_accuracy",
+            "fine_tuned_ci95_lo", "fine_tuned_ci95_hi", "fine_tuned_macro_f1", "train_images", "test_images",
+            "epochs", "train_time_s", "train_images_per_s", "parameters"]
+PRINT_COLS = ["model", "zero-shot evaluation", "zero-shot acc %", "fine-tuned acc %", "fine-tuned macro-F1 %",
+              "train time s", "train images/s", "status"]
+
+
+def _ok(r: dict) -> bool:
+    return r.get("status", STATUS_OK) == STATUS_OK
+
+
+def _status(r: dict) -> str:
+    return "ok" if _ok(r) else f"FAILED ({r['error']})"
 
 
 def table_rows(summary: dict) -> list[dict]:
+    """One row per model (percentages); a failed model's numbers are None and its status says why."""
     rows = []
     for r in summary["models"]:
-        z, f = r["zero_shot"]["head"], r["fine_tuned"]["head"]
-        rows.append({
-            "model": r["model"], "source": r["source"], "zero-shot evaluation": r["zero_shot_label"],
-            "zero-shot acc %": 100 * z["accuracy"],
-            "zero-shot 95% CI": f"{100 * z['accuracy_ci95'][0]:.2f}-{100 * z['accuracy_ci95'][1]:.2f}",
-            "zero-shot macro-F1 %": 100 * z["macro_f1"],
-            "fine-tuned acc %": 100 * f["accuracy"],
-            "fine-tuned 95% CI": f"{100 * f['accuracy_ci95'][0]:.2f}-{100 * f['accuracy_ci95'][1]:.2f}",
-            "fine-tuned macro-F1 %": 100 * f["macro_f1"],
-            "train images": summary["train_images"], "epochs": len(r["history"]),
-            "train time s": r["train_wall_time_s"], "parameters": r["parameters"],
-        })
+        row = dict.fromkeys(TABLE_COLS)
+        row.update({"model": r["model"], "source": r.get("source") or "-", "status": _status(r),
+                    "train images": summary["train_images"]})
+        if _ok(r):
+            z, f = r["zero_shot"]["head"], r["fine_tuned"]["head"]
+            row.update({
+                "zero-shot evaluation": r["zero_shot_label"], "zero-shot acc %": 100 * z["accuracy"],
+                "zero-shot 95% CI": f"{100 * z['accuracy_ci95'][0]:.2f}-{100 * z['accuracy_ci95'][1]:.2f}",
+                "zero-shot macro-F1 %": 100 * z["macro_f1"], "fine-tuned acc %": 100 * f["accuracy"],
+                "fine-tuned 95% CI": f"{100 * f['accuracy_ci95'][0]:.2f}-{100 * f['accuracy_ci95'][1]:.2f}",
+                "fine-tuned macro-F1 %": 100 * f["macro_f1"], "epochs": r["epochs"],
+                "train time s": r["train_wall_time_s"], "train images/s": r["train_images_per_s"],
+                "parameters": r["parameters"],
+            })
+        rows.append(row)
     return rows
 
 
 def csv_rows(summary: dict) -> list[dict]:
-    """The same table with plain numbers (fractions, not percentages) for scripts."""
+    """The same table with plain numbers (fractions, not percentages) for scripts; one row per model."""
     out = []
     for r in summary["models"]:
-        z, f = r["zero_shot"]["head"], r["fine_tuned"]["head"]
-        out.append({
-            "model": r["model"], "weights": r["weights"] or "", "source": r["source"],
-            "zero_shot_evaluation": r["zero_shot_label"], "zero_shot_accuracy": z["accuracy"],
-            "zero_shot_ci95_lo": z["accuracy_ci95"][0], "zero_shot_ci95_hi": z["accuracy_ci95"][1],
-            "zero_shot_macro_f1": z["macro_f1"], "fine_tuned_accuracy": f["accuracy"],
-            "fine_tuned_ci95_lo": f["accuracy_ci95"][0], "fine_tuned_ci95_hi": f["accuracy_ci95"][1],
-            "fine_tuned_macro_f1": f["macro_f1"], "train_images": summary["train_images"],
-            "test_images": summary["test_images"], "epochs": len(r["history"]),
-            "train_time_s": r["train_wall_time_s"], "parameters": r["parameters"],
-        })
+        row = dict.fromkeys(CSV_COLS, "")
+        row.update({"model": r["model"], "weights": r.get("weights") or "", "source": r.get("source") or "",
+                    "status": r.get("status", STATUS_OK), "error": r.get("error") or "",
+                    "train_images": summary["train_images"], "test_images": summary["test_images"]})
+        if _ok(r):
+            z, f = r["zero_shot"]["head"], r["fine_tuned"]["head"]
+            row.update({
+                "zero_shot_evaluation": r["zero_shot_label"], "zero_shot_accuracy": z["accuracy"],
+                "zero_shot_ci95_lo": z["accuracy_ci95"][0], "zero_shot_ci95_hi": z["accuracy_ci95"][1],
+                "zero_shot_macro_f1": z["macro_f1"], "fine_tuned_accuracy": f["accuracy"],
+                "fine_tuned_ci95_lo": f["accuracy_ci95"][0], "fine_tuned_ci95_hi": f["accuracy_ci95"][1],
+                "fine_tuned_macro_f1": f["macro_f1"], "epochs": r["epochs"], "train_time_s": r["train_wall_time_s"],
+                "train_images_per_s": r["train_images_per_s"], "parameters": r["parameters"],
+            })
+        out.append(row)
     return out
 
 
 def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:.2f}"
     if isinstance(v, int) and v > 9999:
         return f"{v:,}"
-    return str(v)
+    return str(v).replace("|", "\\|")  # a '|' in an error message would break the Markdown row
 
 
-def write_outputs(summary: dict, out: Path) -> dict[str, Path]:
-    from vitlab.evaluate.plots import plot_bars, plot_lines
-    from vitlab.evaluate.runner import _json_default, rows_markdown
+def markdown_table(rows: list[dict], cols: list[str]) -> list[str]:
+    """Markdown lines of `rows` restricted to `cols` (the printed table and compare.md share it)."""
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            *("| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows)]
 
-    files = {}
-    rows = table_rows(summary)
-    files["csv"] = out / "compare.csv"
+
+HIST_COLS = ["model", "epoch", "evaluation", "train_loss", "train_acc", "val_loss", "val_acc", "val_macro_f1",
+             "time_s"]
+
+
+def _write_csvs(summary: dict, out: Path) -> dict[str, Path]:
+    files = {"csv": out / "compare.csv", "history": out / "history.csv"}
     with files["csv"].open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLS)
         w.writeheader()
         for r in csv_rows(summary):
             w.writerow({c: (f"{r[c]:.6f}" if isinstance(r[c], float) else r[c]) for c in CSV_COLS})
-    files["history"] = out / "history.csv"
-    hist_cols = ["model", "epoch", "train_loss", "train_acc", "val_loss", "val_acc", "val_macro_f1", "time_s"]
     with files["history"].open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=hist_cols)
+        w = csv.DictWriter(f, fieldnames=HIST_COLS)
         w.writeheader()
         for r in summary["models"]:
             for h in r["history"]:
-                w.writerow({"model": r["model"], **{c: h.get(c) for c in hist_cols[1:]}})
+                w.writerow({"model": r["model"], **{c: h.get(c) for c in HIST_COLS[1:]}})
+    return files
+
+
+def _write_plots(summary: dict, out: Path) -> dict[str, Path]:
+    """Curves from epoch 0 (zero-shot) and runtimes, for the models that finished."""
+    from vitlab.evaluate.plots import plot_bars, plot_lines
+
+    done = [r for r in summary["models"] if _ok(r)]
+    if not done:
+        return {}
 
     def series(key: str, scale: float = 1.0):
         return {r["model"]: ([h["epoch"] for h in r["history"]],
                              [None if h.get(key) is None else scale * float(h[key]) for h in r["history"]])
-                for r in summary["models"]}
+                for r in done}
 
-    files["val_loss"] = plot_lines(series("val_loss"), out / "val_loss.png", "validation loss per epoch",
-                                   ylabel="cross-entropy")
-    files["val_acc"] = plot_lines(series("val_acc", 100.0), out / "val_accuracy.png",
-                                  "validation accuracy per epoch", ylabel="accuracy (%)")
-    files["runtime"] = plot_bars({r["model"]: r["train_wall_time_s"] for r in summary["models"]},
-                                 out / "runtime.png", "training runtime per model (wall clock)", ylabel="seconds")
+    return {
+        "val_loss": plot_lines(series("val_loss"), out / "val_loss.png",
+                               "validation loss per epoch (epoch 0 = zero-shot)", ylabel="cross-entropy"),
+        "val_acc": plot_lines(series("val_acc", 100.0), out / "val_accuracy.png",
+                              "validation accuracy per epoch (epoch 0 = zero-shot)", ylabel="accuracy (%)"),
+        "runtime": plot_bars({r["model"]: r["train_wall_time_s"] for r in done}, out / "runtime.png",
+                             "training runtime per model (wall clock)", ylabel="seconds"),
+    }
+
+
+def _markdown(summary: dict) -> list[str]:
+    from vitlab.evaluate.runner import rows_markdown
+
     st = summary["settings"]
+    zmap = summary.get("zero_shot_map_source")
     md = [
         "# Zero-shot vs fine-tuned", "",
         f"Data: {summary['data']}. Classes: {', '.join(summary['class_names'])}.", "",
@@ -306,34 +518,48 @@ def write_outputs(summary: dict, out: Path) -> dict[str, Path]:
         f"{st['batch_size']}, {'flip + crop augmentation' if st['augment'] else 'no augmentation'}, seed {st['seed']}, "
         f"on {summary['train_images']} training images; zero-shot and fine-tuned accuracy on the same "
         f"{summary['test_images']} test images with the same preprocessing.", "",
-        "Zero-shot rows: 'zero-shot (fresh head, chance)' = pretrained backbone + new untrained head (chance by "
-        "construction, not transfer); 'zero-shot (mapped ... head)' = the pretrained classifier through a class "
-        "map (real zero-shot); 'untrained model (random init, chance)' = a model trained from scratch, before training. "
-        "95% CIs: Wilson score intervals. Train time: wall clock of the whole fine-tuning call (training, "
-        "per-epoch validation, final test pass) on this machine.", "",
-        "| " + " | ".join(TABLE_COLS) + " |", "|" + "---|" * len(TABLE_COLS),
+        "Zero-shot evaluation (which kind each row is): 'zero-shot (fresh head, chance)' = pretrained backbone + "
+        "new untrained head, a chance baseline by construction, not transfer; 'zero-shot (mapped ... head)' = the "
+        "pretrained classifier through a class map, real zero-shot transfer"
+        + (f" (map: {zmap}: {st['zero_shot_map']})" if zmap else "") + "; 'untrained model (random init, chance)' "
+        "= a model trained from scratch, before training. 95% CIs: Wilson score intervals. Train time: wall "
+        "clock of the whole fine-tuning call (training, per-epoch validation, final test pass) on this machine; "
+        "images/s: training images per second of training steps.", "",
+        *markdown_table(table_rows(summary), TABLE_COLS),
     ]
-    for r in rows:
-        md.append("| " + " | ".join(_fmt(r[c]) for c in TABLE_COLS) + " |")
-    frozen_rows = [dict(row, model=r["model"]) for r in summary["models"] for row in r["zero_shot"]["rows"][1:]]
+    if summary.get("failed"):
+        md += ["", f"**Failed: {', '.join(summary['failed'])}** (reasons in the status column, tracebacks in "
+               "<model>/error.txt). Rerun the same command with the same --out to retry only these."]
+    frozen_rows = [dict(row, model=r["model"]) for r in summary["models"] if _ok(r)
+                   for row in r["zero_shot"]["rows"][1:]]
     if frozen_rows:
         md += ["", "## Frozen features before fine-tuning", "", rows_markdown(frozen_rows, with_model=True)]
     if summary.get("mcnemar"):
         md += ["", "## Fine-tuned models, paired (exact McNemar test on the test images)", "",
                "| model A | model B | only A right | only B right | p-value |", "|---|---|---|---|---|"]
         md += [f"| {t['a']} | {t['b']} | {t['only_a']} | {t['only_b']} | {t['p_value']:.3g} |" for t in summary["mcnemar"]]
-    md += ["", "## Per epoch (validation split)", "", "| model | epoch | train loss | val loss | val acc % | val macro-F1 % |",
-           "|---|---|---|---|---|---|"]
+    md += ["", "## Per epoch (validation split; epoch 0 = the zero-shot evaluation before fine-tuning)", "",
+           "| model | epoch | evaluation | train loss | val loss | val acc % | val macro-F1 % |",
+           "|---|---|---|---|---|---|---|"]
     for r in summary["models"]:
         for h in r["history"]:
             def p(key, scale=1.0, h=h):
                 return "-" if h.get(key) is None else f"{scale * float(h[key]):.4f}" if scale == 1.0 else f"{scale * float(h[key]):.2f}"
-            md.append(f"| {r['model']} | {h['epoch']} | {p('train_loss')} | {p('val_loss')} | {p('val_acc', 100.0)} | "
-                      f"{p('val_macro_f1', 100.0)} |")
+            md.append(f"| {r['model']} | {h['epoch']} | {h.get('evaluation', '')} | {p('train_loss')} | {p('val_loss')} | "
+                      f"{p('val_acc', 100.0)} | {p('val_macro_f1', 100.0)} |")
     md += ["", "Figures: val_loss.png, val_accuracy.png, runtime.png. Per model: <model>/zero-shot/ and "
-           "<model>/fine-tuned/ (reports, confusion matrices), <model>/finetune/ (the training run)."]
+           "<model>/fine-tuned/ (reports, confusion matrices), <model>/finetune/ (the training run), "
+           "<model>/result.json (the row, reused when the study is resumed)."]
+    return md
+
+
+def write_outputs(summary: dict, out: Path) -> dict[str, Path]:
+    """compare.csv, history.csv, the figures, compare.md and compare.json."""
+    from vitlab.evaluate.runner import _json_default
+
+    files = {**_write_csvs(summary, out), **_write_plots(summary, out)}
     files["md"] = out / "compare.md"
-    files["md"].write_text("\n".join(md) + "\n")
+    files["md"].write_text("\n".join(_markdown(summary)) + "\n")
     files["json"] = out / "compare.json"
     files["json"].write_text(json.dumps(summary, indent=2, default=_json_default))
     return files
