@@ -204,6 +204,8 @@ def analytic_macs(config: ViTConfig) -> int:
     h, w = config.image_size
     if config.arch == "resnet" or config.resnet is not None:
         macs, (fh, fw), chans = _resnet_macs(config.resnet, config.in_chans, (h, w))
+    elif config.conv_stem:
+        macs, (fh, fw), chans = _conv_stem_macs(config.conv_stem, config.in_chans, (h, w))
     else:
         macs, (fh, fw), chans = 0, (h, w), config.in_chans
     if config.arch == "resnet":
@@ -220,6 +222,16 @@ def analytic_macs(config: ViTConfig) -> int:
         macs += d * config.representation_size
     macs += (config.representation_size or d) * config.num_classes
     return macs
+
+
+def _conv_stem_macs(channels: tuple[int, ...], in_chans: int, size: tuple[int, int]) -> tuple[int, tuple[int, int], int]:
+    """The conv stem's 3x3 stride-2 convolutions (padded: each side halves, rounding up)."""
+    (h, w), cin, macs = size, in_chans, 0
+    for cout in channels:
+        h, w = -(-h // 2), -(-w // 2)
+        macs += h * w * cin * 9 * cout
+        cin = cout
+    return macs, (h, w), cin
 
 
 def _resnet_macs(cfg: ResNetConfig, in_chans: int, size: tuple[int, int]) -> tuple[int, tuple[int, int], int]:
