@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "fashion-mnist-footwear-in21k (BiT-M)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other training setting (TrainConfig field), repeatable, e.g. --set label_smoothing=0.1")
+    p.add_argument("--batchnorm", choices=["train", "frozen", "sync"],
+                   help="BatchNorm models (resnet-50, ...) while fine-tuning: train (update the statistics, as the "
+                        "seed studies did; default) or frozen (keep the pretrained statistics: small batches)")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
     p.add_argument("--eval-batch-size", type=int, default=64)
@@ -78,6 +81,8 @@ def _settings(args: argparse.Namespace):
     from vitlab.train.config import parse_kv
 
     extra: dict = {}
+    if args.batchnorm:
+        extra["batchnorm"] = args.batchnorm
     for item in args.set:
         extra.update(parse_kv(item))
     return CompareSettings(
