@@ -81,3 +81,21 @@ def test_native_from_wrapped_model_and_config_json_path(tmp_path):
     save_native(four, tmp_path / "four")
     m, meta = load_with_meta(tmp_path / "four")  # no Preprocess for 4 channels: the dict is kept
     assert m.config.in_chans == 4 and meta["preprocess"]["channels"] == 4
+
+
+def test_run_folder_loads_as_its_model(tmp_path):
+    """Every command that takes weights takes a training run folder: RUN stands for RUN/model."""
+    import torch
+
+    import vitlab
+    from vitlab.weights import save_native
+
+    model = vitlab.create_model("resnet-18-small", num_classes=3, image_size=28, in_chans=1, base_width=8,
+                                layers=(1, 1), seed=0).eval()
+    run = tmp_path / "run"
+    save_native(model, run / "model", class_names=["a", "b", "c"])
+    (run / "config.yaml").write_text("recipe: small-data\n")
+    loaded, meta = vitlab.weights.load_with_meta(run)
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(loaded(x), model(x))
+    assert meta["class_names"] == ["a", "b", "c"]

@@ -92,6 +92,16 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+def run_model_folder(path: str | Path) -> str | Path:
+    """A training run folder stands for the model it saved (`RUN/model`); anything else is returned as is."""
+    from vitlab.weights import native
+
+    p = Path(path)
+    if p.is_dir() and not native.is_native(p) and native.is_native(p / "model"):
+        return p / "model"
+    return path
+
+
 def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, torch.Tensor], dict]:
     """(model config, vitlab state dict, meta) of any supported checkpoint, without building a model.
 
@@ -100,7 +110,7 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, 
     """
     from vitlab.weights import hub
 
-    path = hub.resolve(path)
+    path = run_model_folder(hub.resolve(path))
     fmt = detect_format(path)
     p = Path(path)
     if fmt == "native":
