@@ -171,3 +171,12 @@ def test_batchnorm_setting_is_validated():
 
     with pytest.raises(VitlabError, match="batchnorm must be"):
         resolve_config("small-data", overrides=dict(batchnorm="off"))
+
+
+def test_peer_names_reach_the_right_family():
+    """timm / torchvision / big_transfer spellings build the model they name."""
+    assert get_config("resnet50").resnet == get_config("resnet-50").resnet
+    assert get_config("ResNet18").resnet.block == "basic"
+    bit = get_config("resnetv2_152x2_bit").resnet
+    assert (bit.kind, bit.layers, bit.width_factor) == ("bit", (3, 8, 36, 3), 2)
+    assert get_config("BiT-M-R50x1").resnet == get_config("bit-r50x1").resnet

@@ -69,8 +69,14 @@ _BIT_RE = re.compile(r"^bit-r(\d+)x(\d+)(-postact)?(-small)?$")
 
 
 def normalize_name(name: str) -> str:
-    """'ViT-B_16' and 'vit_b/16' -> 'vit-b/16'; 'R50+ViT-B_16' -> 'r50+vit-b/16'."""
-    n = name.strip().lower().replace("vit_", "vit-").replace("resnet_", "resnet-")
+    """'ViT-B_16' and 'vit_b/16' -> 'vit-b/16'; 'R50+ViT-B_16' -> 'r50+vit-b/16'; the peers' ResNet names:
+    timm/torchvision 'resnet50' -> 'resnet-50', timm 'resnetv2_50x1_bit' and big_transfer 'BiT-M-R50x1' -> 'bit-r50x1'."""
+    n = name.strip().lower()
+    if m := re.match(r"^(?:resnetv2_(\d+)x(\d+)_bit|bit-[sm]-r(\d+)x(\d+))$", n):
+        depth, width = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        return f"bit-r{depth}x{width}"
+    n = n.replace("vit_", "vit-").replace("resnet_", "resnet-")
+    n = re.sub(r"^resnet(\d+)$", r"resnet-\1", n)
     n = re.sub(r"(vit-[a-z]+)_(\d+)", r"\1/\2", n)
     return n
 
