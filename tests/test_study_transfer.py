@@ -82,3 +82,12 @@ def test_study_cli_bad_sizes(capsys):
         main(["study", "transfer", "--per-class", "10,x"])
     assert exc.value.code == 2
     assert "whole numbers" in capsys.readouterr().err
+
+
+def test_study_typo_does_not_lock_the_folder(tmp_path):
+    out = tmp_path / "study"
+    with pytest.raises(VitlabError):
+        run_transfer_study(_settings(downstream_classes=["Sandal", "Snaekers"]), out)
+    with pytest.raises(VitlabError):
+        run_transfer_study(_settings(models=["no-such-model"]), out)
+    assert not (out / "settings.json").exists()

@@ -1,5 +1,6 @@
 """`vitlab study transfer`: the seeds' zero-shot vs fine-tuned study, reproduced end to end on real images
-(pre-train on some classes, transfer to others); tables, a figure and run folders; resumable."""
+(pre-train on some classes, transfer to others); `vitlab study scaling`: test accuracy against training-set
+size, every model from scratch on nested subsets (paper Fig. 3/4). Tables, a figure and run folders; resumable."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def _ints(text: str) -> list[int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("study", help="multi-run studies: transfer (pre-train, then zero-shot vs fine-tuned)")
+    p = sub.add_parser("study", help="multi-run studies: transfer (pre-train, then zero-shot vs fine-tuned), "
+                                         "scaling (accuracy vs training-set size)")
     studies = p.add_subparsers(dest="study", metavar="STUDY", required=True)
     t = studies.add_parser(
         "transfer", help="pre-train ViT / hybrid / ResNet on some classes, transfer to others",
@@ -55,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", default="study-transfer", help="study folder (default study-transfer)")
     t.add_argument("--quiet", action="store_true", help="no progress bars, one line per epoch")
     t.set_defaults(func=run_transfer)
+    _register_scaling(studies)
 
 
 def run_transfer(args: argparse.Namespace) -> int:
@@ -67,6 +70,60 @@ def run_transfer(args: argparse.Namespace) -> int:
         finetune_min_steps=args.finetune_min_steps, seed=args.seed, quiet=args.quiet,
     )
     run_transfer_study(st, args.out)
+    print((f"{args.out}/study.md").replace("//", "/"))
+    print(open(f"{args.out}/study.md").read())
+    return 0
+
+
+def _register_scaling(studies: argparse._SubParsersAction) -> None:
+    from vitlab.experiments.scaling import ScalingSettings
+
+    d = ScalingSettings()
+    s = studies.add_parser(
+        "scaling", help="train ViT / hybrid / ResNet from scratch on nested subsets; accuracy vs data size",
+        description="Carve a fixed validation split out of the training data, then train every model from "
+                    "scratch on nested, class-stratified subsets of the rest with one budget rule "
+                    "(steps = max(--min-steps, --min-epochs x size / batch)), keep the best-validation "
+                    "checkpoint and evaluate it on the full test set. Writes study.md/.csv/.json, study.png "
+                    "and one run folder per model, size and seed under OUT/runs/. Run the same command "
+                    "again to resume; finished runs are not redone.",
+    )
+    s.add_argument("--data", default=d.data, help="data source with a test split (default fashion-mnist)")
+    s.add_argument("--models", type=_model_list, default=d.models,
+                   help="vit, hybrid, resnet26 (ResNet-26 at base width 8, the default ResNet), resnet "
+                        "(transfer's ResNet-50) or registry specs such as 'resnet-18-small(base_width=16)' "
+                        "(default vit,hybrid,resnet26)")
+    s.add_argument("--sizes", type=_ints, default=d.sizes,
+                   help="training-set sizes; one above the images left after the validation split means "
+                        "all of them (default 1000,3000,10000,30000,60000)")
+    s.add_argument("--seeds", type=int, default=d.seeds, help="seeds at the small sizes (default 3)")
+    s.add_argument("--multi-seed-max", type=int, default=d.multi_seed_max,
+                   help="sizes up to this get --seeds seeds, larger ones one (default 10000)")
+    s.add_argument("--min-epochs", type=float, default=d.min_epochs,
+                   help="budget: at least this many epochs (default 5)")
+    s.add_argument("--min-steps", type=int, default=d.min_steps,
+                   help="budget: at least this many optimizer steps (default 500)")
+    s.add_argument("--batch-size", type=int, default=d.batch_size, help="default 128")
+    s.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate (default 2e-3)")
+    s.add_argument("--val-fraction", type=float, default=d.val_fraction,
+                   help="validation split carved out of the training data first (default 0.1)")
+    s.add_argument("--evals", type=int, default=d.evals, help="validation passes per run, about (default 8)")
+    s.add_argument("--seed", type=int, default=d.seed, help="validation split seed and first run seed (default 0)")
+    s.add_argument("--out", default="study-scaling", help="study folder (default study-scaling)")
+    s.add_argument("--quiet", action="store_true",
+                   help="one line per run only; the training's own lines go to each run's train.log")
+    s.set_defaults(func=run_scaling)
+
+
+def run_scaling(args: argparse.Namespace) -> int:
+    from vitlab.experiments.scaling import ScalingSettings, run_scaling_study
+
+    st = ScalingSettings(
+        data=args.data, models=args.models, sizes=args.sizes, seeds=args.seeds, multi_seed_max=args.multi_seed_max,
+        min_epochs=args.min_epochs, min_steps=args.min_steps, batch_size=args.batch_size, lr=args.lr,
+        val_fraction=args.val_fraction, evals=args.evals, seed=args.seed, quiet=args.quiet,
+    )
+    run_scaling_study(st, args.out)
     print((f"{args.out}/study.md").replace("//", "/"))
     print(open(f"{args.out}/study.md").read())
     return 0

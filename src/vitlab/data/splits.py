@@ -100,3 +100,31 @@ def class_subset_map(selected: Sequence[int], num_classes: int) -> np.ndarray:
     mapping = np.full(num_classes, -1, dtype=np.int64)
     mapping[np.asarray(selected, dtype=np.int64)] = np.arange(len(selected))
     return mapping
+
+
+def nested_order(labels, seed: int = 0) -> np.ndarray:
+    """A seeded order of all indices whose every prefix is class-stratified: subset of size n = `order[:n]`.
+
+    Each class is shuffled once; its k-th image gets the key (k + 0.5) / class size, and the order sorts by
+    that key (ties by class). So the first n hold round(n * class share) images of each class to within one,
+    and a smaller subset always lies inside a larger one (`take_per_class` draws each size afresh: not nested).
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    idx_parts, key_parts, cls_parts = [], [], []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        idx_parts.append(idx)
+        key_parts.append((np.arange(len(idx)) + 0.5) / len(idx))
+        cls_parts.append(np.full(len(idx), c))
+    if not idx_parts:
+        return np.zeros(0, dtype=np.int64)
+    idx, key, cls = (np.concatenate(p) for p in (idx_parts, key_parts, cls_parts))
+    return idx[np.lexsort((cls, key))]
+
+
+def nested_subset(labels, n: int, seed: int = 0) -> np.ndarray:
+    """The sorted indices of the first `n` (at most all) of `nested_order(labels, seed)`."""
+    if n < 1:
+        raise VitlabError(f"subset size must be at least 1, got {n}")
+    return np.sort(nested_order(labels, seed)[:n])

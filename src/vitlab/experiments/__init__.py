@@ -1,1 +1,3 @@
-"""Multi-run studies: the zero-shot vs fine-tuned comparison of several backbones (`compare`)."""
+"""Multi-run studies: `compare` (zero-shot vs fine-tuned, several backbones), `transfer` (`vitlab study
+transfer`: pre-train on some classes, transfer to others) and `scaling` (`vitlab study scaling`: accuracy
+against training-set size, the paper's Fig. 3/4 at small scale)."""

@@ -261,6 +261,18 @@ def plot_study(rows: list[dict], out: Path) -> Path:
     return path
 
 
+def _preflight(st: TransferSettings) -> None:
+    """Both class sets exist in the data and every model spec builds a config."""
+    from vitlab.data import load_data
+    from vitlab.models.registry import get_config
+
+    for name in st.models:
+        spec, args = model_spec(name)
+        get_config(spec, **args)
+    for classes in (st.upstream_classes, st.downstream_classes):
+        load_data(st.data, classes=list(classes), per_class=1, seed=st.seed, progress=False)
+
+
 def run_transfer_study(st: TransferSettings, out_dir: str | Path) -> list[dict]:
     """Pre-train every family, run the downstream comparison at every size, write study.md/.csv/.json/.png."""
     out = Path(out_dir)
@@ -272,6 +284,7 @@ def run_transfer_study(st: TransferSettings, out_dir: str | Path) -> list[dict]:
     overlap = {c.lower() for c in st.upstream_classes} & {c.lower() for c in st.downstream_classes}
     if overlap:
         raise VitlabError(f"upstream and downstream classes must be disjoint; both have {sorted(overlap)}")
+    _preflight(st)  # a typo in --data or --models fails here, before the folder is tied to these settings
     settings_file = out / "settings.json"
     now = {k: v for k, v in asdict(st).items() if k != "quiet"}
     if settings_file.exists():
