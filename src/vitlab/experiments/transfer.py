@@ -61,8 +61,8 @@ class TransferSettings:
     pretrain_lr: float = 2e-3
     # fine-tuning: AdamW, cosine, batch 16 (the seeds' batch), at least `finetune_min_steps` steps
     finetune_epochs: float = 3
-    finetune_min_steps: int = 150
-    finetune_lr: float = 1e-4
+    finetune_min_steps: int = 300
+    finetune_lr: float = 1e-3
     finetune_batch: int = 16
     seed: int = 0
     quiet: bool = False
@@ -121,7 +121,8 @@ def downstream(runs: dict[str, Path], per_class: int, st: TransferSettings, out:
     settings = CompareSettings(
         epochs=0, lr=st.finetune_lr, batch_size=batch, optimizer="adamw", weight_decay=0.0,
         decay="cosine", seed=st.seed, quiet=st.quiet, eval_batch_size=500,
-        train_overrides={"steps": steps, "eval_every": 1},
+        # about ten validation passes per run: 10 images per class make 150 one-step "epochs"
+        train_overrides={"steps": steps, "eval_every": max(1, round(math.ceil(steps / math.ceil(n_train / batch)) / 10))},
     )
     frozen = FrozenOptions(knn=True, fewshot=True, shots=(per_class,), fewshot_seeds=1)
     models = [ModelSpec(name=name, spec=str(run / "model")) for name, run in runs.items()]
