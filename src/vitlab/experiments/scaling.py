@@ -34,16 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import VitlabError
-from vitlab.experiments.transfer import STUDY_MODELS, _safe
-
-# The cheaper standard BatchNorm ResNet of this study (why: docs/evaluation.md, "Scaling study"): a
-# bottleneck ResNet-26 at base width 8 has 224 k parameters and 9.3 MMACs per 28 px image, between the
-# ViT (206 k, 11.8 M) and the hybrid (422 k, 8.3 M), where transfer's ResNet-50 (376 k, 16.4 M) trains at
-# 242 images/s on 2 cores and alone would take most of a 2-hour budget.
-SCALING_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    **STUDY_MODELS,
-    "resnet26": ("resnet-26-small", dict(base_width=8)),
-}
+from vitlab.experiments.transfer import STUDY_MODELS, _safe, model_spec
 
 # Settings that only select which runs exist; changing them on an existing study adds or skips runs.
 _SELECTION = ("models", "sizes", "seeds", "multi_seed_max", "quiet")
@@ -74,16 +65,6 @@ class ScalingSettings:
     label_smoothing: float = 0.1
     evals: int = 8  # validation passes per run (at most; plus the last epoch)
     quiet: bool = False
-
-
-def model_spec(name: str) -> tuple[str, dict[str, Any]]:
-    """'vit' / 'hybrid' / 'resnet' / 'resnet26', or any registry spec such as 'resnet-18-small(base_width=16)'."""
-    if name in SCALING_MODELS:
-        spec, args = SCALING_MODELS[name]
-        return spec, dict(args)
-    from vitlab.experiments.transfer import model_spec as transfer_spec
-
-    return transfer_spec(name)
 
 
 def t_quantile(df: int) -> float:
@@ -329,7 +310,7 @@ def write_tables(rows: list[dict], runs: list[dict], st: ScalingSettings, info: 
             f"{r['seeds']} | {r['steps']:,} | {r['epochs']:.1f} | {r['images_seen']:,} | {_pct(r['test_accuracy'])} | "
             f"{_ci(r['test_accuracy_ci95'])} | {r['ci_method']} | {sd} | {_pct(r['test_macro_f1'])} | "
             f"{_pct(r['best_val_acc'])} | {r['wall_time_s']:.0f} |")
-    named = [f"{m} = {s}" for m, s in dict.fromkeys((r["model"], r["spec"]) for r in rows) if m in SCALING_MODELS]
+    named = [f"{m} = {s}" for m, s in dict.fromkeys((r["model"], r["spec"]) for r in rows) if m in STUDY_MODELS]
     if named:
         md += ["", "Models: " + "; ".join(named) + "."]
     md += ["", "Figure: study.png. One run folder per model, size and seed: runs/ (config, metrics.jsonl, "

@@ -45,6 +45,11 @@ STUDY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     # a standard BatchNorm ResNet-50 (bottleneck units 3,4,6,3, v1.5) narrowed to base width 8 and given the
     # small-image stem (3x3 stride 1, no max-pool)
     "resnet": ("resnet-50-small", dict(base_width=8)),
+    # the scaling study's cheaper ResNet (docs/evaluation.md, "Scaling study"): bottleneck ResNet-26 at base
+    # width 8, 224 k parameters and 9.3 MMACs per 28 px image, between the ViT (206 k, 11.8 M) and the
+    # hybrid (422 k, 8.3 M); the ResNet-50 above trains at 242 images/s on 2 cores and alone would take
+    # most of a 2-hour scaling budget
+    "resnet26": ("resnet-26-small", dict(base_width=8)),
 }
 
 
@@ -69,7 +74,7 @@ class TransferSettings:
 
 
 def model_spec(name: str) -> tuple[str, dict[str, Any]]:
-    """'vit' / 'hybrid' / 'resnet', or any registry spec such as 'resnet-26-small(base_width=16)'."""
+    """'vit' / 'hybrid' / 'resnet' / 'resnet26', or any registry spec such as 'resnet-26-small(base_width=16)'."""
     if name in STUDY_MODELS:
         spec, args = STUDY_MODELS[name]
         return spec, dict(args)
