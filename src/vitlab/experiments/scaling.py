@@ -381,7 +381,8 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     # recorded only now: a typo in --data or --models must not lock the folder to the wrong settings
     (out / "settings.json").write_text(json.dumps(now, indent=2))
     info = {"train_pool": len(data.train), "val_images": len(data.val), "test_images": len(data.test)}
-    jobs = [(name, e, s) for name in st.models for e in entries for s in e["seeds"]]
+    # size-major: an interrupted study has every model at the sizes it reached (a usable partial table)
+    jobs = [(name, e, s) for e in entries for s in e["seeds"] for name in st.models]
     for e in entries:
         if e["capped"]:
             print(f"vitlab study scaling: size {','.join(map(str, e['requested']))} is more than the "
