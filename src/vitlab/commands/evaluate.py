@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate (default test)")
     p.add_argument("--out", help="folder for the report (default: <run>/eval-<split> or eval-<model>-<split>)")
     p.add_argument("--zero-shot-map", metavar="MAP",
-                   help="map the data's classes to the pretrained head's, e.g. 'Sandal=774,Sneaker=770+630,Ankle boot=514'")
+                   help="map the data's classes to the pretrained head's: inline 'Sandal=774,Sneaker=770+630,Ankle boot=514', "
+                        "a JSON or 'name = index' text file, or a shipped map (fashion-mnist-footwear-in1k)")
     p.add_argument("--head", choices=["auto", "trained", "mapped", "fresh"], default="auto",
                    help="auto: the model's head if its classes are the data's, a map by name if they are a "
                         "subset, else a fresh head (chance); or force one")
