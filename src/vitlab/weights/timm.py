@@ -123,19 +123,25 @@ def read_timm(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig,
     return config, sd, meta
 
 
+def linear_head_from_conv(sd: dict[str, torch.Tensor]) -> int:
+    """timm ResNetV2's 1x1-conv `head.fc` -> vitlab's linear `head`, in place; returns the classes (0: none)."""
+    head = sd.pop("head.fc.weight", None)
+    bias = sd.pop("head.fc.bias", None)
+    if head is None:
+        return 0
+    sd["head.weight"] = head.reshape(head.shape[0], -1)
+    sd["head.bias"] = bias if bias is not None else head.new_zeros(head.shape[0])
+    return int(head.shape[0])
+
+
 def _read_timm_resnet(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
     """timm ResNetV2 with preact=False (the official BiT post-activation units) -> vitlab ResNet."""
     if "norm.weight" in sd:
         raise VitlabError("this is a pre-activation timm ResNetV2 (final 'norm'); vitlab's ResNet is the "
                           "post-activation BiT of the ViT paper's code")
     resnet, in_chans = _resnet_layout(sd, "")
-    head = sd.pop("head.fc.weight", None)
-    bias = sd.pop("head.fc.bias", None)
-    if head is not None:
-        sd["head.weight"] = head.reshape(head.shape[0], -1)
-        sd["head.bias"] = bias if bias is not None else head.new_zeros(head.shape[0])
     config = dict(name="timm-resnetv2", arch="resnet", resnet=resnet, in_chans=in_chans, patch_size=1,
-                  num_classes=head.shape[0] if head is not None else 0, image_size=224)
+                  num_classes=linear_head_from_conv(sd), image_size=224)
     config.update(overrides)
     config = ViTConfig(**config)
     return config, sd, {"format": "timm", "class_names": None, "preprocess": timm_preprocess(config)}

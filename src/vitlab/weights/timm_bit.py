@@ -76,13 +76,10 @@ def read_timm_bit(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTCon
     ws_eps = overrides.pop("ws_eps", None)  # stored by vitlab's own export of a big_transfer model
     if ws_eps is not None:
         resnet = dataclasses.replace(resnet, ws_eps=float(ws_eps))
-    head = sd.pop("head.fc.weight", None)
-    bias = sd.pop("head.fc.bias", None)
-    if head is not None:
-        sd["head.weight"] = head.reshape(head.shape[0], -1)
-        sd["head.bias"] = bias if bias is not None else head.new_zeros(head.shape[0])
+    from vitlab.weights.timm import linear_head_from_conv
+
     config = dict(name="timm-resnetv2-bit", arch="resnet", resnet=resnet, in_chans=in_chans, patch_size=1,
-                  num_classes=int(head.shape[0]) if head is not None else 0, image_size=224)
+                  num_classes=linear_head_from_conv(sd), image_size=224)
     config.update(overrides)
     config = ViTConfig(**config)
     shapes = _expected_shapes(config)
