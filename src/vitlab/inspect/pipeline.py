@@ -22,6 +22,7 @@ from vitlab.inspect.filters import FilterPCA, embedding_filter_pca
 from vitlab.inspect.posemb import posemb_similarity
 from vitlab.inspect.report import Section, write_report
 from vitlab.inspect.rollout import attention_maps, rollout_maps
+from vitlab.inspect.summary import distance_summary, filter_summary, posemb_summary, summary_lines
 
 FIGURE_NAMES = {
     "filters": "inspect_filters.png",
@@ -49,6 +50,7 @@ class InspectResult:
     grid: tuple[int, int] | None = None  # token grid of the images
     image_width: int | None = None  # pixels
     notes: list[str] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)  # inspect/summary.py: the Fig. 7 findings as numbers
 
 
 def check_inspectable(model: nn.Module) -> None:
@@ -161,6 +163,7 @@ def inspect_model(
             title=f"Embedding filters of {cfg.name} (first {k} principal components)",
         )
         evr = res.filter_pca.explained_variance_ratio
+        res.summary["filters"] = filter_summary(res.filter_pca, tuple(w.shape))
         sections.append(Section(
             "Embedding filters (paper Fig. 7 left)",
             f"PCA of the {w.shape[0]} patch-embedding filters of size {w.shape[1]}x{w.shape[2]}x{w.shape[3]} "
@@ -176,6 +179,7 @@ def inspect_model(
         res.posemb_similarity, out / FIGURE_NAMES["posemb"],
         title=f"Position embedding similarity ({cfg.name}, {grid0[0]}x{grid0[1]} grid)",
     )
+    res.summary["posemb"] = posemb_summary(res.posemb_similarity)
     kind = "learned" if cfg.posemb == "learn" else "fixed 2D sin-cos (not learned)"
     sections.append(Section(
         "Position-embedding similarity (paper Fig. 7 centre, Fig. 10)",
@@ -205,6 +209,7 @@ def inspect_model(
         how = ("over patch tokens only (class-token row and column dropped, rows renormalised)" if cls == "exclude"
                else "with attention to the class token counted as distance 0 (class-token row dropped, no renormalisation)")
         d = res.attention_distance
+        res.summary["distance"] = distance_summary(d, uniform_attention_distance(grid, cfg.stride), width)
         table = [["layer", *[f"head {i + 1}" for i in range(d.shape[1])], "mean", "mean / width"]]
         for li, row in enumerate(d):
             table.append([str(li + 1), *[f"{v:.2f}" for v in row], f"{row.mean():.2f}", f"{row.mean() / width:.3f}"])
@@ -259,6 +264,7 @@ def inspect_model(
         f"model: {cfg.name} ({'hybrid ' if cfg.is_hybrid else ''}ViT, dim {cfg.dim}, depth {cfg.depth}, heads {cfg.heads}, "
         f"stride {cfg.stride} px, classifier {cfg.classifier}, image {cfg.image_size[0]}x{cfg.image_size[1]})",
         f"images: {0 if images is None else len(images)}",
+        *summary_lines(res.summary),
         *res.notes,
     ]
     res.report = write_report(out / "report.html", title, sections, summary)
@@ -285,6 +291,7 @@ def _save_arrays(res: InspectResult, cfg, cls: str, head_fusion: str, discard_ra
         "discard_ratio": discard_ratio,
         "figures": {k: v.name for k, v in res.figures.items()},
         "notes": res.notes,
+        "summary": res.summary,
     }
     if res.attention_distance is not None:
         info["num_images"] = int(len(res.attention_distance_per_image))
