@@ -41,12 +41,13 @@ def test_convert_official_to_native_hf_timm(tmp_path, capsys):
     assert m.config.gelu == "tanh" and m.config.heads == 4
     with torch.no_grad():
         assert np.abs(m(x).numpy() - ref).max() < 1e-5
-    plain = {k: v for k, v in sd.items()}  # a header-less timm file: timm's numerics (exact GELU), heads given
-    torch.save(plain, tmp_path / "t.pth")
-    m = vitlab.load(tmp_path / "t.pth", heads=4)
+    plain = {k: v for k, v in sd.items()}  # a header-less foreign timm file: timm's numerics (exact GELU),
+    torch.save(plain, tmp_path / "t.pth")  # heads and pooling given (width 64 is no published width)
+    m = vitlab.load(tmp_path / "t.pth", heads=4, classifier="token")
     assert m.config.gelu == "exact"
     with torch.no_grad():
-        assert np.abs(vitlab.load(tmp_path / "t.pth", heads=4, gelu="tanh")(x).numpy() - ref).max() < 1e-5
+        m = vitlab.load(tmp_path / "t.pth", heads=4, classifier="token", gelu="tanh")
+        assert np.abs(m(x).numpy() - ref).max() < 1e-5
 
 
 def test_convert_surgery_and_class_names(tmp_path, capsys):

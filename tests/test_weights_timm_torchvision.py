@@ -108,7 +108,7 @@ def test_timm_maps_one_to_one_and_matches_reference(tmp_path):
         sd[k] = v
     assert set(sd) == set(timm_vit_keys())
     save_file(sd, str(tmp_path / "timm.safetensors"))
-    model, meta = load_with_meta(tmp_path / "timm.safetensors", heads=HEADS)
+    model, meta = load_with_meta(tmp_path / "timm.safetensors", heads=HEADS, classifier="token")
     assert meta["format"] == "timm" and model.config.gelu == "exact" and model.config.heads == 4
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
     x = torch.randn(2, 3, S, S)
@@ -123,12 +123,14 @@ def test_timm_variants_gap_map_no_embed_class_pre_logits(tmp_path):
     noemb = _fill(timm_vit_keys())
     noemb["pos_embed"] = noemb["pos_embed"][:, 1:]
     torch.save(noemb, tmp_path / "noemb.pth")
-    m = vitlab.load(tmp_path / "noemb.pth", heads=HEADS)
+    with pytest.raises(VitlabError, match="no_embed_class"):  # N slots: N = 4x4 without a class slot or 3x5 with one
+        vitlab.load(tmp_path / "noemb.pth", heads=HEADS, classifier="token")
+    m = vitlab.load(tmp_path / "noemb.pth", image_size=S, heads=HEADS, classifier="token")
     assert torch.equal(m.pos_embed[:, 0], torch.zeros(1, D)) and torch.equal(m.pos_embed[:, 1:], noemb["pos_embed"])
     pre = _fill(timm_vit_keys())
     pre.update({"pre_logits.fc.weight": torch.randn(D, D), "pre_logits.fc.bias": torch.randn(D)})
     torch.save({"state_dict": pre}, tmp_path / "pre.pth")
-    assert vitlab.load(tmp_path / "pre.pth", heads=HEADS).config.representation_size == D
+    assert vitlab.load(tmp_path / "pre.pth", heads=HEADS, classifier="token").config.representation_size == D
     mp = _fill(timm_vit_keys(cls=False))
     mp.update({"attn_pool.latent": (1, 1, D), "attn_pool.q.weight": (D, D), "attn_pool.q.bias": (D,),
                "attn_pool.kv.weight": (2 * D, D), "attn_pool.kv.bias": (2 * D,), "attn_pool.proj.weight": (D, D),
@@ -169,14 +171,14 @@ def timm_hybrid_keys(layers=(1, 2), width=64, in_chans=3, dim=D):
 def test_timm_hybrid_maps_one_to_one(tmp_path):
     sd = _fill(timm_hybrid_keys())
     save_file(sd, str(tmp_path / "hybrid.safetensors"))
-    model = vitlab.load(tmp_path / "hybrid.safetensors", heads=HEADS)
+    model = vitlab.load(tmp_path / "hybrid.safetensors", heads=HEADS, classifier="token")
     assert model.config.resnet.layers == (1, 2) and model.config.image_size == (64, 64)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
     assert len(model.state_dict()) == len(sd)
     stem_only = {k: v for k, v in timm_hybrid_keys(layers=()).items() if "stages" not in k}
     stem_only["patch_embed.proj.weight"] = (D, 64, 8, 8)
     stem_only["pos_embed"] = (1, 2 * 2 + 1, D)
-    model = vitlab.load(_save(tmp_path / "rti.safetensors", _fill(stem_only)), heads=HEADS)
+    model = vitlab.load(_save(tmp_path / "rti.safetensors", _fill(stem_only)), heads=HEADS, classifier="token")
     assert model.config.resnet.layers == () and model.config.patch_size == 8 and model.config.image_size == (64, 64)
 
 
@@ -205,7 +207,7 @@ def test_state_dict_errors(tmp_path):
     sd["something.else"] = torch.zeros(1)
     torch.save(sd, tmp_path / "bad.pth")
     with pytest.raises(VitlabError) as err:
-        vitlab.load(tmp_path / "bad.pth", heads=HEADS)
+        vitlab.load(tmp_path / "bad.pth", heads=HEADS, classifier="token")
     msg = str(err.value)
     assert "blocks.1.mlp.fc1.bias" in msg and "something.else" in msg and f"({D}, {D + 1})" in msg and "\n" not in msg
     torch.save({"foo.weight": torch.zeros(2)}, tmp_path / "unknown.pth")
@@ -262,7 +264,7 @@ def test_full_size_b16_configs_are_inferred(monkeypatch):
             continue
         hf_sd[k] = v
     ref = get_config("vit-b/16")
-    for cfg, _, _ in (timm.read_timm(meta), torchvision.read_torchvision(tv),
+    for cfg, _, _ in (timm.read_timm(meta, classifier="token"), torchvision.read_torchvision(tv),
                       hf.read_hf_state_dict(hf_sd, {"layer_norm_eps": 1e-12, "num_attention_heads": 12})):
         for field in ("dim", "depth", "heads", "mlp_dim", "patch_size", "image_size", "num_classes", "classifier"):
             assert getattr(cfg, field) == getattr(ref, field), field

@@ -2,6 +2,9 @@
 
 Each sub-command lives in its own module under `vitlab/commands/` and exposes
 `register(subparsers)`, which adds its parser and sets `func(args) -> int | None`.
+
+Every failure reaches the user as one line on stderr ("vitlab CMD: error: cause; fix") and a non-zero
+exit; VITLAB_DEBUG=1 shows tracebacks and the libraries' warnings instead.
 """
 
 from __future__ import annotations
@@ -11,12 +14,24 @@ import importlib
 import os
 import pkgutil
 import sys
+import warnings
 
 import vitlab
 from vitlab.errors import VitlabError
 
 # The order sub-commands are listed in `vitlab --help`; modules not named here follow.
 _ORDER = ["demo", "models", "data", "train", "finetune", "evaluate", "compare", "predict", "inspect", "convert", "export"]
+
+# Unexpected messages longer than this are cut at a sentence end (the full text: VITLAB_DEBUG=1).
+_MAX_MESSAGE = 300
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints the whole usage (26 lines for `vitlab train`) before a usage error; one line
+    naming the mistake and pointing at --help says the same. Sub-parsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
 def _command_modules() -> list[str]:
@@ -27,7 +42,7 @@ def _command_modules() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="vitlab",
         description="The Vision Transformer of 'An Image is Worth 16x16 Words': build, load, train, evaluate, inspect.",
     )
@@ -38,28 +53,104 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+def one_line(text: str, limit: int | None = None) -> str:
+    """A message on one line: its lines joined; beyond `limit` characters cut after the last whole
+    sentence (a half sentence can read as wrong advice), marked as cut."""
+    flat = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+    if limit is None or len(flat) <= limit:
+        return flat
+    end = max(flat.rfind(". ", 0, limit), flat.rfind("; ", 0, limit))
+    if end > 0:
+        return flat[: end + 1] + " [...]"
+    return flat[:limit].rsplit(" ", 1)[0] + " [...]"
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    # torch's OutOfMemoryError is a RuntimeError; its CPU allocator raises a plain RuntimeError
+    text = str(exc).lower()
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text)
+
+
+def _memory_message(exc: BaseException) -> str:
+    where = "the GPU" if ("cuda" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError") else "the machine (RAM)"
+    return (f"{where} ran out of memory; use a smaller --batch-size (or --micro-batch), a smaller --image-size "
+            "or a smaller model")
+
+
+def _os_message(exc: OSError) -> str:
+    """Permissions, a full disk, a file where a folder belongs, a dropped connection: the user's to fix."""
+    what = exc.strerror or one_line(str(exc), _MAX_MESSAGE) or type(exc).__name__
+    where = f": {exc.filename}" if exc.filename else ""
+    if isinstance(exc, ConnectionError):
+        return f"{what}{where}; check the network connection and try again"
+    return f"{what}{where}; check the path, its permissions and the free disk space"
+
+
+def _unexpected_message(exc: BaseException) -> str:
+    text = one_line(str(exc), _MAX_MESSAGE)
+    what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return f"{what} (an unexpected failure: set VITLAB_DEBUG=1 for the traceback, and please report it)"
+
+
+def _quiet_library_warnings() -> None:
+    """Keep torch / numpy / matplotlib / PIL warnings off the screen. vitlab itself reports through
+    one-line prints to stderr; a warning whose message starts with 'vitlab' is still shown."""
+    if sys.warnoptions:  # the user chose with python -W / PYTHONWARNINGS
+        return
+    warnings.simplefilter("ignore")
+    warnings.filterwarnings("default", message="vitlab")
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except VitlabError as exc:
-        print(f"vitlab {args.command}: error: {exc}", file=sys.stderr)
+        print(f"vitlab {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
-        print(f"vitlab {args.command}: error: no such file or folder: {exc.filename or exc}", file=sys.stderr)
+        print(f"vitlab {args.command}: error: no such file or folder: {exc.filename or exc}; check the path",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"vitlab {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `vitlab models | head`: the reader left early, which is no error
+        _silence_stdout()
+        return 0
     except Exception as exc:  # one line for users; VITLAB_DEBUG=1 shows the traceback
         if os.environ.get("VITLAB_DEBUG"):
             raise
-        print(f"vitlab {args.command}: error: {type(exc).__name__}: {exc} (set VITLAB_DEBUG=1 for the traceback)", file=sys.stderr)
+        if _is_out_of_memory(exc):
+            print(f"vitlab {args.command}: error: {_memory_message(exc)}", file=sys.stderr)
+            return 2
+        if isinstance(exc, OSError):
+            print(f"vitlab {args.command}: error: {_os_message(exc)}", file=sys.stderr)
+            return 2
+        print(f"vitlab {args.command}: error: {_unexpected_message(exc)}", file=sys.stderr)
         return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's exit-time flush does not print a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a real file (tests capture it)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = bool(os.environ.get("VITLAB_DEBUG"))
+    with warnings.catch_warnings():  # the filters hold for this command only (main is also called in-process)
+        if not debug:
+            _quiet_library_warnings()
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 0
+        return _run(args)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,13 @@ def _extensions() -> tuple[str, ...]:
     return IMAGE_EXTENSIONS
 
 
+def non_finite_error(bad: int, total: int, what: str = "logits") -> VitlabError:
+    """The one line for a model whose outputs are NaN or inf: shown instead of 'nan%' and exit 0."""
+    return VitlabError(f"the model produced non-finite {what} (NaN or inf) for {bad} of {total} images: the weights "
+                       "or their stored preprocessing are broken (NaN/inf weights, std 0, layer_norm_eps NaN); "
+                       "re-save or re-download the weights")
+
+
 def class_names_for(meta: dict, num_classes: int) -> list[str]:
     names = meta.get("class_names")
     if names and len(names) == num_classes:
@@ -95,12 +102,15 @@ def predict_files(
     results: list[Prediction] = []
     failed: list[tuple[str, str]] = []
     batch: list[tuple[Path, torch.Tensor]] = []
+    non_finite = [0]  # images whose logits hold NaN or inf, counted over all batches
 
     def flush() -> None:
         if not batch:
             return
         x = torch.stack([t for _, t in batch]).to(device)
-        probs = model(x).float().softmax(dim=-1).cpu()
+        logits = model(x).float()
+        non_finite[0] += int((~torch.isfinite(logits).all(dim=-1)).sum())
+        probs = logits.softmax(dim=-1).cpu()
         top = probs.topk(k, dim=-1)
         for (path, _), p, i in zip(batch, top.values, top.indices):
             results.append(Prediction(str(path), [names[j] for j in i.tolist()], p.tolist(), i.tolist()))
@@ -118,6 +128,8 @@ def predict_files(
         if len(batch) >= batch_size:
             flush()
     flush()
+    if non_finite[0]:
+        raise non_finite_error(non_finite[0], len(results))
     return results, failed
 
 

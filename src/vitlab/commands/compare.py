@@ -7,6 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
+from vitlab.commands._argtypes import positive_int
 from vitlab.commands.evaluate import add_data_args, add_frozen_args, frozen_options, load_splits
 from vitlab.errors import VitlabError
 
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--grad-clip", type=float, default=None, help="global-norm clipping (default off)")
     p.add_argument("--augment", action="store_true", help="random crops + flips while fine-tuning (default: none)")
-    p.add_argument("--image-size", type=int,
+    p.add_argument("--image-size", type=positive_int,
                    help="model input size (default: a pretrained model's own, a from-scratch model's = the data's)")
     p.add_argument("--zero-shot-map", metavar="MAP",
                    help="class map to the pretrained head: inline 'Sandal=774,Sneaker=770+630,Ankle boot=514', "
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "seed studies did; default) or frozen (keep the pretrained statistics: small batches)")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
-    p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--eval-batch-size", type=positive_int, default=64)
     p.add_argument("--out", help="output folder (default compare-<data>-<UTC time>); an existing one is resumed: "
                                  "models finished there with the same settings are reused, the rest redone")
     p.add_argument("--resume", metavar="OUT", help="resume the study in OUT (the same as --out OUT, but OUT must exist)")
@@ -78,20 +79,34 @@ def run(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace):
     from vitlab.experiments.compare import CompareSettings
-    from vitlab.train.config import parse_kv
+    from vitlab.train.config import parse_kv, typed_overrides
 
     extra: dict = {}
     if args.batchnorm:
         extra["batchnorm"] = args.batchnorm
     for item in args.set:
         extra.update(parse_kv(item))
-    return CompareSettings(
+    settings = CompareSettings(
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer,
         weight_decay=args.weight_decay, decay=args.decay, warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip, augment=args.augment, image_size=args.image_size, precision=args.precision,
         device=args.device, seed=args.seed, eval_batch_size=args.eval_batch_size,
-        zero_shot_map=args.zero_shot_map, train_overrides=extra, quiet=args.quiet,
+        zero_shot_map=args.zero_shot_map, train_overrides=typed_overrides(extra, "from --set"), quiet=args.quiet,
     )
+    _check_training(settings)
+    return settings
+
+
+def _check_training(st) -> None:
+    """Resolve the fine-tuning config every model will get (as `experiments.compare` does), so that an
+    impossible value fails now, before the output folder or any run folder exists."""
+    from vitlab.train.config import resolve_config
+
+    shared = dict(epochs=st.epochs, steps=0, lr=st.lr, batch_size=st.batch_size, optimizer=st.optimizer,
+                  weight_decay=st.weight_decay, decay=st.decay, warmup_steps=st.warmup_steps, warmup_epochs=0.0,
+                  grad_clip=st.grad_clip, image_size=st.image_size, precision=st.precision, device=st.device,
+                  seed=st.seed, eval_batch_size=st.eval_batch_size)
+    resolve_config("finetune", overrides={**shared, **st.train_overrides})
 
 
 def _out_dir(args: argparse.Namespace) -> Path:

@@ -1,8 +1,22 @@
-"""`vitlab convert SRC DST --to native|hf|timm`: any supported weights into vitlab, Hugging Face or timm form."""
+"""`vitlab convert SRC DST --to native|hf|timm`: any supported weights into vitlab, Hugging Face or timm form.
+
+Conversions are lossless or refuse: what the target format cannot carry is stored beside it (vitlab's
+config in the timm file's safetensors header or `NAME.vitlab.json` sidecar) or the command stops with one
+line saying what to pass. DST never overwrites SRC.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from vitlab.commands._argtypes import positive_int
+from vitlab.commands._load_args import add_load_arguments, load_overrides, parse_image_size
+
+# Suffixes of files; a folder format (native, hf) refuses them as DST, so `x.safetensors --to native`
+# does not silently become a folder named like a file.
+_FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".npz", ".onnx", ".json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -10,30 +24,75 @@ def register(sub: argparse._SubParsersAction) -> None:
         "convert", help="convert weights between formats (official .npz, timm, Hugging Face, torchvision, vitlab)",
         description="Load SRC in any supported format and write DST as a vitlab folder (native), a Hugging Face "
                     "folder (hf, loadable by transformers.ViTForImageClassification.from_pretrained) or a "
-                    "timm-named state dict (timm; .safetensors, or .pth by suffix).",
+                    "timm-named state dict (timm; .safetensors with vitlab's config in the header, or "
+                    ".pth/.pt/.bin with a NAME.vitlab.json sidecar). DST must not be SRC or inside it.",
     )
     p.add_argument("src", help="a vitlab or Hugging Face folder, an official .npz, a .safetensors/.pth/.bin, or hf:ORG/NAME")
-    p.add_argument("dst", help="output folder (native, hf) or file (timm; a folder gets model.safetensors)")
+    p.add_argument("dst", help="output folder (native, hf) or file (timm: .safetensors, .pth, .pt, .bin; "
+                               "a folder gets model.safetensors)")
     p.add_argument("--to", choices=["native", "hf", "timm"], default="native", help="output format (default native)")
-    p.add_argument("--num-classes", type=int, default=None,
+    p.add_argument("--num-classes", type=positive_int, default=None,
                    help="replace the head by a zero-initialised one with this many classes (fine-tuning surgery)")
-    p.add_argument("--image-size", type=int, default=None, help="resample the position embeddings to this image size")
+    p.add_argument("--image-size", type=parse_image_size, default=None,
+                   help="S or HxW: resample the position embeddings to this size; a non-square timm/torchvision "
+                        "file is read at it when its grid fits the file")
     p.add_argument("--keep-representation", action="store_true", help="keep the pre-logits layer when replacing the head")
-    p.add_argument("--heads", type=int, default=None, help="attention heads, for timm/torchvision files of a non-standard width")
+    add_load_arguments(p)
     p.add_argument("--class-names", default=None, help="a text file with one class name per line, to store with the weights")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def output_path(dst: str, to: str) -> Path:
+    """The file (timm) or folder (native, hf) convert writes; unknown suffixes are refused in one line."""
+    from vitlab.errors import VitlabError
+    from vitlab.weights.timm import timm_output_path
 
+    if to == "timm":
+        return timm_output_path(dst)
+    path = Path(dst)
+    if path.suffix.lower() in _FILE_SUFFIXES and not path.is_dir():
+        raise VitlabError(f"--to {to} writes a folder, not a {path.suffix} file: name a folder without a suffix "
+                          f"(or write a {', '.join(('.safetensors', '.pth', '.pt', '.bin'))} file with --to timm)")
+    return path
+
+
+def source_path(src: str) -> Path | None:
+    """What convert reads from disk for SRC (a folder for files inside a vitlab/HF/timm folder), None when
+    SRC is not a local path (hf:ORG/NAME, an official name to download)."""
+    from vitlab.weights import detect_format, run_model_folder
+
+    path = Path(src)
+    if not path.exists():
+        return None
+    path = Path(run_model_folder(path)).resolve()
+    if path.is_file() and detect_format(path) in ("native", "hf", "timm_folder"):
+        return path.parent
+    return path
+
+
+def refuse_overwriting_source(src: str, out: Path) -> None:
+    """DST must be neither SRC nor inside it, nor contain it (compared as resolved paths, links followed)."""
+    from vitlab.errors import VitlabError
+
+    read = source_path(src)
+    if read is None:
+        return
+    written = out.resolve()
+    if written == read or read in written.parents or written in read.parents:
+        raise VitlabError(f"DST {out} would overwrite the source {src} (the same path, inside it, or around it); "
+                          "choose a DST outside the source")
+
+
+def run(args: argparse.Namespace) -> int:
     from vitlab.errors import VitlabError
     from vitlab.models.registry import count_parameters
     from vitlab.weights import load_with_meta, save_hf, save_native, save_timm
 
-    overrides = {"heads": args.heads} if args.heads else {}
-    model, meta = load_with_meta(args.src, num_classes=args.num_classes, image_size=args.image_size,
+    out_path = output_path(args.dst, args.to)  # before loading: a bad DST costs nothing
+    refuse_overwriting_source(args.src, out_path)
+    overrides, image_size = load_overrides(args)
+    model, meta = load_with_meta(args.src, num_classes=args.num_classes, image_size=image_size,
                                  keep_representation=args.keep_representation, **overrides)
     names = meta.get("class_names")
     if args.class_names:
@@ -48,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.to == "hf":
         out = save_hf(model, args.dst, class_names=names, preprocess=meta.get("preprocess"))
     else:
-        out = save_timm(model, args.dst)
+        out = save_timm(model, out_path, class_names=names, preprocess=meta.get("preprocess"))
     if not args.quiet:
         c = model.config
         shape = f"{c.arch}" if c.arch != "vit" else (
@@ -56,4 +115,29 @@ def run(args: argparse.Namespace) -> int:
             f"patch {c.patch_size}, {c.classifier}")
         print(f"wrote {out} ({args.to}; from {meta['format']}: {shape}, image {c.image_size[0]}x{c.image_size[1]}, "
               f"{c.num_classes} classes, {count_parameters(model):,} parameters)")
+        if args.to == "timm":
+            print(timm_note(model.config, out))
     return 0
+
+
+def timm_note(config: Any, out: Path) -> str:
+    """Where the config timm's keys cannot carry went, and what timm itself must be told."""
+    from vitlab.weights.timm import TIMM_LAYER_NORM_EPS, sidecar_path, timm_model_args
+
+    where = "the safetensors header ('vitlab_config')" if out.suffix == ".safetensors" else str(sidecar_path(out))
+    note = (f"vitlab's config (heads, GELU, pooling, image size), class names and preprocessing are in {where}; "
+            "keep it with the weights")
+    if config.arch != "vit":
+        return note
+    needs = []
+    if config.gelu == "tanh":
+        needs.append("act_layer='gelu_tanh'")
+    if config.layer_norm_eps != TIMM_LAYER_NORM_EPS:
+        needs.append(f"norm_layer=partial(nn.LayerNorm, eps={config.layer_norm_eps})")
+    if config.classifier == "gap":
+        needs.append("class_token=False, global_pool='avg', fc_norm=False")
+    if needs:
+        note += "; timm reproduces the logits with " + ", ".join(needs)
+    if timm_model_args(config) is not None:
+        note += "; timm's VisionTransformer keywords are stored as 'timm_args'"
+    return note

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vitlab.commands._argtypes import fraction, non_negative_float, positive_float, positive_int
+from vitlab.commands._load_args import add_load_arguments
 from vitlab.errors import VitlabError
 
 
@@ -25,9 +27,9 @@ def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
                    help="data source: bundled, digits, fashion-mnist, mnist, cifar10:PATH, a folder or a CSV"
                         + ("" if required else " (default for a run folder: the run's data)"))
     p.add_argument("--classes", help="keep these classes, e.g. 'Sandal,Sneaker,Ankle boot' (names or indices)")
-    p.add_argument("--per-class", type=int, help="keep N training images per class (val/test stay whole)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="validation share carved from train if the source has none")
-    p.add_argument("--test-fraction", type=float, default=0.1, help="test share carved from train if the source has none")
+    p.add_argument("--per-class", type=positive_int, help="keep N training images per class (val/test stay whole)")
+    p.add_argument("--val-fraction", type=fraction, default=0.1, help="validation share carved from train if the source has none")
+    p.add_argument("--test-fraction", type=fraction, default=0.1, help="test share carved from train if the source has none")
     p.add_argument("--seed", type=int, default=0, help="seed of the splits, the fresh head and the samplers (default 0)")
 
 
@@ -37,11 +39,11 @@ def add_frozen_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--knn", action="store_true", help="weighted kNN on L2-normalised features (DINO)")
     g.add_argument("--probe", action="store_true", help="linear probe: logistic regression on cached features")
     g.add_argument("--shots", type=_int_list, default=(1, 5, 10, 25), help="shots per class (default 1,5,10,25)")
-    g.add_argument("--fewshot-seeds", type=int, default=3, help="seeds per shot count (default 3)")
-    g.add_argument("--l2", type=float, default=1024.0, help="ridge lambda (default 2^10 = 1024)")
-    g.add_argument("--knn-k", type=int, default=20, help="neighbours (default 20)")
-    g.add_argument("--knn-temperature", type=float, default=0.07, help="vote weight exp(cos/T) (default 0.07)")
-    g.add_argument("--max-train-per-class", type=int,
+    g.add_argument("--fewshot-seeds", type=positive_int, default=3, help="seeds per shot count (default 3)")
+    g.add_argument("--l2", type=non_negative_float, default=1024.0, help="ridge lambda (default 2^10 = 1024)")
+    g.add_argument("--knn-k", type=positive_int, default=20, help="neighbours (default 20)")
+    g.add_argument("--knn-temperature", type=positive_float, default=0.07, help="vote weight exp(cos/T) (default 0.07)")
+    g.add_argument("--max-train-per-class", type=positive_int,
                    help="at most N training images per class for kNN/probe features (saves time on a CPU)")
 
 
@@ -71,8 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head", choices=["auto", "trained", "mapped", "fresh"], default="auto",
                    help="auto: the model's head if its classes are the data's, a map by name if they are a "
                         "subset, else a fresh head (chance); or force one")
-    p.add_argument("--image-size", type=int, help="model input size (resamples ViT position embeddings)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", type=positive_int, help="model input size (resamples ViT position embeddings)")
+    add_load_arguments(p)
+    p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
     p.add_argument("--quiet", action="store_true", help="no progress bars; print only the summary table")
     add_frozen_args(p)
@@ -126,14 +129,17 @@ def _data_image_size(data) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.evaluate.loading import fit_image_size, load_for_eval
+    from vitlab.commands._load_args import load_overrides
+    from vitlab.evaluate.loading import check_model_spec, fit_image_size, load_for_eval
     from vitlab.evaluate.runner import evaluate_model, rows_markdown, write_report
 
     quiet = args.quiet
     if Path(args.model).expanduser().exists():
-        loaded = load_for_eval(args.model, image_size=args.image_size)
+        overrides, image_size = load_overrides(args)
+        loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
         data = load_splits(args, loaded.run_config)
     else:  # a model name: build it for the data's classes, channels and (by default) image size
+        check_model_spec(args.model)  # a mistyped path fails here, before the data is asked for or loaded
         data = load_splits(args)
         loaded = load_for_eval(args.model, num_classes=data.num_classes,
                                image_size=args.image_size or fit_image_size(args.model, _data_image_size(data)),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vitlab.commands._load_args import add_load_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -18,8 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument("--heads", type=int, default=None,
-                   help="attention heads, for timm/torchvision files of a non-standard width")
+    add_load_arguments(p)
     p.add_argument("--skip-bad", action="store_true", help="skip unreadable images (listed on stderr) instead of stopping")
     p.add_argument("--quiet", action="store_true", help="no progress bar or notes on stderr")
     p.set_defaults(func=run)
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from vitlab.commands._load_args import load_overrides
     from vitlab.errors import VitlabError
     from vitlab.predict import collect_images, format_predictions, predict_files
     from vitlab.weights import load_with_meta
@@ -37,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise VitlabError(f"--batch-size must be at least 1, got {args.batch_size}")
     files, skipped = collect_images(args.images)
-    overrides = {"heads": args.heads} if args.heads else {}
-    model, meta = load_with_meta(args.weights, **overrides)
+    overrides, image_size = load_overrides(args)
+    model, meta = load_with_meta(args.weights, image_size=image_size, **overrides)
     if meta.get("zero_head") and not args.quiet:
         print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
               "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)

@@ -19,9 +19,40 @@ def _model_list(text: str) -> list[str]:
 
 def _ints(text: str) -> list[int]:
     try:
-        return [int(s) for s in _names(text)]
+        values = [int(s) for s in _names(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    return values
+
+
+def _check_positive(flag: str, values: list[int]) -> None:
+    """Sizes and images per class; checked here because the studies create their folder first."""
+    if not values or min(values) < 1:
+        from vitlab.errors import VitlabError
+
+        raise VitlabError(f"{flag} must be positive whole numbers, got {','.join(map(str, values))}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _check_training(what: str, recipe: str, overrides: dict) -> None:
+    """Resolve a TrainConfig with the study's training values, so that an impossible one fails now,
+    with one line, before the study folder exists (the studies create it first)."""
+    from vitlab.errors import VitlabError
+    from vitlab.train.config import resolve_config
+
+    try:
+        resolve_config(recipe, overrides=overrides)
+    except VitlabError as exc:
+        raise VitlabError(f"{what}: {exc}") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,6 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_transfer(args: argparse.Namespace) -> int:
     from vitlab.experiments.transfer import TransferSettings, run_transfer_study
 
+    _check_positive("--per-class", args.per_class)
+    _check_training("pre-training (--pretrain-epochs, --pretrain-lr)", "small-data",
+                    dict(epochs=args.pretrain_epochs, lr=args.pretrain_lr, seed=args.seed))
+    _check_training("fine-tuning (--finetune-epochs, --finetune-min-steps, --finetune-lr)", "finetune",
+                    dict(epochs=args.finetune_epochs, steps=args.finetune_min_steps, lr=args.finetune_lr))
     st = TransferSettings(
         data=args.data, upstream_classes=args.upstream, downstream_classes=args.downstream, models=args.models,
         per_class=args.per_class, pretrain_epochs=args.pretrain_epochs, pretrain_lr=args.pretrain_lr,
@@ -96,18 +132,18 @@ def _register_scaling(studies: argparse._SubParsersAction) -> None:
     s.add_argument("--sizes", type=_ints, default=d.sizes,
                    help="training-set sizes; one above the images left after the validation split means "
                         "all of them (default 1000,3000,10000,30000,60000)")
-    s.add_argument("--seeds", type=int, default=d.seeds, help="seeds at the small sizes (default 3)")
+    s.add_argument("--seeds", type=_positive_int, default=d.seeds, help="seeds at the small sizes (default 3)")
     s.add_argument("--multi-seed-max", type=int, default=d.multi_seed_max,
                    help="sizes up to this get --seeds seeds, larger ones one (default 10000)")
     s.add_argument("--min-epochs", type=float, default=d.min_epochs,
                    help="budget: at least this many epochs (default 5)")
-    s.add_argument("--min-steps", type=int, default=d.min_steps,
+    s.add_argument("--min-steps", type=_positive_int, default=d.min_steps,
                    help="budget: at least this many optimizer steps (default 500)")
-    s.add_argument("--batch-size", type=int, default=d.batch_size, help="default 128")
+    s.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="default 128")
     s.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate (default 2e-3)")
     s.add_argument("--val-fraction", type=float, default=d.val_fraction,
                    help="validation split carved out of the training data first (default 0.1)")
-    s.add_argument("--evals", type=int, default=d.evals, help="validation passes per run, about (default 8)")
+    s.add_argument("--evals", type=_positive_int, default=d.evals, help="validation passes per run, about (default 8)")
     s.add_argument("--seed", type=int, default=d.seed, help="validation split seed and first run seed (default 0)")
     s.add_argument("--out", default="study-scaling", help="study folder (default study-scaling)")
     s.add_argument("--quiet", action="store_true",
@@ -118,6 +154,14 @@ def _register_scaling(studies: argparse._SubParsersAction) -> None:
 def run_scaling(args: argparse.Namespace) -> int:
     from vitlab.experiments.scaling import ScalingSettings, run_scaling_study
 
+    _check_positive("--sizes", args.sizes)
+    _check_training("training (--min-epochs, --min-steps, --batch-size, --lr, --val-fraction)", "small-data",
+                    dict(epochs=args.min_epochs, steps=args.min_steps, batch_size=args.batch_size, lr=args.lr,
+                         val_fraction=args.val_fraction, seed=args.seed))
+    if args.val_fraction <= 0:  # the study selects checkpoints on the validation split: it needs one
+        from vitlab.errors import VitlabError
+
+        raise VitlabError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
     st = ScalingSettings(
         data=args.data, models=args.models, sizes=args.sizes, seeds=args.seeds, multi_seed_max=args.multi_seed_max,
         min_epochs=args.min_epochs, min_steps=args.min_steps, batch_size=args.batch_size, lr=args.lr,

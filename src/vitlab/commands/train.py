@@ -18,7 +18,7 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--model-args", "model_args", str, "model overrides, e.g. dim=64,depth=6,heads=4,mlp_dim=128,patch_size=4"),
     ("--image-size", "image_size", int, "training resolution (default: the data's / the checkpoint's)"),
     ("--epochs", "epochs", float, "epochs (ignored when --steps > 0)"),
-    ("--steps", "steps", int, "optimizer steps (overrides --epochs)"),
+    ("--steps", "steps", int, "optimizer steps (overrides --epochs; 0: train for --epochs)"),
     ("--batch-size", "batch_size", int, "global batch size (all processes, after accumulation)"),
     ("--micro-batch", "micro_batch", int, "per-process batch of one forward pass; the rest is gradient accumulation"),
     ("--optimizer", "optimizer", str, "adamw | adam | sgd"),
@@ -45,7 +45,7 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--batchnorm", "batchnorm", str, "BatchNorm models: train (update statistics, the default) | frozen (keep the "
                                       "pretrained statistics: small fine-tuning batches) | sync (SyncBatchNorm, CUDA DDP)"),
     ("--device", "device", str, "auto | cpu | cuda | cuda:N"),
-    ("--threads", "threads", int, "CPU threads for torch"),
+    ("--threads", "threads", int, "CPU threads for torch (default: automatic)"),
     ("--eval-batch-size", "eval_batch_size", int, "batch size for validation and test"),
     ("--out", "out_dir", str, "folder for run folders (default runs/)"),
     ("--name", "name", str, "run folder name (default: recipe-data-time)"),

@@ -7,13 +7,19 @@ prediction on a file and an evaluation on the same image give the same input.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
 
+from vitlab.errors import VitlabError
+
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area")
+# The largest image side a preprocessing may ask for, the same as the model configs' limit
+# (models/limits.py, not imported: data sits below models): larger is a corrupted record, not a model.
+MAX_SIDE = 4096
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -31,7 +37,25 @@ def _per_channel(v: float | Sequence[float], channels: int) -> tuple[float, ...]
         return vals * channels
     if channels == 1 and len(vals) == 3:
         return (sum(vals) / 3.0,)  # RGB statistics used on grey input: their mean
-    raise ValueError(f"expected 1 or {channels} values for mean/std, got {len(vals)}")
+    raise VitlabError(f"the preprocessing's mean/std has {len(vals)} values for {channels} channels; "
+                      f"give 1 or {channels} values")
+
+
+def _check_statistics(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    """The point of use of the normalisation: a std of 0 divides by zero and NaN spreads into every logit."""
+    if not all(math.isfinite(m) for m in mean):
+        raise VitlabError(f"the preprocessing's mean {list(mean)} is not finite; the stored preprocessing is broken "
+                          "(re-save the weights, or fix 'mean' in their config.json)")
+    if not all(math.isfinite(s) and s > 0 for s in std):
+        raise VitlabError(f"the preprocessing's std {list(std)} must be finite and > 0; the stored preprocessing is "
+                          "broken (re-save the weights, or fix 'std' in their config.json)")
+
+
+def _check_sizes(image_size: tuple[int, int], resize: int | None) -> None:
+    sides = list(image_size) + ([resize] if resize is not None else [])
+    if not all(1 <= side <= MAX_SIDE for side in sides):
+        raise VitlabError(f"the preprocessing's image_size {list(image_size)} / resize {resize} is outside "
+                          f"1-{MAX_SIDE} px; the stored preprocessing is broken (fix 'image_size' in config.json)")
 
 
 def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear") -> torch.Tensor:
@@ -107,15 +131,29 @@ class Preprocess:
     channels: int = 3
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", _pair(self.image_size))
+        # Stored records are read from files a user may have edited: every refusal is one VitlabError line.
+        try:
+            object.__setattr__(self, "image_size", _pair(self.image_size))
+            if self.resize is not None:
+                object.__setattr__(self, "resize", int(self.resize))
+        except (TypeError, ValueError):
+            raise VitlabError(f"the preprocessing's image_size {self.image_size!r} / resize {self.resize!r} are not "
+                              "whole numbers; fix them in the weights' config.json") from None
         if self.channels not in (1, 3):
-            raise ValueError(f"channels must be 1 or 3, got {self.channels}")
-        object.__setattr__(self, "mean", _per_channel(self.mean, self.channels))
-        object.__setattr__(self, "std", _per_channel(self.std, self.channels))
-        if not 0.0 < float(self.crop_fraction) <= 1.0:
-            raise ValueError(f"crop_fraction must be in (0, 1], got {self.crop_fraction}")
+            raise VitlabError(f"the preprocessing's channels must be 1 or 3, got {self.channels}")
+        try:
+            object.__setattr__(self, "mean", _per_channel(self.mean, self.channels))
+            object.__setattr__(self, "std", _per_channel(self.std, self.channels))
+        except (TypeError, ValueError):
+            raise VitlabError(f"the preprocessing's mean {self.mean!r} / std {self.std!r} are not numbers; "
+                              "fix them in the weights' config.json") from None
+        _check_statistics(self.mean, self.std)
+        _check_sizes(self.image_size, self.resize)
+        if not (isinstance(self.crop_fraction, (int, float)) and 0.0 < self.crop_fraction <= 1.0):
+            raise VitlabError(f"the preprocessing's crop_fraction must be in (0, 1], got {self.crop_fraction!r}")
         if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}")
+            raise VitlabError(f"the preprocessing's interpolation must be one of {', '.join(INTERPOLATIONS)}, "
+                              f"got {self.interpolation!r}")
 
     @property
     def effective_resize(self) -> int | None:

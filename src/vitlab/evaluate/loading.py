@@ -10,7 +10,7 @@ from typing import Any
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.train.config import split_outside_brackets
+from vitlab.train.config import split_outside_brackets, typed_model_args, yaml_problem
 
 
 @dataclass
@@ -44,7 +44,7 @@ def read_run_config(run: Path) -> dict | None:
     try:
         return yaml.safe_load(f.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise VitlabError(f"cannot read {f}: {exc}") from None
+        raise VitlabError(f"cannot read {f} ({yaml_problem(exc)}); fix or delete that file") from None
 
 
 def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
@@ -62,7 +62,7 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
             raise VitlabError(f"bad model override {item!r} in {spec!r}; write NAME(key=value,...), e.g. custom(dim=32,depth=1)")
         val = yaml.safe_load(value.strip().replace("(", "[").replace(")", "]"))
         overrides[key.strip()] = tuple(val) if isinstance(val, list) else val
-    return name.strip(), overrides
+    return name.strip(), typed_model_args(overrides, f"in {spec!r}")
 
 
 def split_model_list(text: str) -> list[str]:
@@ -97,6 +97,26 @@ def fit_image_size(spec: str, side: int | None) -> int | None:
     return next(size for size in range(side, side + cfg.stride) if fits(size))  # always < one stride away
 
 
+def check_model_spec(spec: str) -> None:
+    """Fail before any data is loaded when `spec` is neither a path that exists, a hub checkpoint, nor a
+    model name: `vitlab evaluate runs/typo` must say that the folder is missing, not ask for --data."""
+    if weights_path(spec) is not None:
+        return
+    from vitlab.models import get_config
+
+    name, _ = parse_model_spec(spec)
+    try:
+        get_config(name)  # the name alone: its overrides are checked when the model is built
+    except VitlabError:
+        raise VitlabError(f"{spec!r} does not exist (no weights file, folder or run folder there) and is not a "
+                          "model name; check the path, or run `vitlab models` for the names") from None
+
+
+def _unfinished_run(p: Path) -> bool:
+    """A run folder that holds checkpoints but no final model/ (interrupted, or save_model false)."""
+    return p.is_dir() and (p / "config.yaml").is_file() and (p / "checkpoints").is_dir() and not (p / "model").is_dir()
+
+
 def weights_path(spec: str | None) -> Path | None:
     """The local file/folder `spec` names, or None for a registry name. Existing paths pass through;
     `hf:ORG/NAME` and official checkpoint names (ViT-B_16.npz, imagenet21k/...) go through
@@ -120,9 +140,11 @@ def load_for_eval(
     image_size: int | None = None,
     in_chans: int | None = None,
     seed: int = 0,
+    overrides: dict | None = None,
 ) -> LoadedModel:
     """Load `spec` (path, run folder, hf:/official name, or registry name). Registry models get
-    `num_classes`/`image_size`/`in_chans`."""
+    `num_classes`/`image_size`/`in_chans`; weights get `overrides`, the config fields a file cannot tell
+    (`heads=`, `classifier=`: `vitlab.load`)."""
     from vitlab.weights import load_with_meta
 
     p = weights_path(spec)
@@ -132,7 +154,10 @@ def load_for_eval(
         if is_run_folder(p):
             target, source = p / "model", "run"
             run_config = read_run_config(p)
-        model, meta = load_with_meta(target, image_size=image_size)
+        elif _unfinished_run(p):
+            raise VitlabError(f"run folder {p} has no model/ yet (the run did not finish); finish it with "
+                              f"`vitlab train --resume {p}`, then evaluate it")
+        model, meta = load_with_meta(target, image_size=image_size, **(overrides or {}))
         pre = meta.get("preprocess")
         if pre is None or isinstance(pre, dict):
             pre = _preprocess_from(pre, model)
@@ -142,14 +167,12 @@ def load_for_eval(
     from vitlab.models import create_model
     from vitlab.models.registry import normalize_name
 
+    check_model_spec(spec)
     name, overrides = parse_model_spec(spec)
     overrides.setdefault("in_chans", in_chans or 3)
-    try:
-        model = create_model(name, num_classes=num_classes or 1000, image_size=overrides.pop("image_size", image_size or 224),
-                             seed=seed, **overrides)
-    except VitlabError:
-        raise VitlabError(f"{spec!r} is neither an existing weights file/folder or run folder nor a model name; "
-                          "check the path, or run `vitlab models` for the names") from None
+    # a known name: an error now is about its arguments (dim=30 with heads=4 ...) and says so itself
+    model = create_model(name, num_classes=num_classes or 1000, image_size=overrides.pop("image_size", image_size or 224),
+                         seed=seed, **overrides)
     return LoadedModel(model.eval(), None, default_preprocess(model), "registry",
                        f"{normalize_name(name)}{spec[len(name):]} (random initialisation, seed {seed})")
 

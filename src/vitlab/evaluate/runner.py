@@ -127,6 +127,17 @@ def _split(data, split: str):
     return ds
 
 
+def _require_finite(values: np.ndarray | None, what: str) -> None:
+    """Refuse NaN / inf model outputs: metrics of them (argmax of NaN is class 0) would look like a result."""
+    if values is None or len(values) == 0:
+        return
+    finite_rows = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if not finite_rows.all():
+        from vitlab.predict import non_finite_error
+
+        raise non_finite_error(int((~finite_rows).sum()), len(values), what)
+
+
 def _cap_per_class(labels: np.ndarray, cap: int | None, seed: int = 0) -> np.ndarray | None:
     if cap is None:
         return None
@@ -185,6 +196,8 @@ def evaluate_model(
     head_model = zs.with_fresh_head(model, k, seed=seed) if mode == "fresh" else model
     out = run_model(head_model, test, preprocess, batch_size=batch_size, device=device,
                     want_features=frozen.any, progress=progress, desc=f"{name}: {split}")
+    _require_finite(out.logits, "logits")
+    _require_finite(out.features, "features")
     logits = torch.from_numpy(out.logits)
     if mode == "mapped":
         scores = zs.mapped_scores(logits, class_map)
@@ -217,6 +230,7 @@ def evaluate_model(
             kp_rows = _cap_per_class(ytr_all, frozen.max_train_per_class, seed)
             tr = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=kp_rows,
                            want_logits=False, want_features=True, progress=progress, desc=f"{name}: train features")
+            _require_finite(tr.features, "features")
         if frozen.fewshot:
             need = fs.needed_indices(ytr_all, k, frozen.shots, frozen.fewshot_seeds)
             if tr is not None and (kp_rows is None or np.isin(need, kp_rows).all()):
@@ -225,6 +239,7 @@ def evaluate_model(
                 fs_x = run_model(feature_model, train, preprocess, batch_size=batch_size, device=device, indices=need,
                                  want_logits=False, want_features=True, progress=progress,
                                  desc=f"{name}: few-shot features").features
+                _require_finite(fs_x, "features")
                 fs_rows = need
             res = fs.fewshot_eval(fs_x, ytr_all, test_x, test_y, k, frozen.shots, frozen.fewshot_seeds,
                                   frozen.l2_reg, train_index=fs_rows)
@@ -252,6 +267,7 @@ def evaluate_model(
                     v = run_model(feature_model, data.val, preprocess, batch_size=batch_size, device=device,
                                   want_logits=False, want_features=True, progress=progress, desc=f"{name}: val features")
                     val_x, val_y = v.features, v.labels
+                    _require_finite(val_x, "features")
                 probe = fit_probe(tr.features, tr.labels, k, val_x, val_y, seed=seed)
                 ps = probe.scores(test_x)
                 mp = classification_metrics(test_y, ps.argmax(1), k, class_names, logits=torch.from_numpy(ps))

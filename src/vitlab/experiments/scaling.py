@@ -368,8 +368,8 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     from vitlab.data import load_data
 
     out = Path(out_dir)
+    now = _check(st, out)  # bad values fail before the folder exists
     out.mkdir(parents=True, exist_ok=True)
-    now = _check(st, out)
     data = load_data(st.data, val_fraction=st.val_fraction, seed=st.seed, progress=not st.quiet)
     if data.val is None or data.test is None:
         raise VitlabError(f"{st.data} gave no validation or test split; the study needs both")

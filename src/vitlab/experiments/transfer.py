@@ -282,7 +282,6 @@ def _preflight(st: TransferSettings) -> None:
 def run_transfer_study(st: TransferSettings, out_dir: str | Path) -> list[dict]:
     """Pre-train every family, run the downstream comparison at every size, write study.md/.csv/.json/.png."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if not st.models:
         raise VitlabError("--models is empty; give e.g. --models vit,hybrid,resnet")
     if any(n < 1 for n in st.per_class):
@@ -291,6 +290,7 @@ def run_transfer_study(st: TransferSettings, out_dir: str | Path) -> list[dict]:
     if overlap:
         raise VitlabError(f"upstream and downstream classes must be disjoint; both have {sorted(overlap)}")
     _preflight(st)  # a typo in --data or --models fails here, before the folder is tied to these settings
+    out.mkdir(parents=True, exist_ok=True)
     settings_file = out / "settings.json"
     now = {k: v for k, v in asdict(st).items() if k != "quiet"}
     if settings_file.exists():

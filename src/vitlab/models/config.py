@@ -7,6 +7,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitlab.errors import VitlabError
+from vitlab.models.limits import (
+    MAX_CONV_STEM,
+    MAX_DEPTH,
+    MAX_IMAGE_SIZE,
+    MAX_IN_CHANS,
+    MAX_MLP_DIM,
+    MAX_NUM_CLASSES,
+    MAX_RESNET_CHANNELS,
+    MAX_RESNET_STAGES,
+    MAX_STAGE_BLOCKS,
+    MAX_WIDTH,
+    check_float,
+    check_int,
+    check_size_pair,
+    is_number,
+)
 
 CLASSIFIERS = ("token", "gap", "map")
 POSEMBS = ("learn", "sincos2d")
@@ -15,11 +31,27 @@ RESAMPLE_MODES = ("bilinear_ac", "bilinear", "bicubic", "bicubic_aa")
 
 
 def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    if len(value) != 2:
+    """An input size as (h, w); not bounded, since inputs at run time may be any size."""
+    if is_number(value):
+        return (int(value), int(value))
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise VitlabError(f"expected an int or a (height, width) pair, got {value!r}")
     return (int(value[0]), int(value[1]))
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # the dataclasses are frozen; __post_init__ normalises fields
+
+
+def _from_dict(cls: type, data: Any, what: str) -> Any:
+    """Build a config dataclass from a dict, naming unknown fields in one line."""
+    if not isinstance(data, dict):
+        raise VitlabError(f"{what} must be a mapping of fields, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise VitlabError(f"unknown {what} fields {unknown}; known fields: {sorted(known)}")
+    return cls(**data)
 
 
 # The three ResNet families vitlab builds (see docs/models.md):
@@ -33,12 +65,19 @@ RESNET_KINDS = ("bit-post", "bit", "standard")
 RESNET_BLOCKS = ("bottleneck", "basic")
 
 
+def _width_factor(value: Any) -> int | float:
+    """A positive width factor; integral values become ints so that 1.0 and 1 are the same config."""
+    factor = check_float("ResNet width_factor", value, 0.0, float(MAX_WIDTH), include_low=False)
+    return int(factor) if factor.is_integer() else factor
+
+
 @dataclass(frozen=True)
 class ResNetConfig:
     """A ResNet body: the hybrid stem (kind "bit-post") or a ResNet classifier of any kind."""
 
     layers: tuple[int, ...] = (3, 4, 6, 3)
-    width_factor: int = 1
+    # A float is allowed: the official code's root width is int(64 * width_factor) (models_vit.py).
+    width_factor: int | float = 1
     # Channels of the stem before the width factor (64 in every published ResNet); smaller values make
     # narrow ResNets for small-data studies. The first stage's inner width is `width`.
     base_width: int = 64
@@ -53,7 +92,11 @@ class ResNetConfig:
     ws_eps: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layers", tuple(int(n) for n in self.layers))
+        if not isinstance(self.layers, (list, tuple)) or len(self.layers) > MAX_RESNET_STAGES:
+            raise VitlabError(f"ResNet layers must be a list of at most {MAX_RESNET_STAGES} block counts, "
+                              f"got {self.layers!r}")
+        _set(self, "layers", tuple(check_int("ResNet layers (blocks per stage)", n, 1, MAX_STAGE_BLOCKS)
+                                   for n in self.layers))
         if self.stem not in ("bit", "small"):
             raise VitlabError(f"ResNet stem must be 'bit' or 'small', got {self.stem!r}")
         if self.kind not in RESNET_KINDS:
@@ -62,19 +105,34 @@ class ResNetConfig:
             raise VitlabError(f"ResNet block must be one of {RESNET_BLOCKS}, got {self.block!r}")
         if self.block == "basic" and self.kind != "standard":
             raise VitlabError("basic blocks exist only for standard (BatchNorm) ResNets: use kind='standard'")
-        if not isinstance(self.width_factor, int) or self.width_factor < 1:
-            raise VitlabError(f"ResNet width_factor must be a positive integer, got {self.width_factor!r}")
-        if not isinstance(self.base_width, int) or self.base_width < 1:
-            raise VitlabError(f"ResNet base_width must be a positive integer, got {self.base_width!r}")
-        if self.kind != "standard" and self.base_width % 32:
-            raise VitlabError(f"GroupNorm ResNets use 32 groups: base_width must be a multiple of 32, got {self.base_width}")
-        if any(n < 1 for n in self.layers):
-            raise VitlabError(f"ResNet layers must be positive block counts, got {list(self.layers)}")
+        _set(self, "width_factor", _width_factor(self.width_factor))
+        _set(self, "base_width", check_int("ResNet base_width", self.base_width, 1, MAX_WIDTH))
+        if self.ws_eps is not None:
+            _set(self, "ws_eps", check_float("ResNet ws_eps", self.ws_eps, 0.0, 1.0, include_low=False))
+        self._check_widths()
+
+    def _check_widths(self) -> None:
+        width = self.width
+        if not 1 <= width <= MAX_WIDTH:
+            raise VitlabError(f"ResNet stem width int({self.base_width} * {self.width_factor}) = {width} must be from "
+                              f"1 to {MAX_WIDTH}; choose another width_factor or base_width")
+        if self.kind != "standard" and width % 32:
+            raise VitlabError(f"GroupNorm ResNets use 32 groups: the stem width int({self.base_width} * "
+                              f"{self.width_factor}) = {width} must be a multiple of 32; choose another "
+                              "width_factor or base_width")
+        last = width * 2 ** max(len(self.layers) - 1, 0) * self.expansion
+        if last > MAX_RESNET_CHANNELS:
+            raise VitlabError(f"this ResNet's last stage would have {last} channels, above {MAX_RESNET_CHANNELS}; "
+                              "use fewer stages or a smaller width")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ResNetConfig:
+        return _from_dict(cls, data, "ResNet config")
 
     @property
     def width(self) -> int:
-        """Stem channels = inner width of the first stage."""
-        return self.base_width * self.width_factor
+        """Stem channels = inner width of the first stage; stage i is `width * 2**i` wide (official rule)."""
+        return int(self.base_width * self.width_factor)
 
     @property
     def expansion(self) -> int:
@@ -121,17 +179,9 @@ class ViTConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", _pair(self.image_size))
-        if isinstance(self.resnet, dict):
-            object.__setattr__(self, "resnet", ResNetConfig(**self.resnet))
-        object.__setattr__(self, "conv_stem", tuple(int(c) for c in (self.conv_stem or ())))
-        if self.arch == "vit" and self.resnet is not None and self.resnet.kind != "bit-post":
-            raise VitlabError(f"a hybrid ViT's ResNet stem is the ViT code's (kind 'bit-post'), not {self.resnet.kind!r}")
-        if self.conv_stem and (self.resnet is not None or self.arch != "vit"):
-            raise VitlabError("conv_stem and resnet are two different stems: give one of them "
-                              "(conv_stem=[] turns the conv stem off)")
-        if any(c <= 0 for c in self.conv_stem):
-            raise VitlabError(f"conv_stem channels must be positive, got {list(self.conv_stem)}")
+        self._check_sizes()
+        self._check_regularisation()
+        self._check_stems()
         if self.arch not in ("vit", "resnet"):
             raise VitlabError(f"arch must be 'vit' or 'resnet', got {self.arch!r}")
         if self.arch == "resnet":
@@ -146,9 +196,50 @@ class ViTConfig:
             raise VitlabError(f"gelu must be one of {GELUS}, got {self.gelu!r}")
         if self.posemb_resample not in RESAMPLE_MODES:
             raise VitlabError(f"posemb_resample must be one of {RESAMPLE_MODES}, got {self.posemb_resample!r}")
-        if self.dim % self.heads:
-            raise VitlabError(f"dim={self.dim} is not divisible by heads={self.heads}")
         self.grid_for(self.image_size)  # raises when the size does not fit the stride
+
+    def _check_sizes(self) -> None:
+        """Typed, bounded sizes (models/limits.py), so that no config can ask for an absurd model."""
+        _set(self, "image_size", check_size_pair("image_size", self.image_size, MAX_IMAGE_SIZE))
+        _set(self, "patch_size", check_int("patch_size", self.patch_size, 1, MAX_IMAGE_SIZE))
+        _set(self, "in_chans", check_int("in_chans", self.in_chans, 1, MAX_IN_CHANS))
+        _set(self, "num_classes", check_int("num_classes (0: no head)", self.num_classes, 0, MAX_NUM_CLASSES))
+        _set(self, "dim", check_int("dim (width)", self.dim, 1, MAX_WIDTH))
+        _set(self, "depth", check_int("depth", self.depth, 1, MAX_DEPTH))
+        _set(self, "heads", check_int("heads", self.heads, 1, self.dim))
+        if self.dim % self.heads:
+            raise VitlabError(f"dim={self.dim} is not divisible by heads={self.heads}; choose heads that divide the width")
+        _set(self, "mlp_dim", check_int("mlp_dim", self.mlp_dim, 1, MAX_MLP_DIM))
+        if self.representation_size is not None:
+            _set(self, "representation_size",
+                 check_int("representation_size (None: no layer)", self.representation_size, 0, MAX_WIDTH))
+
+    def _check_regularisation(self) -> None:
+        for name in ("dropout", "attention_dropout", "drop_path"):
+            _set(self, name, check_float(name, getattr(self, name), 0.0, 1.0, include_high=False))
+        _set(self, "layer_norm_eps", check_float("layer_norm_eps", self.layer_norm_eps, 0.0, 1.0, include_low=False))
+        _set(self, "head_bias_init", check_float("head_bias_init", self.head_bias_init, -1e6, 1e6))
+        if not isinstance(self.qkv_bias, bool):
+            raise VitlabError(f"qkv_bias must be true or false, got {self.qkv_bias!r}")
+        if not isinstance(self.name, str):
+            raise VitlabError(f"name must be a string, got {self.name!r}")
+        if not isinstance(self.extra, dict):
+            raise VitlabError(f"extra must be a mapping, got {type(self.extra).__name__}")
+
+    def _check_stems(self) -> None:
+        if isinstance(self.resnet, dict):
+            _set(self, "resnet", ResNetConfig.from_dict(self.resnet))
+        if self.resnet is not None and not isinstance(self.resnet, ResNetConfig):
+            raise VitlabError(f"resnet must be a ResNet config (a mapping of fields) or None, got {self.resnet!r}")
+        stem = self.conv_stem or ()
+        if not isinstance(stem, (list, tuple)) or len(stem) > MAX_CONV_STEM:
+            raise VitlabError(f"conv_stem must be a list of at most {MAX_CONV_STEM} channel counts, got {stem!r}")
+        _set(self, "conv_stem", tuple(check_int("conv_stem channels (positive)", c, 1, MAX_WIDTH) for c in stem))
+        if self.arch == "vit" and self.resnet is not None and self.resnet.kind != "bit-post":
+            raise VitlabError(f"a hybrid ViT's ResNet stem is the ViT code's (kind 'bit-post'), not {self.resnet.kind!r}")
+        if self.conv_stem and (self.resnet is not None or self.arch != "vit"):
+            raise VitlabError("conv_stem and resnet are two different stems: give one of them "
+                              "(conv_stem=[] turns the conv stem off)")
 
     @property
     def is_hybrid(self) -> bool:
@@ -216,11 +307,5 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise VitlabError(f"unknown model config fields {unknown}; known fields: {sorted(known)}")
-        data = dict(data)
-        if data.get("resnet") is not None and not isinstance(data["resnet"], ResNetConfig):
-            data["resnet"] = ResNetConfig(**data["resnet"])
-        return cls(**data)
+        """A validated config from a plain dict (config.json, YAML, overrides); one line per problem."""
+        return _from_dict(cls, data, "model config")

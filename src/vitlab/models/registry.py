@@ -8,6 +8,7 @@ Three ResNet families, with names that say which is which (docs/models.md):
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -107,17 +108,34 @@ def _resnet_base(name: str, resnet: dict[str, Any], overrides: dict[str, Any]) -
             resnet[key] = overrides.pop(key)
     if isinstance(overrides.get("resnet"), dict):  # resnet={...} from a YAML config merges too
         resnet.update(overrides.pop("resnet"))
-    return ViTConfig(name=name, arch="resnet", resnet=ResNetConfig(**resnet), patch_size=1).to_dict()
+    return ViTConfig(name=name, arch="resnet", resnet=ResNetConfig.from_dict(resnet), patch_size=1).to_dict()
+
+
+def _suggest(name: str) -> str:
+    """' (did you mean ...?)' with the registered names closest to `name`, or ''."""
+    close = difflib.get_close_matches(name, model_names() + [f"vit-mu/{p}" for p in PATCH_SIZES], n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _unpublished_patch(name: str, size: str, patch: int) -> VitlabError:
+    """A named ViT with a patch size no paper or peer uses is most likely a typo (vit-b/61 for vit-b/16)."""
+    hint = _suggest(normalize_name(name)) or f" (e.g. 'vit-{size}/16')"
+    return VitlabError(
+        f"unknown model {name!r}: patch size {patch} is not one of the published {', '.join(map(str, PATCH_SIZES))}"
+        f"{hint}; for another patch size use 'custom' with patch_size={patch} (and dim, depth, heads, mlp_dim)"
+    )
 
 
 def get_config(name: str, **overrides: Any) -> ViTConfig:
-    """The config of a named model with field overrides applied."""
+    """The config of a named model with field overrides applied (an explicit `patch_size=` is free)."""
     n = normalize_name(name)
     overrides = {_ALIASES.get(k, k): v for k, v in overrides.items()}
     if n == "custom":
         base = ViTConfig(name="custom").to_dict()
     elif m := _VIT_RE.match(n):
         size, patch = m.group(1), int(m.group(2))
+        if patch not in PATCH_SIZES:
+            raise _unpublished_patch(name, size, patch)
         depth, dim, mlp, heads = VIT_SIZES[size]
         base = ViTConfig(
             name=n, patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp, heads=heads,
@@ -150,7 +168,7 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
         base = _resnet_base(n, resnet, overrides)
     else:
         raise VitlabError(
-            f"unknown model {name!r}; run `vitlab models` for the list "
+            f"unknown model {name!r}{_suggest(n)}; run `vitlab models` for the list "
             "(e.g. vit-b/16, vit-s/32-gap, r50+vit-b/16, resnet-50, bit-r152x2, bit-r50x1-postact, custom)"
         )
     base.update(overrides)

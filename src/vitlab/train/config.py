@@ -7,6 +7,10 @@ repeats the run exactly.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -98,10 +102,10 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         cfg = cls()
-        return apply_overrides(cfg, data, source="config")
+        return apply_overrides(cfg, data, source="from the config dict")
 
     def replace(self, **changes: Any) -> TrainConfig:
-        return apply_overrides(dataclasses.replace(self), changes, source="replace")
+        return apply_overrides(dataclasses.replace(self), changes, source="from TrainConfig.replace")
 
 
 # Recipes: overrides of the TrainConfig defaults (reference official-vit.md section 4, small-data.md section 2).
@@ -174,29 +178,211 @@ def recipe_overrides(name: str) -> dict[str, Any]:
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
 _ALIASES = {"batch": "batch_size", "wd": "weight_decay", "sd": "drop_path", "stochastic_depth": "drop_path",
             "warmup": "warmup_steps", "clip": "grad_clip"}
+# The declared types as objects (this module's annotations are strings): what every value is coerced to.
+_TYPES = typing.get_type_hints(TrainConfig)
+# Fields typed Any: `classes` passes through (the data package reads names or indices); the normalisation
+# statistics are one number or one per channel.
+_PER_CHANNEL = ("mean", "std")
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+_NULL = ("none", "null", "~", "")
 
 
-def _coerce(name: str, value: Any, current: Any) -> Any:
-    """Parse a YAML/flag value into the type of the field (strings from `--set` go through YAML)."""
-    if isinstance(value, str) and name not in ("data", "model", "name", "out_dir", "weights", "resume", "recipe",
-                                               "optimizer", "decay", "device", "precision", "classes"):
-        value = yaml.safe_load(value)
-    if isinstance(value, str) and value.lower() in ("none", "null") and name not in ("data", "model"):
-        return None
-    if name in ("betas", "crop_scale", "randaugment") and value is not None:
-        if isinstance(value, str):
-            value = [float(v) for v in value.replace("(", "").replace(")", "").split(",")]
-        value = tuple(value)
-        if name == "randaugment":
-            value = tuple(int(v) for v in value)
-    f = _FIELDS[name]
-    if value is not None and isinstance(current, bool) and not isinstance(value, bool):
-        raise VitlabError(f"--set {name}= expects true or false, got {value!r}")
-    if value is not None and f.type in ("int", "float", "int | None", "float | None") and isinstance(value, bool):
-        raise VitlabError(f"{name} expects a number, got {value!r}")
-    if f.type.startswith("float") and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    return value
+class _NotOfType(Exception):
+    """Internal: a value that does not fit a type; turned into the one-line VitlabError by `_coerce`."""
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):  # `hflip: 1` in YAML, as `--set hflip=1`
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _NotOfType
+
+
+def _as_float(value: Any) -> float:
+    # PyYAML reads YAML 1.1, where 3e-4 (no dot) is a string: parse numbers from text ourselves
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _NotOfType
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise _NotOfType from None
+    if not math.isfinite(number):  # NaN passes every `<` check and then poisons the run
+        raise _NotOfType
+    return number
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    number = _as_float(value)  # 1e3 or 128.0: whole numbers written as floats
+    if not number.is_integer():
+        raise _NotOfType
+    return int(number)
+
+
+def _as_str(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise _NotOfType  # a YAML `yes` or a list where a name belongs is a mistake, not a name
+    return str(value)
+
+
+def _as_sequence(value: Any) -> list:
+    """A list from YAML, a tuple, or text such as '0.9,0.95', '(0.9, 0.95)' or '[2, 9]'."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        text = value.strip().strip("()[]")
+        return [part.strip() for part in text.split(",")] if text else []
+    raise _NotOfType
+
+
+def _as_tuple(hint: Any, value: Any) -> tuple:
+    element_types = typing.get_args(hint)
+    items = _as_sequence(value)
+    if len(items) != len(element_types):
+        raise _NotOfType
+    return tuple(_convert(t, v) for t, v in zip(element_types, items))
+
+
+def _as_per_channel(value: Any) -> float | list[float]:
+    """One number for every channel, or a list of one number per channel."""
+    if isinstance(value, str) and "," in value:
+        value = _as_sequence(value)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise _NotOfType
+        return [_as_float(v) for v in value]
+    return _as_float(value)
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in _NULL)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    """`value` as type `hint` (bool, int, float, str, tuple[...], X | None, Any); _NotOfType when it cannot be."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = typing.get_args(hint)
+        if type(None) in members and _is_null(value):
+            return None
+        for member in (t for t in members if t is not type(None)):  # the first type that fits, in declared order
+            try:
+                return _convert(member, value)
+            except _NotOfType:
+                pass
+        raise _NotOfType
+    if value is None:
+        raise _NotOfType
+    if typing.get_origin(hint) is tuple:
+        return _as_tuple(hint, value)
+    converters = {bool: _as_bool, int: _as_int, float: _as_float, str: _as_str}
+    if hint in converters:
+        return converters[hint](value)
+    return value  # Any, dict: checked by their users
+
+
+def _describe(hint: Any) -> str:
+    """The expected type in words, for error messages."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = typing.get_args(hint)
+        words = " or ".join(_describe(t) for t in members if t is not type(None))
+        return f"{words}, or null" if type(None) in members else words
+    if typing.get_origin(hint) is tuple:
+        kinds = {t for t in typing.get_args(hint)}
+        word = "whole numbers" if kinds == {int} else "numbers"
+        return f"{len(typing.get_args(hint))} {word} separated by commas (e.g. {'2,9' if kinds == {int} else '0.9,0.999'})"
+    return {bool: "true or false", int: "a whole number (e.g. 128)", float: "a finite number (e.g. 0.001 or 3e-4)",
+            str: "a text value"}.get(hint, "a value")
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else repr(value)
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """`value` as the declared type of field `name`; one line naming field, value and type when impossible."""
+    if name in _PER_CHANNEL:
+        try:
+            return _as_per_channel(value)
+        except _NotOfType:
+            raise VitlabError(f"{name} must be a finite number or one per channel (e.g. 0.5 or [0.5,0.5,0.5]), "
+                              f"got {_shown(value)} ({source})") from None
+    if name == "classes":  # names or indices: the data package checks them against the data's classes
+        return None if _is_null(value) else value
+    hint = _TYPES[name]
+    try:
+        return _convert(hint, value)
+    except _NotOfType:
+        raise VitlabError(f"{name} must be {_describe(hint)}, got {_shown(value)} ({source})") from None
+
+
+def typed_model_args(args: dict[str, Any], source: str = "from the model arguments") -> dict[str, Any]:
+    """Model arguments with the values whose type the model config declares coerced to it
+    (`layer_norm_eps=1e-6` is a string to YAML 1.1); unknown keys are left to the model registry."""
+    from vitlab.models.config import ResNetConfig, ViTConfig
+
+    vit_types, resnet_types = typing.get_type_hints(ViTConfig), typing.get_type_hints(ResNetConfig)
+    return _typed_args(args, {**resnet_types, **vit_types}, resnet_types, source)
+
+
+def _is_scalar_type(hint: Any) -> bool:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return all(_is_scalar_type(t) for t in typing.get_args(hint) if t is not type(None))
+    return hint in (bool, int, float)
+
+
+def _typed_args(args: dict[str, Any], known: dict[str, Any], resnet_types: dict[str, Any], source: str) -> dict:
+    out = {}
+    for key, value in args.items():
+        hint = known.get(key)
+        if key == "resnet" and isinstance(value, dict):  # nested ResNet settings (resnet.stem=bit)
+            out[key] = _typed_args(value, resnet_types, resnet_types, source)
+        elif hint is not None and _is_scalar_type(hint):  # numbers and switches; names and lists stay as given
+            try:
+                out[key] = _convert(hint, value)
+            except _NotOfType:
+                raise VitlabError(f"model argument {key} must be {_describe(hint)}, got {_shown(value)} "
+                                  f"({source})") from None
+        else:
+            out[key] = value
+    return out
+
+
+def typed_overrides(overrides: dict[str, Any], source: str = "from the command line") -> dict[str, Any]:
+    """{field: value of the field's type} for a dict of settings (aliases resolved); one-line errors for
+    an unknown key or a value that is not of the field's type."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = _field_name(key, source)
+        if name == "model_args":
+            value = parse_kv(value) if isinstance(value, str) else value
+            if value is not None and not isinstance(value, dict):
+                raise VitlabError(f"model_args must be a mapping such as dim=64,depth=6, got {_shown(value)} ({source})")
+            out[name] = typed_model_args(dict(value or {}), source)
+        else:
+            out[name] = _coerce(name, value, source)
+    return out
+
+
+def _field_name(key: Any, source: str) -> str:
+    """The TrainConfig field a key names (aliases and dashes allowed); one line naming near misses if none."""
+    text = str(key).strip()
+    name = _ALIASES.get(text.replace("-", "_"), text.replace("-", "_"))
+    if name in _FIELDS:
+        return name
+    close = difflib.get_close_matches(name, list(_FIELDS) + list(_ALIASES), n=3)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(sorted(_FIELDS))}"
+    raise VitlabError(f"unknown training setting {text!r} ({source}); {hint}")
 
 
 def split_outside_brackets(text: str, sep: str = ",") -> list[str]:
@@ -235,26 +421,21 @@ def parse_kv(text: str) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], source: str = "flags") -> TrainConfig:
-    """Set fields from a dict, with a one-line error naming an unknown key and the known ones.
+def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any], source: str = "from the command line") -> TrainConfig:
+    """Set fields from a dict, each value coerced to its field's type, with one-line errors naming an
+    unknown key or a value of the wrong type.
 
     `model_args` merge into the ones already set (a preset's model stays, `dim=96` changes one value),
     unless the same layer names another `model`: then the earlier model's arguments are dropped.
     """
-    named = {}
-    for key, value in overrides.items():
-        name = _ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
-        if name not in _FIELDS:
-            raise VitlabError(f"unknown training setting {key!r} in {source}; known: {', '.join(sorted(_FIELDS))}")
-        named[name] = value
+    named = typed_overrides(overrides, source)
     if "model" in named and named["model"] != cfg.model:
         cfg.model_args = {}
     for name, value in named.items():
         if name == "model_args":
-            value = parse_kv(value) if isinstance(value, str) else dict(value or {})
             cfg.model_args = _merge(cfg.model_args, value)
-            continue
-        setattr(cfg, name, _coerce(name, value, getattr(cfg, name)))
+        else:
+            setattr(cfg, name, value)
     return cfg
 
 
@@ -268,15 +449,29 @@ def _merge(base: dict, extra: dict) -> dict:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise VitlabError(f"--config {p} is a folder; give its config.yaml (e.g. --config {p / 'config.yaml'})")
     if not p.is_file():
-        raise VitlabError(f"no such config file: {p}")
+        raise VitlabError(f"no such config file: {p}; check the path")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        raise VitlabError(f"{p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise VitlabError(f"{p} is not valid YAML ({yaml_problem(exc)}); fix the file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VitlabError(f"cannot read {p} as a text file ({type(exc).__name__}); give a YAML file of settings") from None
+    if data is None:  # an empty (or all-comment) file is more likely a mistake than a wish for the defaults
+        raise VitlabError(f"{p} holds no settings; write one per line, e.g. 'lr: 0.001', or drop --config")
     if not isinstance(data, dict):
-        raise VitlabError(f"{p} must hold a mapping of training settings, e.g. 'lr: 0.001'")
+        raise VitlabError(f"{p} must hold a mapping of training settings, e.g. 'lr: 0.001', "
+                          f"not a {type(data).__name__}")
     return data
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """'line 3: expected ',' or ']', but got '<stream end>'' rather than PyYAML's multi-line report."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"line {mark.line + 1}: {problem}" if mark is not None else problem
 
 
 def resolve_config(recipe: str | None = None, yaml_path: str | Path | None = None,
@@ -284,15 +479,45 @@ def resolve_config(recipe: str | None = None, yaml_path: str | Path | None = Non
     """Defaults < recipe (or preset) < YAML file < explicit overrides; the result is what the run saves."""
     file_values = load_yaml(yaml_path) if yaml_path else {}
     name = recipe or file_values.get("recipe") or "small-data"
-    cfg = apply_overrides(TrainConfig(), recipe_overrides(name), source=f"recipe {name}")
-    cfg = apply_overrides(cfg, file_values, source=str(yaml_path))
-    cfg = apply_overrides(cfg, overrides or {}, source="flags")
+    cfg = apply_overrides(TrainConfig(), recipe_overrides(str(name)), source=f"from recipe {name}")
+    cfg = apply_overrides(cfg, file_values, source=f"from {yaml_path}")
+    cfg = apply_overrides(cfg, overrides or {}, source="from the command line")
     validate(cfg)
     return cfg
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Catch impossible settings before any work is done."""
+    """Coerce every field to its declared type and refuse impossible settings, before any work is done
+    (nothing is created yet: a bad value must not leave an empty run folder behind)."""
+    for name in _FIELDS:
+        if name != "model_args":
+            setattr(cfg, name, _coerce(name, getattr(cfg, name), "in the training config"))
+    _check_choices(cfg)
+    _check_schedule(cfg)
+    _check_rates(cfg)
+    _check_budget(cfg)
+
+
+def _refuse(name: str, value: Any, rule: str) -> None:
+    raise VitlabError(f"{name} must be {rule}, got {value}")
+
+
+def _at_least(cfg: TrainConfig, name: str, low: float, rule: str | None = None) -> None:
+    value = getattr(cfg, name)
+    if value is not None and value < low:
+        _refuse(name, value, rule or f">= {low}")
+
+
+def _in_range(cfg: TrainConfig, name: str, low: float, high: float, high_included: bool = False) -> None:
+    value = getattr(cfg, name)
+    if value is None:
+        return
+    inside = low <= value <= high if high_included else low <= value < high
+    if not inside:
+        _refuse(name, value, f"in [{low:g}, {high:g}{']' if high_included else ')'}")
+
+
+def _check_choices(cfg: TrainConfig) -> None:
     if cfg.optimizer not in ("adamw", "adam", "sgd"):
         raise VitlabError(f"optimizer must be adamw, adam or sgd, got {cfg.optimizer!r}")
     if cfg.decay not in ("cosine", "linear", "constant"):
@@ -301,12 +526,52 @@ def validate(cfg: TrainConfig) -> None:
         raise VitlabError(f"batchnorm must be train, frozen or sync, got {cfg.batchnorm!r}")
     if cfg.precision not in ("auto", "bf16", "fp16", "fp32", "bf16-stem"):
         raise VitlabError(f"precision must be auto, bf16, fp16, fp32 or bf16-stem, got {cfg.precision!r}")
-    if cfg.batch_size < 1 or (cfg.micro_batch is not None and cfg.micro_batch < 1):
-        raise VitlabError("batch_size and micro_batch must be >= 1")
-    if cfg.steps <= 0 and cfg.epochs <= 0:
+
+
+def _check_schedule(cfg: TrainConfig) -> None:
+    """Length, batch and learning-rate settings."""
+    _at_least(cfg, "steps", 0, ">= 0 (0: train for --epochs)")
+    _at_least(cfg, "epochs", 0)
+    if cfg.steps == 0 and cfg.epochs == 0:
         raise VitlabError("set epochs > 0 or steps > 0 (e.g. --epochs 10)")
+    for name in ("batch_size", "micro_batch", "eval_batch_size"):
+        _at_least(cfg, name, 1)
     if cfg.lr <= 0:
-        raise VitlabError(f"lr must be > 0, got {cfg.lr}")
+        _refuse("lr", cfg.lr, "> 0 (e.g. 0.001)")
+    for name in ("lr_end", "weight_decay", "warmup_steps", "warmup_epochs", "grad_clip"):
+        _at_least(cfg, name, 0)
+    _in_range(cfg, "momentum", 0, 1)
+    if not all(0 <= beta < 1 for beta in cfg.betas):
+        _refuse("betas", list(cfg.betas), "two numbers in [0, 1), e.g. 0.9,0.999")
+
+
+def _check_rates(cfg: TrainConfig) -> None:
+    """Regularisation and augmentation strengths."""
+    for name in ("label_smoothing", "dropout", "drop_path"):  # 1 would drop everything / erase the labels
+        _in_range(cfg, name, 0, 1)
+    _in_range(cfg, "random_erasing", 0, 1, high_included=True)  # a probability per image
+    _in_range(cfg, "val_fraction", 0, 1)
+    for name in ("mixup", "cutmix"):  # Beta(alpha, alpha) parameters, not probabilities
+        _at_least(cfg, name, 0, ">= 0 (a Beta alpha; 0: off)")
+    _at_least(cfg, "random_shift", 0)
+    low, high = cfg.crop_scale
+    if not 0 < low <= high <= 1:
+        _refuse("crop_scale", list(cfg.crop_scale), "two area fractions 0 < min <= max <= 1, e.g. 0.6,1.0")
+    if cfg.randaugment is not None:
+        n, m = cfg.randaugment
+        if not (n >= 1 and 0 <= m <= 30):
+            _refuse("randaugment", list(cfg.randaugment), "N,M with N >= 1 ops and magnitude 0 <= M <= 30, e.g. 2,9")
+    std = cfg.std if isinstance(cfg.std, list) else [cfg.std]
+    if any(s <= 0 for s in std):
+        _refuse("std", cfg.std, "> 0 (it divides the pixels; e.g. 0.5)")
+
+
+def _check_budget(cfg: TrainConfig) -> None:
+    """Sizes, counts and intervals of the run."""
+    for name in ("per_class", "image_size", "threads", "keep_last", "log_every", "eval_every"):
+        _at_least(cfg, name, 1)
+    for name in ("seed", "ckpt_every"):
+        _at_least(cfg, name, 0)
 
 
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:

@@ -22,32 +22,31 @@ __all__ = [
 ]
 
 
-# Config fields a timm state dict cannot determine, stored by `save_timm` in the safetensors header.
-_TIMM_HINTS = ("ws_eps", "heads", "gelu", "layer_norm_eps", "posemb_resample", "dropout", "attention_dropout", "drop_path")
-
-
 def _first(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" ... ({len(items)} in all)" if len(items) > n else "")
 
 
 def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-    """Load with one clear error naming the first missing/unexpected keys and shape mismatches."""
+    """Load with one clear error naming the first missing/unexpected keys and shape mismatches, and
+    refusing integer tensors for float parameters and NaN/inf weights (such a model only prints nan)."""
+    from vitlab.weights.limits import shape_problems
+
     expected = model.state_dict()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    mismatched = [
-        f"{k} (expected {tuple(expected[k].shape)}, found {tuple(state_dict[k].shape)})"
-        for k in expected if k in state_dict and expected[k].shape != state_dict[k].shape
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing keys {_first(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_first(unexpected)}")
-    if mismatched:
-        problems.append(f"shape mismatch {_first(mismatched)}")
+    problems = shape_problems({k: tuple(v.shape) for k, v in expected.items()},
+                              {k: tuple(v.shape) for k, v in state_dict.items()})
     if problems:
         raise VitlabError(f"{source} does not fit the model: " + "; ".join(problems))
+    for k, want in expected.items():  # a cheap dtype pass first, then the value pass
+        found = state_dict[k]
+        if want.is_floating_point() and not found.is_floating_point():
+            raise VitlabError(f"{source}: tensor {k!r} is {found.dtype}, not floating point like the model's parameter "
+                              "(integer weights load as rounded values and give constant outputs); export the weights "
+                              "as floats")
+    for k, want in expected.items():
+        found = state_dict[k]
+        if want.is_floating_point() and not bool(torch.isfinite(found).all()):
+            raise VitlabError(f"{source}: tensor {k!r} holds NaN or infinite values (the first such tensor); the "
+                              "checkpoint is damaged or was saved after training diverged: use an earlier checkpoint")
     model.load_state_dict(state_dict, strict=True)
 
 
@@ -102,17 +101,31 @@ def run_model_folder(path: str | Path) -> str | Path:
     return path
 
 
-def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, torch.Tensor], dict]:
+def read_checkpoint(path: str | Path, size_hint: Any = None, **overrides: Any) -> tuple[Any, dict[str, torch.Tensor], dict]:
     """(model config, vitlab state dict, meta) of any supported checkpoint, without building a model.
 
     `overrides` set config fields the file cannot determine (e.g. `heads=` for timm/torchvision
-    files of an unusual width, `image_size=` for big_vision files with fixed sin-cos embeddings).
+    files of an unusual width, `classifier='token'` for a timm file with a class token, `image_size=`
+    for a non-square timm/torchvision grid or big_vision files with fixed sin-cos embeddings).
+    `size_hint`: the image size the caller will use; a timm/torchvision file whose position table has
+    exactly that grid's slots is read at that size (how non-square files load with `load(..., image_size=)`).
     """
     from vitlab.weights import hub
 
     path = run_model_folder(hub.resolve(path))
     fmt = detect_format(path)
-    p = Path(path)
+    try:
+        return _read_format(Path(path), fmt, size_hint, overrides)
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, ArithmeticError, NotImplementedError) as exc:
+        # The readers check every field they know of; a file malformed in a way none of them foresaw
+        # (fuzzing finds these) still ends in one line naming the file instead of a raw traceback.
+        raise VitlabError(f"{path}: malformed {fmt} checkpoint ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:160] if str(exc) else 'no detail'}); "
+                          "re-download or re-save the weights") from exc
+
+
+def _read_format(p: Path, fmt: str, size_hint: Any, overrides: dict) -> tuple[Any, dict[str, torch.Tensor], dict]:
+    path = p
     if fmt == "native":
         from vitlab.weights import native
 
@@ -126,7 +139,7 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, 
     elif fmt == "timm_folder":
         from vitlab.weights import timm
 
-        config, sd, meta = timm.read_timm_folder(p if p.is_dir() else p.parent, **overrides)
+        config, sd, meta = timm.read_timm_folder(p if p.is_dir() else p.parent, size_hint, **overrides)
     elif fmt == "official":
         from vitlab.weights import official
 
@@ -136,17 +149,16 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, 
 
         config, sd, meta = big_transfer.read_big_transfer(p, **overrides)
     else:
-        from vitlab.weights.io import read_tensors, safetensors_metadata
+        from vitlab.weights import timm
+        from vitlab.weights.io import read_tensors
 
         sd = read_tensors(p)
-        # vitlab's timm export records what the keys cannot tell (heads, GELU, eps) in the header.
-        stored = safetensors_metadata(p).get("vitlab_config")
-        if stored:
-            import json
-
-            hints = {k: v for k, v in json.loads(stored).items() if k in _TIMM_HINTS}
-            overrides = {**hints, **overrides}
-        config, sd, meta = convert_state_dict(sd, str(p), **overrides)
+        # vitlab's timm export records what the keys cannot tell (heads, GELU, pooling, ..., class names,
+        # preprocessing) in the safetensors header or a `NAME.vitlab.json` sidecar; what the caller passes wins.
+        record = timm.stored_record(p, sd)
+        overrides = {**timm.hints_from(record, sd), **overrides}
+        config, sd, meta = convert_state_dict(sd, str(p), size_hint, **overrides)
+        meta = {**meta, **timm.meta_from(record, config)}
     meta = dict(meta)
     meta["format"] = meta.get("format", fmt)
     meta["source"] = str(path)
@@ -155,14 +167,15 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> tuple[Any, dict[str, 
     return config, sd, meta
 
 
-def convert_state_dict(sd: dict[str, torch.Tensor], source: str = "state dict", **overrides: Any):
-    """Tell timm, torchvision and Hugging Face state dicts apart by their keys and convert them."""
+def convert_state_dict(sd: dict[str, torch.Tensor], source: str = "state dict", size_hint: Any = None, **overrides: Any):
+    """Tell timm, torchvision and Hugging Face state dicts apart by their keys and convert them
+    (`size_hint`: see `read_checkpoint`; used by the ViT readers whose files may not say their grid)."""
     from vitlab.weights import hf, timm, torchvision
 
     if torchvision.is_torchvision_resnet(sd):  # torchvision and timm `resnet*` share the keys
         return torchvision.read_torchvision_resnet(sd, source, **overrides)
     if torchvision.is_torchvision(sd):
-        return torchvision.read_torchvision(sd, **overrides)
+        return torchvision.read_torchvision(sd, size_hint, **overrides)
     if hf.is_hf_state_dict(sd):
         return hf.read_hf_state_dict(sd, None, **overrides)
     from vitlab.weights import timm_bit  # before timm: its ResNet reader takes post-activation files only
@@ -170,7 +183,7 @@ def convert_state_dict(sd: dict[str, torch.Tensor], source: str = "state dict", 
     if timm_bit.is_timm_bit(sd):
         return timm_bit.read_timm_bit(sd, **overrides)
     if timm.is_timm(sd):
-        return timm.read_timm(sd, **overrides)
+        return timm.read_timm(sd, size_hint, **overrides)
     raise VitlabError(
         f"{source}: unknown state-dict layout (first keys: {_first(sorted(sd), 4)}); expected timm "
         "('patch_embed.proj.weight'), torchvision ('conv_proj.weight'; ResNets 'conv1.weight' + 'layer1.0...') or "
@@ -188,7 +201,7 @@ def _preprocess_object(d: dict | None) -> Any:
         return d
     try:
         return Preprocess.from_dict(d)
-    except (TypeError, ValueError):  # e.g. a 4-channel model: keep the plain dict rather than fail the load
+    except (TypeError, ValueError, VitlabError):  # e.g. a 4-channel model: keep the plain dict rather than fail the load
         return d
 
 
@@ -201,7 +214,11 @@ def load_with_meta(
 ) -> tuple[nn.Module, dict]:
     """Like `load`, also returning meta: `class_names` (list or None), `preprocess` (a `Preprocess`),
     `format` ('native', 'hf', 'official', 'timm', 'torchvision', 'big_vision') and `source`."""
-    config, sd, meta = read_checkpoint(path, **overrides)
+    config, sd, meta = read_checkpoint(path, size_hint=image_size, **overrides)
+    from vitlab.weights.limits import validate_preprocess
+
+    # every format's stored preprocessing (timm folders too) must fit the model before anything runs on it
+    validate_preprocess(meta.get("preprocess"), config, str(meta["source"]))
     model = build_model(config)
     load_state_dict_strict(model, sd, str(meta["source"]))
     old_head = getattr(model, "head", None)
@@ -229,7 +246,9 @@ def load(
 
     `num_classes` (when given) drops the head (and the representation layer unless
     `keep_representation`) and adds a zero-initialised head (paper B.1.1); `image_size` resamples
-    the position embeddings to the new grid (paper 3.2).
+    the position embeddings to the new grid (paper 3.2), and is the size a non-square timm/torchvision
+    file is read at when its grid has exactly the file's position slots. `overrides` set config fields
+    the file cannot tell (`heads=`, `classifier='token'`, `gelu=`; docs/weights.md lists when they are needed).
     """
     return load_with_meta(path, num_classes, image_size, keep_representation, **overrides)[0]
 
@@ -259,9 +278,11 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     return hf.save_hf(model, folder, class_names, preprocess)
 
 
-def save_timm(model: nn.Module, path: str | Path) -> Path:
-    """Write a timm-named state dict (`.safetensors`, or `.pth` by suffix); a standard ResNet's keys are
-    torchvision's = timm's `resnet*`, so the file also loads strictly into torchvision."""
+def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
+    """Write a timm-named state dict (`.safetensors`, or `.pth`/`.pt`/`.bin` by suffix) with the config fields
+    timm's keys cannot carry beside it (safetensors header, or `NAME.vitlab.json`), so vitlab reads back the
+    same model (and class names, preprocessing); a standard ResNet's keys are torchvision's = timm's `resnet*`
+    (loads strictly into both)."""
     from vitlab.weights import timm
 
-    return timm.save_timm(model, path)
+    return timm.save_timm(model, path, class_names, preprocess)

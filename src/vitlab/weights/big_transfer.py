@@ -69,21 +69,22 @@ def npz_key(key: str) -> str:
 
 def infer_config(arrays: dict[str, np.ndarray], name: str = "big_transfer", **overrides: Any) -> ViTConfig:
     """The BiTResNet config the arrays describe: stem from the root conv, layers from the unit names."""
-    root = arrays[ROOT_KEY]
-    if root.ndim != 4 or root.shape[0] != root.shape[1] or root.shape[0] not in (7, 3):
-        raise VitlabError(f"big_transfer root conv {ROOT_KEY} has shape {root.shape}; expected (7, 7, Cin, width) "
+    root = tuple(arrays[ROOT_KEY].shape)  # header only: nothing is read to infer the config
+    if len(root) != 4 or root[0] != root[1] or root[0] not in (7, 3):
+        raise VitlabError(f"big_transfer root conv {ROOT_KEY} has shape {root}; expected (7, 7, Cin, width) "
                           "or (3, 3, Cin, width)")
-    k, _, in_chans, width = root.shape
+    k, _, in_chans, width = root
     counts: dict[int, int] = {}
     for key in arrays:
         if m := _UNIT_RE.match(key):
             s, u = int(m.group(1)), int(m.group(2))
             counts[s] = max(counts.get(s, 0), u)
     if not counts or sorted(counts) != list(range(1, len(counts) + 1)):
-        raise VitlabError(f"big_transfer checkpoint has blocks {sorted(counts)}; expected resnet/block1..blockN")
+        raise VitlabError(f"big_transfer checkpoint has blocks {sorted(counts)[:5]}; expected resnet/block1..blockN")
     # Published widths are 64 x the width factor; any other width is a narrow net of our own export.
     base, factor = (64, width // 64) if width % 64 == 0 else (width, 1)
-    num_classes = arrays[HEAD_KERNEL].shape[-1] if HEAD_KERNEL in arrays else 0
+    head = tuple(arrays[HEAD_KERNEL].shape) if HEAD_KERNEL in arrays else ()
+    num_classes = head[-1] if head else 0  # a head of another shape is reported by to_state_dict
     # BiT-HyperRule evaluates ImageNet-sized data at 480 px (ILSVRC2012 fine-tuned files); the
     # upstream models were pre-trained at 224 px.
     image_size = 480 if "ilsvrc2012" in name.lower() else 224
@@ -107,8 +108,31 @@ def _expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig, source: str = "checkpoint") -> dict[str, torch.Tensor]:
-    """big_transfer arrays -> vitlab state dict; one VitlabError for missing, extra or mis-shaped arrays."""
+def _npz_fits(shape: tuple[int, ...], key: str, want: tuple[int, ...]) -> bool:
+    """Whether an array of `shape` converts to the parameter `key` of shape `want` (header only)."""
+    if len(want) == 4:  # HWIO kernels
+        return shape == _npz_shape(key, want)
+    if key == "head.weight":  # a 1x1 conv (1, 1, C, K), or already a Linear (K, C)
+        return shape in (_npz_shape(key, want), want)
+    if len(shape) > 1:  # GroupNorm stored as (1, 1, 1, C)
+        return int(np.prod(shape)) == int(np.prod(want))
+    return shape == want
+
+
+def _convert(a: np.ndarray, key: str, want: tuple[int, ...]) -> torch.Tensor:
+    """A checked array -> the PyTorch layout of `key`."""
+    if len(want) == 4:  # HWIO -> OIHW
+        a = a.transpose(3, 2, 0, 1)
+    elif key == "head.weight" and a.ndim == 4:  # a 1x1 conv (1, 1, C, K) -> Linear (K, C)
+        a = a.reshape(a.shape[-2], a.shape[-1]).T
+    else:
+        a = a.reshape(want)
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def to_state_dict(arrays: Any, config: ViTConfig, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """big_transfer arrays -> vitlab state dict; one VitlabError for missing, extra, mis-shaped or
+    non-float arrays, found from the headers before any array is read (arrays may be lazy)."""
     shapes = _expected_shapes(config)
     names = {npz_key(k): k for k in shapes}
     missing = [n for n in names if n not in arrays]
@@ -118,29 +142,17 @@ def to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig, source: str 
         problems.append(f"missing arrays {_first(missing)}")
     if extra:
         problems.append(f"unexpected arrays {_first(extra)}")
-    sd, mismatched = {}, []
-    for name, key in names.items():
-        if name not in arrays:
-            continue
-        a = np.asarray(arrays[name])
-        want = shapes[key]
-        if len(want) == 4:  # HWIO -> OIHW
-            t = a.transpose(3, 2, 0, 1) if a.ndim == 4 else a
-        elif key == "head.weight":  # a 1x1 conv (1, 1, C, K) -> Linear (K, C)
-            t = a.reshape(a.shape[-2], a.shape[-1]).T if a.ndim == 4 and a.shape[:2] == (1, 1) else a
-        elif a.ndim > 1 and a.size == int(np.prod(want)):  # GroupNorm stored as (1, 1, 1, C)
-            t = a.reshape(want)
-        else:
-            t = a
-        if tuple(t.shape) != want:
-            mismatched.append(f"{name} (expected {_npz_shape(key, want)}, found {tuple(a.shape)})")
-            continue
-        sd[key] = torch.from_numpy(np.ascontiguousarray(t, dtype=np.float32))
+    present = [n for n in names if n in arrays]
+    mismatched = [f"{n} (expected {_npz_shape(names[n], shapes[names[n]])}, found {tuple(arrays[n].shape)})"
+                  for n in present if not _npz_fits(tuple(arrays[n].shape), names[n], shapes[names[n]])]
     if mismatched:
         problems.append(f"shape mismatch {_first(mismatched)}")
+    not_float = [f"{n} ({np.dtype(arrays[n].dtype)})" for n in present if np.dtype(arrays[n].dtype).kind != "f"]
+    if not_float:
+        problems.append(f"not floating point {_first(not_float)}")
     if problems:
         raise VitlabError(f"{source} is not a complete {_describe(config)} big_transfer checkpoint: " + "; ".join(problems))
-    return sd
+    return {names[n]: _convert(np.asarray(arrays[n]), names[n], shapes[names[n]]) for n in present}
 
 
 def _npz_shape(key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -178,10 +190,12 @@ def read_arrays(arrays: dict[str, np.ndarray], source: str = "checkpoint",
 
 
 def read_big_transfer(path: str | Path, **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    """(config, state dict, meta) of a big_transfer `.npz`, read with pickling disabled."""
-    from vitlab.weights.official import read_npz
+    """(config, state dict, meta) of a big_transfer `.npz`, read lazily with pickling disabled: the
+    config is bounded, every array checked against it before decompression, nothing unused read."""
+    from vitlab.weights.io import NpzArchive
 
-    return read_arrays(read_npz(path), str(path), **overrides)
+    with NpzArchive(path) as archive:
+        return read_arrays(archive, str(path), **overrides)
 
 
 def to_big_transfer_arrays(model: nn.Module) -> dict[str, np.ndarray]:

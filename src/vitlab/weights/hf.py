@@ -20,6 +20,7 @@ import torch.nn as nn
 from vitlab.errors import VitlabError
 from vitlab.models.config import ViTConfig
 from vitlab.weights.io import folder_config
+from vitlab.weights.limits import MAX_SHARDS
 
 _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
           "gelu_python_tanh": "tanh"}
@@ -42,10 +43,13 @@ _QKV_5 = ("attention.q_proj", "attention.k_proj", "attention.v_proj")
 
 # ------------------------------------------------------------------------------------------ reading
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise VitlabError(f"{path} is not valid JSON ({exc})") from exc
+    """A JSON object from a small file (size-bounded: io.read_json)."""
+    from vitlab.weights.io import read_json
+
+    data = read_json(path, path.name)
+    if not isinstance(data, dict):
+        raise VitlabError(f"{path} must hold a JSON object, got {type(data).__name__}; is it the right file?")
+    return data
 
 
 def is_hf_folder(folder: Path) -> bool:
@@ -62,33 +66,81 @@ def is_hf_resnet_state_dict(sd: dict[str, torch.Tensor]) -> bool:
     return any(k.endswith("embedder.embedder.convolution.weight") for k in sd)
 
 
-def _weights_files(folder: Path) -> list[Path]:
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _shard_names(index: Path) -> tuple[list[str], set[str]]:
+    """(shard file names, tensor names) of a sharded checkpoint's index, each shard a plain file name
+    of this folder (no paths: an index must not point elsewhere on the disk)."""
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise VitlabError(f"{index} has no 'weight_map' of tensor names to shard files; is the download complete?")
+    names = sorted({str(v) for v in weight_map.values()})
+    if len(names) > MAX_SHARDS:
+        raise VitlabError(f"{index} names {len(names)} shard files, above {MAX_SHARDS} (docs/weights.md, Limits)")
+    for name in names:
+        if Path(name).name != name or name in (".", "..") or not name.endswith((".safetensors", ".bin")):
+            raise VitlabError(f"{index} names the shard {name!r}; a shard is a .safetensors or .bin file in the same "
+                              "folder: fix the index")
+        if not (index.parent / name).is_file():
+            raise VitlabError(f"{index} names the shard {name} but it is not in {index.parent}; is the download complete?")
+    return names, set(weight_map)
+
+
+def _weights_files(folder: Path) -> tuple[list[Path], set[str]]:
+    """(weight files, tensor names the index promises; empty for a single file)."""
+    for index in _INDEXES:
         if (folder / index).is_file():
-            names = sorted(set(_read_json(folder / index).get("weight_map", {}).values()))
-            return [folder / n for n in names]
+            names, tensors = _shard_names(folder / index)
+            return [folder / n for n in names], tensors
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (folder / name).is_file():
-            return [folder / name]
+            return [folder / name], set()
     raise VitlabError(f"{folder} has a Hugging Face config.json but no model.safetensors or pytorch_model.bin")
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from vitlab.weights.io import read_tensors
+
+    files, promised = _weights_files(folder)
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(read_tensors(f))
+    absent = sorted(promised - set(sd))
+    if absent:
+        raise VitlabError(f"{folder}: the shard index names tensors no shard holds ({', '.join(absent[:3])}"
+                          f"{' ...' if len(absent) > 3 else ''}); is the download complete?")
+    return sd
+
+
+def _preprocess(pp: dict, config: ViTConfig, source: Path) -> dict:
+    """preprocessor_config.json -> vitlab preprocessing, refused in one line when malformed or
+    inconsistent with the model (limits.validate_preprocess)."""
+    from vitlab.weights.limits import validate_preprocess
+
+    try:
+        # HF ResNets ship a ConvNext processor (resize to N / crop_pct, crop N); ViTs a ViTImageProcessor
+        pre = preprocess_from_convnext(pp, config) if _is_convnext_processor(pp) else preprocess_from_hf(pp, config)
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+        raise VitlabError(f"cannot read {source} ({type(exc).__name__}: {exc}); fix the file or delete it "
+                          "to use the default preprocessing") from exc
+    return validate_preprocess(pre, config, str(source))
 
 
 def read_hf_folder(folder: str | Path, **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
     """(config, vitlab state dict, meta) of a Hugging Face ViT folder."""
-    from vitlab.weights.io import read_tensors
-
     folder = Path(folder)
     hf_cfg = _read_json(folder / "config.json")
-    sd: dict[str, torch.Tensor] = {}
-    for f in _weights_files(folder):
-        sd.update(read_tensors(f))
-    config, state, meta = read_hf_state_dict(sd, hf_cfg, **overrides)
+    sd = _read_weights(folder)
+    try:
+        config, state, meta = read_hf_state_dict(sd, hf_cfg, **overrides)
+    except VitlabError as exc:
+        if str(folder) in str(exc):
+            raise
+        raise VitlabError(f"{folder}: {exc}") from exc
     pre = folder / "preprocessor_config.json"
     if pre.is_file():
-        pp = _read_json(pre)
-        # HF ResNets ship a ConvNext processor (resize to N / crop_pct, crop N); ViTs a ViTImageProcessor
-        meta["preprocess"] = preprocess_from_convnext(pp, config) if _is_convnext_processor(pp) \
-            else preprocess_from_hf(pp, config)
+        meta["preprocess"] = _preprocess(_read_json(pre), config, pre)
     return config, state, meta
 
 
@@ -117,17 +169,46 @@ def read_hf_state_dict(
     w = sd.get("embeddings.patch_embeddings.projection.weight")
     if w is None:
         raise VitlabError("not a Hugging Face ViT state dict: no 'embeddings.patch_embeddings.projection.weight'")
-    dim, in_chans, patch, _ = w.shape
+    try:
+        return _read_hf_vit(sd, hf_cfg, overrides)
+    except KeyError as exc:
+        raise VitlabError(f"Hugging Face ViT checkpoint lacks the tensor {exc.args[0]!r}; is it complete?") from exc
+
+
+def _tensor_shape(sd: dict[str, torch.Tensor], key: str, ndim: int) -> tuple[int, ...]:
+    shape = tuple(sd[key].shape)
+    if len(shape) != ndim:
+        raise VitlabError(f"Hugging Face tensor {key!r} has shape {shape}; expected {ndim} axes")
+    return shape
+
+
+def _check_declared(hf_cfg: dict, found: dict[str, int]) -> None:
+    """config.json's architecture fields must describe the weights that are there (a folder whose
+    config and weights disagree is refused, whichever of the two is wrong)."""
+    for field, value in found.items():
+        declared = hf_cfg.get(field)
+        if declared is not None and declared != value:
+            raise VitlabError(f"config.json says {field}={declared!r} but the weights hold {value}; the folder is "
+                              "inconsistent: fix config.json or re-download the folder")
+
+
+def _read_hf_vit(sd: dict[str, torch.Tensor], hf_cfg: dict, overrides: dict[str, Any]
+                 ) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    dim, in_chans, patch, _ = _tensor_shape(sd, "embeddings.patch_embeddings.projection.weight", 4)
     layer_ids = {int(m.group(2)) for k in sd if (m := re.match(r"(encoder\.layer|layers)\.(\d+)\.", k))}
     depth = max(layer_ids) + 1 if layer_ids else 0
     layer_root = "encoder.layer" if any(k.startswith("encoder.layer.") for k in sd) else "layers"
-    mlp_dim = next(v.shape[0] for k, v in sd.items()
-                   if re.match(rf"{re.escape(layer_root)}\.0\.(intermediate\.dense|mlp\.fc1)\.weight$", k))
+    mlp_dim = next((v.shape[0] for k, v in sd.items()
+                    if re.match(rf"{re.escape(layer_root)}\.0\.(intermediate\.dense|mlp\.fc1)\.weight$", k)), None)
+    if mlp_dim is None:
+        raise VitlabError(f"Hugging Face ViT checkpoint has no {layer_root}.0 MLP weight; is it complete?")
+    _check_declared(hf_cfg, {"hidden_size": dim, "num_hidden_layers": depth, "intermediate_size": mlp_dim,
+                             "patch_size": patch, "num_channels": in_chans})
     act = hf_cfg.get("hidden_act", "gelu")
-    if act not in _GELUS:
+    if not isinstance(act, str) or act not in _GELUS:
         raise VitlabError(f"Hugging Face hidden_act {act!r} is not supported; use one of {sorted(_GELUS)}")
     pos = sd["embeddings.position_embeddings"]
-    n_patch = pos.shape[1] - 1
+    n_patch = _tensor_shape(sd, "embeddings.position_embeddings", 3)[1] - 1
     image_size = hf_cfg.get("image_size")
     if image_size is None:
         side = int(round(n_patch**0.5))
@@ -148,14 +229,18 @@ def read_hf_state_dict(
         name="hf-vit", image_size=image_size, patch_size=patch, in_chans=in_chans, dim=dim, depth=depth,
         heads=heads, mlp_dim=mlp_dim, classifier="token", num_classes=num_classes,
         representation_size=sd["pooler.dense.weight"].shape[0] if has_pooler else None,
-        layer_norm_eps=float(hf_cfg.get("layer_norm_eps", 1e-12)), gelu=_GELUS[act],
+        # numbers go to ViTConfig as written: it checks their types and ranges (models/limits.py)
+        layer_norm_eps=hf_cfg.get("layer_norm_eps", 1e-12), gelu=_GELUS[act],
         qkv_bias=bool(hf_cfg.get("qkv_bias", True)),
-        dropout=float(hf_cfg.get("hidden_dropout_prob", 0.0)),
-        attention_dropout=float(hf_cfg.get("attention_probs_dropout_prob", 0.0)),
+        dropout=hf_cfg.get("hidden_dropout_prob", 0.0),
+        attention_dropout=hf_cfg.get("attention_probs_dropout_prob", 0.0),
         posemb_resample="bicubic",  # HF interpolate_pos_encoding: bicubic, align_corners=False
     )
     config.update(overrides)
-    config = ViTConfig(**config)
+    try:
+        config = ViTConfig(**config)
+    except VitlabError as exc:
+        raise VitlabError(f"the Hugging Face config.json and weights describe an invalid model: {exc}") from exc
     gh, gw = config.grid_size
     if gh * gw != n_patch:
         raise VitlabError(
@@ -166,7 +251,7 @@ def read_hf_state_dict(
     out: dict[str, torch.Tensor] = {
         "cls_token": sd["embeddings.cls_token"],
         "pos_embed": pos,
-        "patch_embed.proj.weight": w,
+        "patch_embed.proj.weight": sd["embeddings.patch_embeddings.projection.weight"],
         "patch_embed.proj.bias": sd["embeddings.patch_embeddings.projection.bias"],
         "norm.weight": sd["layernorm.weight"],
         "norm.bias": sd["layernorm.bias"],

@@ -1,13 +1,22 @@
-"""Reading tensor files safely: safetensors, or torch files with `weights_only=True` (no pickled code)."""
+"""Reading tensor files safely: safetensors, torch files with `weights_only=True` (no pickled code),
+`.npz` archives lazily (one array at a time, its size checked before decompression), and small
+JSON files with a size bound."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from vitlab.errors import VitlabError
+from vitlab.weights.limits import MAX_JSON_BYTES
 
 STATE_DICT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
@@ -28,14 +37,50 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(p), device="cpu")
         except Exception as exc:  # SafetensorsError (truncated header/data), OSError
             raise VitlabError(f"cannot read {p} as safetensors ({exc}); is the file complete?") from exc
+    _check_torch_zip(p)
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, pickle with code, not a torch file at all
-        raise VitlabError(
-            f"cannot read {p} as a PyTorch state dict ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-            "only complete files holding plain tensors are accepted (weights_only=True)"
-        ) from exc
+        raise _torch_load_error(p, exc) from exc
     return unwrap_state_dict(obj, str(p))
+
+
+def _torch_load_error(path: Path, exc: Exception) -> VitlabError:
+    """One line for a torch file vitlab will not read. torch's own message goes on to advise
+    `weights_only=False`, i.e. running the file's code: it is never repeated here."""
+    text = str(exc)
+    pickled = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if pickled:
+        return VitlabError(
+            f"{path} holds pickled Python objects other than tensors ({pickled.group(1)}); vitlab reads torch files "
+            "with weights_only=True and never executes their code: in an environment you trust, re-save the "
+            "weights as safetensors or as a plain state dict of tensors (torch.save(model.state_dict(), ...)) "
+            "and load that file"
+        )
+    # The first sentence of the cause only: torch's advice that follows is left out.
+    tail = text.split("WeightsUnpickler error:")[-1]
+    first = next((line.strip() for line in tail.splitlines() if line.strip()), type(exc).__name__)
+    detail = first.split(". ")[0][:160]
+    return VitlabError(
+        f"cannot read {path} as a PyTorch state dict ({type(exc).__name__}: {detail}); only complete torch "
+        "files holding plain tensors are read (weights_only=True): is the file complete and a state dict?"
+    )
+
+
+def _check_torch_zip(path: Path) -> None:
+    """torch.save writes its zip uncompressed: a member declaring far more bytes than the file holds is
+    a zip bomb, refused before torch decompresses it."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as z:
+            declared = sum(info.file_size for info in z.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
+        return  # torch.load reports the damaged archive in its own words
+    size = path.stat().st_size
+    if declared > 2 * size + 2**20:
+        raise VitlabError(f"{path} declares {declared / 2**20:.0f} MB of data in a {size / 2**20:.1f} MB file "
+                          "(torch writes its files uncompressed: a zip bomb or a damaged file); re-save the weights")
 
 
 def unwrap_state_dict(obj: object, source: str = "checkpoint") -> dict[str, torch.Tensor]:
@@ -69,6 +114,32 @@ def safetensors_metadata(path: str | Path) -> dict[str, str]:
         return {}
 
 
+def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every tensor in a `.safetensors` file, from its header alone (nothing is read)."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as exc:  # SafetensorsError (truncated header/data), OSError
+        raise VitlabError(f"cannot read {p} as safetensors ({exc}); is the file complete?") from exc
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    """A small JSON file's content; refused above MAX_JSON_BYTES (a config is a few KB), and
+    malformed or absurdly nested JSON is one VitlabError line."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise VitlabError(f"{p} is {size / 2**20:.0f} MB, above the {MAX_JSON_BYTES // 2**20} MB a {what} may have "
+                          "(docs/weights.md, Limits); is it the right file?")
+    try:
+        return json.loads(p.read_text())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise VitlabError(f"{p} is not valid JSON ({type(exc).__name__}: {str(exc)[:160]})") from exc
+
+
 def folder_config(folder: Path) -> dict | None:
     """The folder's `config.json` as a dict, or None when it is absent or not a JSON object
     (used to tell vitlab, Hugging Face and timm folders apart)."""
@@ -76,7 +147,154 @@ def folder_config(folder: Path) -> dict | None:
     if not cfg.is_file():
         return None
     try:
-        data = json.loads(cfg.read_text())
-    except ValueError:
-        return None
+        data = read_json(cfg, "config.json")
+    except VitlabError as exc:
+        if "not valid JSON" in str(exc):
+            return None
+        raise
     return data if isinstance(data, dict) else None
+
+
+# ------------------------------------------------------------------------------------- lazy .npz
+class LazyArray:
+    """An array that is read only when converted (`np.asarray`): shape and dtype come from a cheap
+    `describe()`, the data from `load()`. `reshape` and integer indexing give lazy views, so code
+    written for a dict of numpy arrays (normalising layouts, splitting scan-stacked blocks) runs
+    unchanged on an archive without reading what it never uses."""
+
+    def __init__(self, describe: Callable[[], tuple[tuple[int, ...], np.dtype]], load: Callable[[], np.ndarray]):
+        self._describe, self._load = describe, load
+        self._info: tuple[tuple[int, ...], np.dtype] | None = None
+        self._array: np.ndarray | None = None
+
+    def _header(self) -> tuple[tuple[int, ...], np.dtype]:
+        if self._info is None:
+            self._info = self._describe()
+        return self._info
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._header()[0]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._header()[1]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = self._load()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def reshape(self, *shape: Any) -> LazyArray:
+        new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+
+        def describe() -> tuple[tuple[int, ...], np.dtype]:
+            known = math.prod(s for s in new if s != -1)
+            return tuple(self.size // max(known, 1) if s == -1 else s for s in new), self.dtype
+
+        return LazyArray(describe, lambda: np.asarray(self).reshape(new))
+
+    def __getitem__(self, index: int) -> LazyArray:
+        """Row `index` of the first axis; the whole array is read once and shared by all rows."""
+        return LazyArray(lambda: (self.shape[1:], self.dtype), lambda: self._whole()[index])
+
+    def _whole(self) -> np.ndarray:
+        if self._array is None:
+            self._array = np.asarray(self)
+        return self._array
+
+
+class NpzArchive(Mapping):
+    """An `.npz` as a mapping of name -> LazyArray, on numpy's lazy NpzFile (pickling disabled).
+
+    Nothing is decompressed until an array is converted; then its declared (uncompressed) size
+    in the zip directory must equal what its .npy header describes, and its dtype must be a float,
+    before numpy allocates and decompresses it. Use as a context manager (closes the file)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self._npz = np.load(self.path, allow_pickle=False)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # zipfile.BadZipFile, ValueError, EOFError (truncated)
+            raise VitlabError(f"cannot read {self.path} as an .npz checkpoint ({type(exc).__name__}: {exc}); "
+                              "is the file complete?") from exc
+        if not isinstance(self._npz, np.lib.npyio.NpzFile):
+            raise VitlabError(f"{self.path} is a single .npy array, not an .npz checkpoint (a zip of named arrays)")
+        self._members = {i.filename[:-4]: i for i in self._npz.zip.infolist() if i.filename.endswith(".npy")}
+        self._headers: dict[str, tuple[tuple[int, ...], np.dtype, int]] = {}
+
+    def __getitem__(self, key: str) -> LazyArray:
+        if key not in self._members:
+            raise KeyError(key)
+        return LazyArray(lambda: self.header(key)[:2], lambda: self.read(key))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._members
+
+    def __enter__(self) -> NpzArchive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._npz.close()
+
+    def header(self, key: str) -> tuple[tuple[int, ...], np.dtype, int]:
+        """(shape, dtype, data offset) from the member's .npy header; only its first bytes are decompressed."""
+        if key not in self._headers:
+            self._headers[key] = self._read_header(key)
+        return self._headers[key]
+
+    def _read_header(self, key: str) -> tuple[tuple[int, ...], np.dtype, int]:
+        fmt = np.lib.format
+        try:
+            with self._npz.zip.open(self._members[key]) as f:
+                version = fmt.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = fmt.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, _, dtype = fmt.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported .npy format version {version}")
+                offset = f.tell()
+        except Exception as exc:  # a bad header, a damaged member
+            raise VitlabError(f"cannot read the array {key!r} of {self.path} ({type(exc).__name__}: {exc}); "
+                              "is the file complete?") from exc
+        if dtype.hasobject:
+            raise VitlabError(f"{self.path}: array {key!r} holds pickled Python objects; vitlab reads plain numeric "
+                              "arrays only: re-save the checkpoint with numpy arrays of floats")
+        return tuple(int(n) for n in shape), dtype, offset
+
+    def read(self, key: str) -> np.ndarray:
+        """The array, after checking its dtype and its declared size against its header."""
+        shape, dtype, offset = self.header(key)
+        if dtype.kind != "f":
+            raise VitlabError(f"{self.path}: array {key!r} is {dtype}, not floating point; a weights file holds "
+                              "float arrays: re-export the weights as floats")
+        declared, described = self._members[key].file_size, offset + math.prod(shape) * dtype.itemsize
+        if declared != described:
+            raise VitlabError(
+                f"{self.path}: array {key!r} declares {declared} uncompressed bytes but its header describes "
+                f"{described} ({shape} {dtype}); the file is damaged or crafted (a zip bomb?): re-download or re-save it"
+            )
+        try:
+            return self._npz[key]
+        except Exception as exc:  # truncated data, CRC error
+            raise VitlabError(f"cannot read the array {key!r} of {self.path} ({type(exc).__name__}: {exc}); "
+                              "is the file complete?") from exc

@@ -70,20 +70,41 @@ def is_native(folder: Path) -> bool:
     return data is not None and data.get("format") == FORMAT
 
 
+def _class_names(names: Any, config: ViTConfig, source: Path) -> list[str] | None:
+    """None, or one string per output of the model."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise VitlabError(f"{source}: class_names must be a list of strings or null; fix or remove it")
+    if config.num_classes and len(names) != config.num_classes:
+        raise VitlabError(f"{source} lists {len(names)} class names for a model with {config.num_classes} outputs; "
+                          "fix class_names (or set it to null)")
+    return names
+
+
 def read_native(folder: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    """(model config, state dict, meta with class_names and preprocess dict) of a native folder."""
-    from vitlab.weights.io import read_tensors
+    """(model config, state dict, meta with class_names and preprocess dict) of a native folder.
+
+    Bounded before allocating: config.json is size-limited, the model config typed and within the
+    documented limits, the stored preprocessing consistent with the model, and the tensors in the
+    safetensors header exactly those the config implies, all before a tensor is read."""
+    from vitlab.weights.io import read_json, read_tensors, safetensors_shapes
+    from vitlab.weights.limits import check_shapes_fit, model_shapes, validate_preprocess
 
     folder = Path(folder)
+    cfg_path = folder / CONFIG_FILE
+    meta = read_json(cfg_path, "vitlab config.json")
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise VitlabError(f"{cfg_path} has no 'model' section; was it written by vitlab?")
     try:
-        meta = json.loads((folder / CONFIG_FILE).read_text())
-    except ValueError as exc:
-        raise VitlabError(f"{folder / CONFIG_FILE} is not valid JSON ({exc})") from exc
-    if "model" not in meta:
-        raise VitlabError(f"{folder / CONFIG_FILE} has no 'model' section; was it written by vitlab?")
-    config = ViTConfig.from_dict(meta["model"])
+        config = ViTConfig.from_dict(meta["model"])
+    except VitlabError as exc:
+        raise VitlabError(f"{cfg_path}: {exc}") from exc
+    class_names = _class_names(meta.get("class_names"), config, cfg_path)
+    preprocess = validate_preprocess(meta.get("preprocess"), config, str(cfg_path))
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise VitlabError(f"{folder} has a config.json but no {WEIGHTS_FILE}")
+    check_shapes_fit(model_shapes(config), safetensors_shapes(weights), str(weights))
     state = read_tensors(weights)
-    return config, state, {"class_names": meta.get("class_names"), "preprocess": meta.get("preprocess")}
+    return config, state, {"class_names": class_names, "preprocess": preprocess}

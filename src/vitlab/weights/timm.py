@@ -1,6 +1,12 @@
 """timm state dicts in and out. vitlab's key names follow timm, so a plain ViT, a hybrid
-(`vit_base_r50_s16_384`-style `patch_embed.backbone.stem/stages.*`) and a MAP head map 1:1;
-this module infers the config from the shapes and handles timm's layout options.
+(`vit_base_r50_s16_384`-style `patch_embed.backbone.stem/stages.*`) and a MAP head map 1:1; timm's
+stem-only hybrids (`patch_embed.backbone.conv/norm`) are renamed both ways. This module infers the
+config from the shapes and handles timm's layout options.
+
+Lossless or refuse: vitlab's export stores what the keys cannot tell (heads, GELU form, pooling, image
+size, class names, preprocessing) in the safetensors header or a `NAME.vitlab.json` sidecar; a foreign
+file gets heads only for published widths and must be told its pooling when it has a class token and
+its size when its grid is not square (docs/weights.md, "What each format carries").
 
 Numerics of timm ViTs: exact (erf) GELU, LayerNorm eps 1e-6. timm's hybrid StdConv2dSame uses
 eps 1e-8 inside the weight standardisation where the official code (and vitlab) uses 1e-5.
@@ -20,18 +26,36 @@ from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.resnet import resnet_reduction
 from vitlab.weights.io import folder_config
 
-# The paper's and timm's widths -> heads (head_dim 64 except H/14 with 80).
-_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1664: 16}
+# Attention heads of the published ViT widths: the paper's Ti, S, B, L, H (192, 384, 768, 1024, 1280) and
+# timm's giant / gigantic (1408, 1664). timm and torchvision files do not store the heads; for any other
+# width they must be given (`heads=`), because guessing head_dim 64 silently changes the model.
+KNOWN_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1664: 16}
+
+# Config fields a timm state dict cannot tell from its keys and shapes. vitlab's own timm export stores
+# them beside the weights (safetensors header, or a JSON sidecar next to a torch file), so its files load
+# back to the same model; a foreign file without them follows the documented policy (docs/weights.md).
+VIT_HINTS = ("heads", "gelu", "layer_norm_eps", "classifier", "image_size", "posemb_resample", "dropout",
+             "attention_dropout", "drop_path", "head_bias_init", "name")
+HINTS_KEY = "vitlab_config"
+CLASS_NAMES_KEY = "vitlab_class_names"
+PREPROCESS_KEY = "vitlab_preprocess"
+SIDECAR_SUFFIX = ".vitlab.json"
+SIDECAR_FORMAT = "vitlab-timm-sidecar"
+TIMM_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+# timm's VisionTransformer numerics: exact GELU, LayerNorm eps 1e-6.
+TIMM_LAYER_NORM_EPS = 1e-6
+# timm's stem-only hybrids (`vit_tiny_r_s16_p8_*`: a ResNet with no stages) keep the stem's conv and norm
+# directly under the backbone (`patch_embed.backbone.conv/norm`); vitlab nests them in `backbone.stem`.
+_BACKBONE = "patch_embed.backbone."
 
 
 def guess_heads(dim: int) -> int:
-    """Attention heads for a width: the state dict does not store it; the standard models fix it."""
-    if dim in _HEADS:
-        return _HEADS[dim]
-    if dim % 64 == 0:
-        return dim // 64
-    raise VitlabError(f"cannot tell the number of attention heads of a width-{dim} model from the file; "
-                      "pass heads=N to vitlab.load (--heads N on the command line)")
+    """Attention heads of a published ViT width (`KNOWN_HEADS`); other widths are refused, not guessed."""
+    if dim in KNOWN_HEADS:
+        return KNOWN_HEADS[dim]
+    widths = ", ".join(f"{w}->{h}" for w, h in KNOWN_HEADS.items())
+    raise VitlabError(f"the file does not store the attention heads and width {dim} is not a published ViT width "
+                      f"({widths}); pass heads=N (--model-args heads=N on the command line)")
 
 
 def is_timm(sd: dict[str, torch.Tensor]) -> bool:
@@ -52,33 +76,95 @@ def _resnet_layout(sd: dict[str, torch.Tensor], prefix: str) -> tuple[ResNetConf
     """(ResNetConfig, in_chans) read off `prefix + stem.conv.weight` and the stage/block indices."""
     stem = sd[prefix + "stem.conv.weight"]
     width, in_chans, k, _ = stem.shape
-    if width % 64:
-        raise VitlabError(f"ResNet stem width {width} is not a multiple of 64")
+    if width % 32:
+        raise VitlabError(f"ResNet stem width {width} is not a multiple of 32 (GroupNorm with 32 groups)")
+    base, factor = (64, width // 64) if width % 64 == 0 else (width, 1)  # the same network either way
     counts: dict[int, int] = {}
     for key in sd:
         if m := re.match(rf"{re.escape(prefix)}stages\.(\d+)\.blocks\.(\d+)\.", key):
             s, b = int(m.group(1)), int(m.group(2))
             counts[s] = max(counts.get(s, 0), b + 1)
     layers = tuple(counts[s] for s in sorted(counts))
-    return ResNetConfig(layers=layers, width_factor=width // 64, stem="bit" if k == 7 else "small"), in_chans
+    return ResNetConfig(layers=layers, width_factor=factor, base_width=base, stem="bit" if k == 7 else "small"), in_chans
 
 
-def _square_side(n: int, what: str) -> int:
+def check_override_fields(overrides: dict[str, Any]) -> None:
+    """Overrides must be model config fields: one line naming the unknown ones (not a TypeError)."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(ViTConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise VitlabError(f"unknown model config fields {unknown}; known fields: {sorted(known)}")
+
+
+def file_image_size(
+    pos_embed: torch.Tensor, has_class_token: bool, stride: int, image_size: Any = None, size_hint: Any = None,
+    allow_no_class_slot: bool = True,
+) -> tuple[tuple[int, int], torch.Tensor]:
+    """The image size a position embedding was made for, and the embedding with a class slot.
+
+    `image_size` is the file's own size (an override or vitlab's stored config): it must fit the table.
+    `size_hint` is the size the caller wants (`load(..., image_size=)`): taken as the file's own when its
+    grid has exactly the table's patch slots, else the table must be a square grid and is resampled later.
+    timm `no_embed_class` files (class token, no class slot) get a zero class slot: adding zero to the
+    class token is what timm computes. Without a size, a table that fits two grids is refused.
+    """
+    n = pos_embed.shape[1]
+    for size, must_fit in ((image_size, True), (size_hint, False)):
+        if size is None:
+            continue
+        h, w = _grid(size, stride)
+        if n == h * w + (1 if has_class_token else 0):
+            return (h * stride, w * stride), pos_embed
+        if has_class_token and allow_no_class_slot and n == h * w:
+            return (h * stride, w * stride), _with_class_slot(pos_embed)
+        if must_fit:
+            slots = n - 1 if has_class_token else n
+            raise VitlabError(f"image_size {tuple(_pair(size))} gives a {h}x{w} grid, but the file's position "
+                              f"embedding has {slots} patch slots; pass the size the file was made for")
+    side = _square_side(n - 1) if has_class_token else _square_side(n)
+    if side is not None:
+        return (side * stride, side * stride), pos_embed
+    if has_class_token and allow_no_class_slot and (side := _square_side(n)) is not None:
+        # n = s*s slots next to a class token: an s x s grid without a class slot (timm no_embed_class), or
+        # an (s-1) x (s+1) grid with one (n - 1 = (s-1)(s+1)); the logits differ, so the size must be given.
+        raise VitlabError(f"the file's position embedding has {n} slots next to a class token: a {side}x{side} grid "
+                          f"without a class slot (timm no_embed_class) or a {side - 1}x{side + 1} grid with one; pass "
+                          f"the image size it was made for as image_size=(H, W) (--image-size HxW), e.g. "
+                          f"{side * stride}x{side * stride}")
+    slots = n - 1 if has_class_token else n
+    raise VitlabError(f"the file's position embedding has {slots} patch slots, not a square grid; pass the image "
+                      f"size it was made for as image_size=(H, W) (--image-size HxW), with (H/{stride})*(W/{stride}) "
+                      f"= {slots}")
+
+
+def _pair(size: Any) -> tuple[int, int]:
+    if isinstance(size, int):
+        return (size, size)
+    if isinstance(size, (tuple, list)) and len(size) == 2:
+        return (int(size[0]), int(size[1]))
+    raise VitlabError(f"image_size must be an int or (H, W), got {size!r}")
+
+
+def _grid(size: Any, stride: int) -> tuple[int, int]:
+    h, w = _pair(size)
+    if h % stride or w % stride or h <= 0 or w <= 0:
+        raise VitlabError(f"image_size {(h, w)} is not a multiple of the model's stride {stride}; use multiples of {stride}")
+    return h // stride, w // stride
+
+
+def _square_side(n: int) -> int | None:
     side = int(round(n**0.5))
-    if side * side != n:
-        raise VitlabError(f"{what} has {n} patch slots, not a square grid; pass image_size=(H, W) explicitly")
-    return side
+    return side if side > 0 and side * side == n else None
 
 
-def read_timm(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    """(config, vitlab state dict, meta) of a timm ViT / hybrid / non-preact ResNetV2 state dict."""
-    sd = dict(sd)
-    from vitlab.weights import timm_bit
+def _with_class_slot(pos_embed: torch.Tensor) -> torch.Tensor:
+    return torch.cat([pos_embed.new_zeros(1, 1, pos_embed.shape[2]), pos_embed], dim=1)
 
-    if timm_bit.is_timm_bit(sd):  # pre-activation BiT (resnetv2_*_bit), e.g. from a timm Hub folder
-        return timm_bit.read_timm_bit(sd, **overrides)
-    if "patch_embed.proj.weight" not in sd:
-        return _read_timm_resnet(sd, **overrides)
+
+def _refuse_non_paper_layouts(sd: dict[str, torch.Tensor]) -> None:
+    """timm options the paper's ViT does not have: one line naming the option."""
     for bad, why in (("norm_pre.weight", "a pre-norm (CLIP-style) ViT"), ("reg_token", "register tokens"),
                      ("blocks.0.ls1.gamma", "LayerScale"), ("blocks.0.attn.q_norm.weight", "QK-norm")):
         if bad in sd:
@@ -88,35 +174,92 @@ def read_timm(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig,
             raise VitlabError("timm checkpoint has both 'norm' and 'fc_norm'; not a paper ViT")
         raise VitlabError("this timm checkpoint normalises after pooling ('fc_norm', e.g. BEiT/MAE-style global pool); "
                           "vitlab's 'gap' follows the official code (LayerNorm, then mean)")
+
+
+def timm_classifier(sd: dict[str, torch.Tensor], requested: str | None) -> str:
+    """vitlab's classifier of a timm ViT state dict.
+
+    Without a class token the keys decide ('map' with `attn_pool`, else 'gap': timm's global_pool='avg'
+    with fc_norm=False; 'max'/'avgmax' pooling cannot be told apart and is read as 'avg'). With a class
+    token the keys cannot tell timm's global_pool='token' from 'avg' with fc_norm=False (the logits differ),
+    so the caller must say `classifier='token'` unless vitlab's own export stored it.
+    """
+    if "cls_token" not in sd:
+        found = "map" if "attn_pool.latent" in sd else "gap"
+        if requested not in (None, found):
+            raise VitlabError(f"this timm file has no class token, so its pooling is '{found}'; "
+                              f"classifier={requested!r} cannot apply: leave it out")
+        return found
+    if "attn_pool.latent" in sd:
+        raise VitlabError("this timm file has a class token and an attention-pool head (attn_pool); vitlab's "
+                          "'map' models have no class token, as big_vision's")
+    if requested is None:
+        raise VitlabError("a timm state dict with a class token does not say how it pools (global_pool='token', "
+                          "timm's default, or 'avg' with fc_norm=False; the logits differ): if it was made with "
+                          "global_pool='token', pass classifier='token' (--model-args classifier=token)")
+    if requested != "token":
+        raise VitlabError(f"classifier={requested!r} next to a class token (timm global_pool='avg', fc_norm=False) "
+                          "cannot be expressed: vitlab's 'gap' and 'map' models have no class token, as the "
+                          "official code; only classifier='token' reads this file")
+    return "token"
+
+
+def from_timm_stem_only(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """timm's stem-only hybrid keys (`patch_embed.backbone.conv/norm.*`) -> vitlab's (`...backbone.stem.conv/norm.*`)."""
+    if _BACKBONE + "conv.weight" not in sd:
+        return sd
+    return {(_BACKBONE + "stem." + k[len(_BACKBONE):]) if k.startswith(_BACKBONE) else k: v for k, v in sd.items()}
+
+
+def to_timm_stem_only(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """vitlab's stem-only hybrid keys -> timm's (`vit_tiny_r_s16_p8_224`: `patch_embed.backbone.conv/norm.*`)."""
+    stem = _BACKBONE + "stem."
+    return {(_BACKBONE + k[len(stem):]) if k.startswith(stem) else k: v for k, v in sd.items()}
+
+
+def read_timm(sd: dict[str, torch.Tensor], size_hint: Any = None,
+              **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, vitlab state dict, meta) of a timm ViT / hybrid / non-preact ResNetV2 state dict.
+
+    `overrides` set what the keys cannot tell (`heads` for unpublished widths, `classifier='token'` when a
+    class token is present, `image_size` of a non-square grid); `size_hint`: see `file_image_size`.
+    """
+    sd = dict(sd)
+    from vitlab.weights import timm_bit
+
+    if timm_bit.is_timm_bit(sd):  # pre-activation BiT (resnetv2_*_bit), e.g. from a timm Hub folder
+        return timm_bit.read_timm_bit(sd, **overrides)
+    check_override_fields(overrides)
+    if "patch_embed.proj.weight" not in sd:
+        return _read_timm_resnet(sd, **overrides)
+    _refuse_non_paper_layouts(sd)
+    sd = from_timm_stem_only(sd)
     w = sd["patch_embed.proj.weight"]
     dim, _, patch, patch_w = w.shape
     if patch != patch_w:
         raise VitlabError(f"non-square patches {patch}x{patch_w} are not supported")
     resnet, in_chans = None, w.shape[1]
-    if "patch_embed.backbone.stem.conv.weight" in sd:
-        resnet, in_chans = _resnet_layout(sd, "patch_embed.backbone.")
+    if _BACKBONE + "stem.conv.weight" in sd:
+        resnet, in_chans = _resnet_layout(sd, _BACKBONE)
     depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
-    token = "cls_token" in sd
-    classifier = "token" if token else ("map" if "attn_pool.latent" in sd else "gap")
-    if "pos_embed" in sd:
-        n = sd["pos_embed"].shape[1]
-        if token and int(round(n**0.5)) ** 2 == n:  # timm no_embed_class: no slot for the class token
-            sd["pos_embed"] = torch.cat([sd["pos_embed"].new_zeros(1, 1, dim), sd["pos_embed"]], dim=1)
-            n += 1
-        side = _square_side(n - (1 if token else 0), "pos_embed")
-        posemb = "learn"
-    else:
-        side, posemb = None, "sincos2d"
+    classifier = timm_classifier(sd, overrides.pop("classifier", None))
+    heads = overrides.pop("heads", None) or guess_heads(dim)
+    image_size = overrides.pop("image_size", None)
+    posemb = "learn" if "pos_embed" in sd else "sincos2d"
+    if posemb == "learn":
+        stride = patch * (resnet_reduction(resnet) if resnet else 1)
+        image_size, sd["pos_embed"] = file_image_size(sd["pos_embed"], classifier == "token", stride, image_size,
+                                                      size_hint)
     config = dict(
         name="timm-vit", patch_size=patch, in_chans=in_chans, dim=dim, depth=depth,
-        heads=overrides.pop("heads", None) or guess_heads(dim), mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
+        heads=heads, mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0],
         classifier=classifier, qkv_bias="blocks.0.attn.qkv.bias" in sd,
         representation_size=sd["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in sd else None,
         num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0,
-        gelu="exact", layer_norm_eps=1e-6, posemb=posemb, posemb_resample="bicubic_aa", resnet=resnet,
+        gelu="exact", layer_norm_eps=TIMM_LAYER_NORM_EPS, posemb=posemb, posemb_resample="bicubic_aa", resnet=resnet,
     )
-    if side is not None:
-        config["image_size"] = side * patch * (resnet_reduction(resnet) if resnet else 1)
+    if image_size is not None or size_hint is not None:
+        config["image_size"] = image_size or size_hint
     config.update(overrides)
     config = ViTConfig(**config)
     meta = {"format": "timm", "class_names": None, "preprocess": timm_preprocess(config)}
@@ -153,8 +296,13 @@ def is_timm_folder(folder: Path) -> bool:
     return data is not None and "architecture" in data and "model_type" not in data
 
 
-def read_timm_folder(folder: str | Path, **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    """(config, state dict, meta) of a timm Hub folder: weights by name, preprocessing from `pretrained_cfg`."""
+# timm's `global_pool` -> vitlab's classifier ('avg' without a class token and without fc_norm: see timm_classifier).
+_POOL_TO_CLASSIFIER = {"token": "token", "avg": "gap", "map": "map"}
+
+
+def read_timm_folder(folder: str | Path, size_hint: Any = None,
+                     **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, state dict, meta) of a timm Hub folder: weights by name, pooling and preprocessing from config.json."""
     import json
 
     from vitlab.weights.io import read_tensors
@@ -170,9 +318,13 @@ def read_timm_folder(folder: str | Path, **overrides: Any) -> tuple[ViTConfig, d
     if pool == "avg" and "cls_token" in sd:
         raise VitlabError(f"timm {arch} averages the patch tokens next to a class token; vitlab's 'gap' models have "
                           "no class token, as the official code")
-    config, sd, meta = read_timm(sd, **overrides)
-    config = config.replace(name=arch or config.name)
+    if pool in _POOL_TO_CLASSIFIER and "patch_embed.proj.weight" in sd:  # the folder says how it pools
+        overrides.setdefault("classifier", _POOL_TO_CLASSIFIER[pool])
     pc = data.get("pretrained_cfg") or {}
+    if size_hint is None and pc.get("input_size"):  # the size the weights were made for
+        size_hint = tuple(pc["input_size"][-2:])
+    config, sd, meta = read_timm(sd, size_hint, **overrides)
+    config = config.replace(name=arch or config.name)
     pre = meta["preprocess"]
     c = config.in_chans
     if pc.get("mean") is not None:
@@ -198,11 +350,18 @@ def timm_preprocess(config: ViTConfig) -> dict:
 
 
 def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """vitlab state dict -> timm names (identical for ViTs and standard ResNets; BiT-post-activation ResNet
-    heads become timm ResNetV2's 1x1 conv `head.fc`)."""
+    """vitlab state dict -> timm names (identical for ViTs and standard ResNets; stem-only hybrids get timm's
+    `patch_embed.backbone.conv/norm`; BiT-post-activation ResNet heads become timm ResNetV2's 1x1 conv `head.fc`).
+
+    Refuses what timm's models cannot load: a conv stem, a representation layer (`pre_logits`).
+    """
     cfg: ViTConfig = model.config
     if cfg.conv_stem:
         raise VitlabError("timm's VisionTransformer has no conv stem (conv_stem); save this model with --to native")
+    if cfg.arch == "vit" and cfg.representation_size:
+        raise VitlabError(f"timm's VisionTransformer has no representation layer (this model's pre_logits is "
+                          f"{cfg.representation_size} wide), so timm would refuse the file: save with --to native, "
+                          "or replace the head with --num-classes K (which drops pre_logits)")
     sd = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     if cfg.arch == "resnet" and cfg.resnet.kind == "standard":
         return sd  # StandardResNet's keys are torchvision's, which are timm's `resnet*` keys
@@ -213,27 +372,150 @@ def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         return sd
     if cfg.posemb != "learn":  # timm stores fixed tables as a (frozen) parameter too
         sd["pos_embed"] = model.pos_embed.detach().cpu().contiguous().clone()
+    if cfg.resnet is not None and not cfg.resnet.layers:
+        sd = to_timm_stem_only(sd)
     return sd
 
 
-def save_timm(model: nn.Module, path: str | Path) -> Path:
-    """Write the timm-named state dict to `.safetensors` (default) or `.pth`/`.bin` (torch.save)."""
-    path = Path(path)
-    if path.suffix not in (".safetensors", ".pth", ".pt", ".bin"):
-        path = path / "model.safetensors" if path.is_dir() or not path.suffix else path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sd = to_timm_state_dict(model)
-    if path.suffix == ".safetensors":
-        import json
+def file_hints(config: ViTConfig) -> dict[str, Any]:
+    """What vitlab stores beside a timm file: the config fields its keys and shapes cannot tell."""
+    if config.arch == "vit":
+        fields = config.to_dict()
+        return {k: fields[k] for k in VIT_HINTS}
+    hints: dict[str, Any] = {"name": config.name}
+    if config.resnet.kind == "bit" and config.resnet.ws_eps is not None:
+        hints["ws_eps"] = config.resnet.ws_eps  # timm itself uses 1e-8; a big_transfer model keeps its 1e-10
+    return hints
 
+
+def timm_model_args(config: ViTConfig) -> dict[str, Any] | None:
+    """Keyword arguments of `timm.models.vision_transformer.VisionTransformer` that build this plain ViT
+    with the same numerics (None for hybrids, ResNets, and what keywords cannot say, e.g. LayerNorm eps)."""
+    if config.arch != "vit" or config.is_hybrid or config.layer_norm_eps != TIMM_LAYER_NORM_EPS:
+        return None
+    ratio = config.mlp_dim / config.dim
+    if int(config.dim * ratio) != config.mlp_dim:  # timm builds mlp_dim as int(dim * mlp_ratio)
+        return None
+    token = config.classifier == "token"
+    return {"img_size": list(config.image_size), "patch_size": config.patch_size, "in_chans": config.in_chans,
+            "num_classes": config.num_classes, "embed_dim": config.dim, "depth": config.depth,
+            "num_heads": config.heads, "mlp_ratio": ratio, "qkv_bias": config.qkv_bias, "class_token": token,
+            "global_pool": {"token": "token", "gap": "avg", "map": "map"}[config.classifier], "fc_norm": False,
+            "act_layer": "gelu_tanh" if config.gelu == "tanh" else "gelu"}
+
+
+def timm_output_path(path: str | Path) -> Path:
+    """The file `save_timm` writes for `path`: the path itself for a known suffix, `model.safetensors` inside
+    a folder (an existing one, or a name without suffix); any other suffix is refused."""
+    path = Path(path)
+    if path.suffix in TIMM_SUFFIXES:
+        return path
+    if path.is_dir() or not path.suffix:
+        return path / "model.safetensors"
+    raise VitlabError(f"--to timm writes {', '.join(TIMM_SUFFIXES)} files or a folder (model.safetensors inside), "
+                      f"not {path.name!r}: choose one of those suffixes")
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """Where vitlab keeps the config of a timm torch file (`x.pth` -> `x.pth.vitlab.json`)."""
+    path = Path(path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def keys_digest(sd: dict[str, torch.Tensor]) -> str:
+    """A short fingerprint of a state dict's names and shapes, so a sidecar is never applied to another file."""
+    import hashlib
+
+    text = "\n".join(f"{k}:{list(sd[k].shape)}" for k in sorted(sd))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None = None,
+              preprocess: Any = None) -> Path:
+    """Write the timm-named state dict to `.safetensors` (default; vitlab's record in the header) or
+    `.pth`/`.pt`/`.bin` (torch.save; the record in the `NAME.vitlab.json` sidecar), so that vitlab reads back
+    the same model, class names and preprocessing (`stored_record`)."""
+    import json
+
+    path = timm_output_path(path)
+    sd = to_timm_state_dict(model)
+    record: dict[str, Any] = {HINTS_KEY: file_hints(model.config)}
+    if class_names is not None:
+        record[CLASS_NAMES_KEY] = [str(n) for n in class_names]
+    if preprocess is not None:
+        record[PREPROCESS_KEY] = preprocess.to_dict() if hasattr(preprocess, "to_dict") else dict(preprocess)
+    args = timm_model_args(model.config)
+    if args is not None:
+        record["timm_args"] = args
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 
-        cfg = model.config
-        hints = {"heads": cfg.heads, "gelu": cfg.gelu, "layer_norm_eps": cfg.layer_norm_eps,
-                 "posemb_resample": cfg.posemb_resample} if cfg.arch == "vit" else {}
-        if cfg.arch == "resnet" and cfg.resnet.kind == "bit" and cfg.resnet.ws_eps is not None:
-            hints["ws_eps"] = cfg.resnet.ws_eps  # timm itself uses 1e-8; a big_transfer model keeps its 1e-10
-        save_file(sd, str(path), metadata={"format": "pt", "vitlab_config": json.dumps(hints)})
+        save_file(sd, str(path), metadata={"format": "pt", **{k: json.dumps(v) for k, v in record.items()}})
     else:
         torch.save(sd, path)
+        sidecar = {"format": SIDECAR_FORMAT, "weights": path.name, "keys": keys_digest(sd), **record}
+        sidecar_path(path).write_text(json.dumps(sidecar, indent=1) + "\n")
     return path
+
+
+def stored_record(path: str | Path, sd: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """What vitlab's own export stored with a timm file ({} for a foreign file): config hints, class names,
+    preprocessing, timm keywords; from the safetensors header or the sidecar of a torch file."""
+    import json
+
+    from vitlab.weights.io import safetensors_metadata
+
+    path = Path(path)
+    header = safetensors_metadata(path)
+    if HINTS_KEY not in header:
+        return _sidecar_record(path, sd)
+    record = {}
+    for key in (HINTS_KEY, CLASS_NAMES_KEY, PREPROCESS_KEY, "timm_args"):
+        if key in header:
+            try:
+                record[key] = json.loads(header[key])
+            except ValueError as exc:
+                raise VitlabError(f"{path}: the stored '{key}' is not JSON ({exc}); re-export the file") from exc
+    return record
+
+
+def hints_from(record: dict[str, Any], sd: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The config overrides of a stored record (only fields a timm file cannot tell)."""
+    hints = record.get(HINTS_KEY) or {}
+    if not isinstance(hints, dict):
+        raise VitlabError(f"the stored '{HINTS_KEY}' is not a JSON object; re-export the file")
+    hints = {k: v for k, v in hints.items() if k in VIT_HINTS or k == "ws_eps"}
+    if "heads" in hints and "cls_token" in sd:
+        # vitlab never writes a class token next to other pooling: exports made before `classifier` was stored are 'token'
+        hints.setdefault("classifier", "token")
+    return hints
+
+
+def meta_from(record: dict[str, Any], config: ViTConfig) -> dict[str, Any]:
+    """Class names and preprocessing of a stored record, where they fit the model read."""
+    meta: dict[str, Any] = {}
+    names = record.get(CLASS_NAMES_KEY)
+    if isinstance(names, list) and len(names) == config.num_classes:
+        meta["class_names"] = [str(n) for n in names]
+    pre = record.get(PREPROCESS_KEY)
+    if isinstance(pre, dict):
+        meta["preprocess"] = pre
+    return meta
+
+
+def _sidecar_record(path: Path, sd: dict[str, torch.Tensor]) -> dict[str, Any]:
+    import json
+
+    side = sidecar_path(path)
+    if not side.is_file():
+        return {}
+    try:
+        data = json.loads(side.read_text())
+        keys = data["keys"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VitlabError(f"{side} is not a vitlab sidecar ({type(exc).__name__}); delete it or re-export {path.name}") from exc
+    if keys != keys_digest(sd):
+        raise VitlabError(f"{side} describes another model than {path.name} (other keys or shapes); delete the "
+                          "sidecar, or re-export the weights")
+    return {k: v for k, v in data.items() if k in (HINTS_KEY, CLASS_NAMES_KEY, PREPROCESS_KEY, "timm_args")}

@@ -30,8 +30,16 @@ def is_torchvision(sd: dict[str, torch.Tensor]) -> bool:
     return "conv_proj.weight" in sd and "encoder.pos_embedding" in sd
 
 
-def read_torchvision(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    """(config, vitlab state dict, meta) of a torchvision VisionTransformer state dict."""
+def read_torchvision(sd: dict[str, torch.Tensor], size_hint: Any = None,
+                     **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, vitlab state dict, meta) of a torchvision VisionTransformer state dict.
+
+    torchvision ViTs always pool the class token; `heads=` is needed for widths outside the published ones,
+    `image_size=(H, W)` (or `size_hint`, see `timm.file_image_size`) for a non-square grid.
+    """
+    from vitlab.weights.timm import check_override_fields, file_image_size, guess_heads
+
+    check_override_fields(overrides)
     if any(k.startswith("conv_proj.conv_") or k.startswith("conv_proj.bn_") for k in sd):
         raise VitlabError("torchvision conv-stem ViTs (conv_stem_configs) are not supported")
     out: dict[str, torch.Tensor] = {}
@@ -64,14 +72,12 @@ def read_torchvision(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViT
     w = out["patch_embed.proj.weight"]
     dim, in_chans, patch, _ = w.shape
     depth = 1 + max(int(m.group(1)) for k in out if (m := re.match(r"blocks\.(\d+)\.", k)))
-    n = out["pos_embed"].shape[1] - 1
-    side = int(round(n**0.5))
-    if side * side != n:
-        raise VitlabError(f"position embedding with {n} patch slots is not a square grid; pass image_size=(H, W)")
-    from vitlab.weights.timm import guess_heads
-
+    image_size, _ = file_image_size(out["pos_embed"], True, patch, overrides.pop("image_size", None), size_hint,
+                                    allow_no_class_slot=False)
+    if overrides.get("classifier", "token") != "token":
+        raise VitlabError(f"torchvision ViTs pool the class token; classifier={overrides['classifier']!r} cannot apply")
     config = dict(
-        name="torchvision-vit", image_size=side * patch, patch_size=patch, in_chans=in_chans, dim=dim, depth=depth,
+        name="torchvision-vit", image_size=image_size, patch_size=patch, in_chans=in_chans, dim=dim, depth=depth,
         heads=overrides.pop("heads", None) or guess_heads(dim), mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
         classifier="token", num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0,
         representation_size=out["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in out else None,

@@ -1,0 +1,48 @@
+"""argparse types for numbers with a range: a bad value is refused while the flags are read, as
+one line naming the flag ("argument --batch-size: expected a whole number >= 1, got 0")."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind: type) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        word = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {word}, got {text!r}") from None
+    if not math.isfinite(value):  # float('nan') parses, then passes every range check
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count of at least one (batch sizes, neighbours, seeds)."""
+    value = int(_number(text, int))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A share of the data in [0, 1)."""
+    value = _number(text, float)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {value:g}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value:g}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value:g}")
+    return value
