@@ -70,9 +70,9 @@ def _torch_load_error(path: Path, exc: Exception) -> VitlabError:
 def _check_torch_zip(path: Path) -> None:
     """torch.save writes its zip uncompressed: a member declaring far more bytes than the file holds is
     a zip bomb, refused before torch decompresses it."""
-    if not zipfile.is_zipfile(path):
-        return
     try:
+        if not zipfile.is_zipfile(path):  # can raise on a damaged end-of-archive record
+            return
         with zipfile.ZipFile(path) as z:
             declared = sum(info.file_size for info in z.infolist())
     except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
