@@ -4,6 +4,7 @@ matrix; optionally few-shot ridge, kNN and a linear probe on frozen features."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from vitlab.commands._argtypes import fraction, non_negative_float, positive_float, positive_int
@@ -115,6 +116,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None):
         test_fraction=pick("test_fraction", args.test_fraction, 0.1),
         seed=pick("seed", args.seed, 0),
         progress=not getattr(args, "quiet", False),
+        eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
     )
 
 
@@ -164,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
     res.info["model_description"] = loaded.description
     res.info["data"] = data.summary()
     files = write_report(res, out)
+    from vitlab.data import write_skipped
+
+    line = write_skipped(data, out)  # load-time skips and training files that failed while streaming
+    if data.all_skipped() and not quiet:
+        print(line, file=sys.stderr)
     print(rows_markdown(res.rows))
     if not quiet:
         from vitlab.evaluate.metrics import format_report

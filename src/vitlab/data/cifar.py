@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,20 +27,41 @@ _LAYOUT = {
     "cifar100": {"folder": "cifar-100-binary", "train": ["train.bin"], "test": ["test.bin"],
                  "names": "fine_label_names.txt", "coarse_names": "coarse_label_names.txt", "header": 2},
 }
+# Labels of the official binaries: 10 classes (CIFAR-10), 100 fine and 20 coarse (CIFAR-100).
+_NUM_CLASSES = {("cifar10", False): 10, ("cifar10", True): 10, ("cifar100", False): 100, ("cifar100", True): 20}
+
+# Limits checked against a file's (or archive member's) declared size before it is read. The largest
+# official file is CIFAR-100's train.bin (153.7 MB); the official archives hold 8-9 files, ~185 MB.
+MAX_RECORD_FILE_BYTES = 256 * 1024**2
+MAX_NAMES_FILE_BYTES = 1024**2
+MAX_ARCHIVE_MEMBERS = 64
+MAX_ARCHIVE_BYTES = 512 * 1024**2
 
 
 def parse_records(data: bytes, name: str, coarse: bool = False, where: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Binary CIFAR records -> (images uint8 (N, 3, 32, 32), labels int64 (N,))."""
+    check_record_size(len(data), name, where)
     header = _LAYOUT[name]["header"]
-    rec = header + 3072
-    if len(data) == 0 or len(data) % rec:
-        raise VitlabError(f"{where or name}: {len(data)} bytes is not a whole number of {rec}-byte {name} "
-                          "records; is this the binary version (not the python one)?")
-    arr = np.frombuffer(data, dtype=np.uint8).reshape(-1, rec)
+    arr = np.frombuffer(data, dtype=np.uint8).reshape(-1, header + 3072)
     label_col = 0 if (name == "cifar10" or coarse) else 1
     labels = arr[:, label_col].astype(np.int64)
+    num_classes = _NUM_CLASSES[(name, coarse)]
+    if int(labels.max()) >= num_classes:
+        raise VitlabError(f"{where or name}: label {int(labels.max())} but {name} has {num_classes} "
+                          f"{'coarse ' if coarse else ''}classes; is this the {name} binary version?")
     images = arr[:, header:].reshape(-1, 3, 32, 32).copy()
     return images, labels
+
+
+def check_record_size(size: int, name: str, where: str = "") -> None:
+    """A file of `size` bytes must be whole records and within MAX_RECORD_FILE_BYTES (checked before reading)."""
+    rec = _LAYOUT[name]["header"] + 3072
+    if size == 0 or size % rec:
+        raise VitlabError(f"{where or name}: {size} bytes is not a whole number of {rec}-byte {name} "
+                          "records; is this the binary version (not the python one)?")
+    if size > MAX_RECORD_FILE_BYTES:
+        raise VitlabError(f"{where or name}: {size:,} bytes, over the {MAX_RECORD_FILE_BYTES:,}-byte limit of a "
+                          f"{name} batch file; is this the official {name} binary version?")
 
 
 def _read_names(text: str) -> list[str]:
@@ -47,18 +69,14 @@ def _read_names(text: str) -> list[str]:
 
 
 class _Reader:
-    """Reads member files from a folder or straight from the .tar.gz."""
+    """Reads member files from a folder or straight from the .tar.gz, each size checked before reading."""
 
     def __init__(self, name: str, path: Path):
         self.name, self.path = name, path
         self.tar = None
         folder = _LAYOUT[name]["folder"]
         if path.is_file():
-            try:
-                self.tar = tarfile.open(path, "r:*")
-            except tarfile.TarError as exc:
-                raise VitlabError(f"{path} is not a readable tar archive ({exc}); pass the extracted folder") from None
-            self.members = {Path(m.name).name: m for m in self.tar.getmembers() if m.isreg()}
+            self.tar, self.members = _open_archive(path)
         else:
             for cand in (path, path / folder):
                 if (cand / _LAYOUT[name]["test"][0]).is_file():
@@ -71,16 +89,54 @@ class _Reader:
     def has(self, fname: str) -> bool:
         return fname in self.members if self.tar else (self.folder / fname).is_file()
 
-    def read(self, fname: str) -> bytes:
+    def size(self, fname: str) -> int:
+        """Bytes of a member file, from the tar header or the file system (nothing is read)."""
         if self.tar:
             if fname not in self.members:
                 raise VitlabError(f"{self.path} has no {fname}; is it the {self.name} binary archive?")
-            with self.tar.extractfile(self.members[fname]) as fh:
-                return fh.read()
+            return self.members[fname].size
         p = self.folder / fname
         if not p.is_file():
             raise VitlabError(f"missing {p}; the {self.name} folder is incomplete, download it again")
-        return p.read_bytes()
+        return p.stat().st_size
+
+    def read(self, fname: str, max_bytes: int) -> bytes:
+        size = self.size(fname)
+        if size > max_bytes:
+            raise VitlabError(f"{self.path}:{fname} is {size:,} bytes, over the {max_bytes:,}-byte limit; "
+                              f"is this the official {self.name} binary version?")
+        try:
+            if self.tar:
+                with self.tar.extractfile(self.members[fname]) as fh:
+                    data = fh.read(size)
+            else:
+                with open(self.folder / fname, "rb") as fh:
+                    data = fh.read(size)
+        except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+            raise VitlabError(f"cannot read {fname} from {self.path} ({exc}); download it again") from None
+        if len(data) != size:
+            raise VitlabError(f"{self.path}:{fname} is truncated ({len(data)} of {size} bytes); download it again")
+        return data
+
+
+def _open_archive(path: Path) -> tuple[tarfile.TarFile, dict[str, tarfile.TarInfo]]:
+    """Open a .tar(.gz) and list its regular files, refusing archives far from the official ones on the way."""
+    try:
+        tar = tarfile.open(path, "r:*")
+        members, total = {}, 0
+        for count, member in enumerate(tar, 1):  # headers only; stops early instead of walking a bomb
+            if count > MAX_ARCHIVE_MEMBERS:
+                raise VitlabError(f"{path} has more than {MAX_ARCHIVE_MEMBERS} entries; "
+                                  "is it the official binary archive?")
+            if member.isreg():
+                total += member.size
+                if total > MAX_ARCHIVE_BYTES:
+                    raise VitlabError(f"{path} holds more than {MAX_ARCHIVE_BYTES:,} bytes; "
+                                      "is it the official binary archive?")
+                members[Path(member.name).name] = member
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+        raise VitlabError(f"{path} is not a readable tar archive ({exc}); pass the extracted folder") from None
+    return tar, members
 
 
 def load_cifar(name: str, root: str | os.PathLike | None = None, coarse: bool = False) -> DataSplits:
@@ -99,20 +155,23 @@ def load_cifar(name: str, root: str | os.PathLike | None = None, coarse: bool = 
     lay = _LAYOUT[name]
     names_file = lay["coarse_names"] if coarse else lay["names"]
     if reader.has(names_file):
-        class_names = _read_names(reader.read(names_file).decode("utf-8", "replace"))
+        class_names = _read_names(reader.read(names_file, MAX_NAMES_FILE_BYTES).decode("utf-8", "replace"))
     else:
         class_names = CIFAR10_CLASSES if name == "cifar10" else None
     parts = {}
     for split in ("train", "test"):
         xs, ys = [], []
         for fname in lay[split]:
-            x, y = parse_records(reader.read(fname), name, coarse, where=f"{path}:{fname}")
+            where = f"{path}:{fname}"
+            check_record_size(reader.size(fname), name, where)  # before a byte is read
+            x, y = parse_records(reader.read(fname, MAX_RECORD_FILE_BYTES), name, coarse, where)
             xs.append(x)
             ys.append(y)
         parts[split] = (np.concatenate(xs), np.concatenate(ys))
     num = int(max(parts["train"][1].max(), parts["test"][1].max())) + 1
     if class_names is None or len(class_names) < num:
         class_names = [f"class_{i}" for i in range(num)]
+    class_names = class_names[:_NUM_CLASSES[(name, coarse)]]  # a names file cannot add classes
     label = f"{name}{'-coarse' if coarse else ''}"
     ds = {s: ImageDataset(torch.from_numpy(x), torch.from_numpy(y), class_names, f"{label}/{s}")
           for s, (x, y) in parts.items()}

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vitlab.data.images import BadImageError, open_image, pil_to_tensor, resize_shorter_center_crop
+from vitlab.data.images import BadImageError, one_line, open_image, pil_to_tensor, resize_shorter_center_crop
 from vitlab.errors import VitlabError
 
 
@@ -83,14 +83,18 @@ class ImageDataset(Dataset):
 class FileImageDataset(ImageDataset):
     """Image files decoded on access (Pillow), brought to `size` x `size` (shorter side, centre crop).
 
-    A file that fails to decode is replaced by the next readable item, so a run never stops on one
-    bad file; the failure is kept in `failures` (and reported by the loader).
+    Every file that fails to decode is recorded in `failures` (path, reason), which the loader and
+    `write_skipped` report. With `substitute` (the training split, set by load_data) the next readable
+    item takes its place, so a long run never stops on one bad file; without it (evaluation splits,
+    checked up front by `verify`) a failure is a one-line VitlabError: an evaluation never silently
+    scores a different image.
     """
 
     in_memory = False
 
     def __init__(self, paths: Sequence[str], labels, class_names: Sequence[str], channels: int, size: int,
-                 name: str = "", original_sizes: Sequence[tuple[int, int]] | None = None):
+                 name: str = "", original_sizes: Sequence[tuple[int, int]] | None = None, *,
+                 substitute: bool = False, failures: list[tuple[str, str]] | None = None):
         self.paths = [str(p) for p in paths]
         self.labels = _as_labels(labels)
         if len(self.labels) != len(self.paths):
@@ -100,7 +104,8 @@ class FileImageDataset(ImageDataset):
         self.size = int(size)
         self.name = name
         self.original_sizes = list(original_sizes) if original_sizes is not None else None
-        self.failures: list[tuple[str, str]] = []
+        self.substitute = substitute
+        self.failures: list[tuple[str, str]] = [] if failures is None else failures  # shared by views of it
 
     @property
     def channels(self) -> int:
@@ -119,55 +124,89 @@ class FileImageDataset(ImageDataset):
         img = open_image(self.paths[i], mode="L" if self._channels == 1 else "RGB")
         return pil_to_tensor(resize_shorter_center_crop(img, self.size))
 
+    def _record(self, exc: BadImageError) -> None:
+        if exc.path not in {p for p, _ in self.failures}:
+            self.failures.append((exc.path, exc.reason))
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if not self.substitute:
+            try:
+                return self.load(i), int(self.labels[i])
+            except BadImageError as exc:
+                self._record(exc)
+                raise VitlabError(f"{self.name or 'dataset'}: cannot decode {one_line(exc.path)} ({exc.reason}) and this "
+                                  "split never substitutes another image; fix or remove the file, then load "
+                                  "the data again") from None
         n = len(self)
         for k in range(min(n, 64)):
             j = (i + k) % n
             try:
                 return self.load(j), int(self.labels[j])
             except BadImageError as exc:
-                if exc.path not in {p for p, _ in self.failures}:
-                    self.failures.append((exc.path, exc.reason))
+                self._record(exc)
         raise VitlabError(f"{self.name or 'dataset'}: 64 unreadable images in a row near index {i}; check the files")
+
+    def _copy(self, idx, labels, class_names, size: int, failures) -> FileImageDataset:
+        sizes = [self.original_sizes[i] for i in idx] if self.original_sizes is not None else None
+        return FileImageDataset([self.paths[i] for i in idx], labels, class_names, self._channels, size, self.name,
+                                sizes, substitute=self.substitute, failures=failures)
 
     def subset(self, indices) -> FileImageDataset:
         idx = np.asarray(indices, dtype=np.int64)
-        sizes = [self.original_sizes[i] for i in idx] if self.original_sizes is not None else None
-        return FileImageDataset([self.paths[i] for i in idx], self.labels[torch.as_tensor(idx)], self.class_names,
-                                self._channels, self.size, self.name, sizes)
+        return self._copy(idx, self.labels[torch.as_tensor(idx)], self.class_names, self.size, None)
 
     def relabel(self, labels, class_names: Sequence[str]) -> FileImageDataset:
-        return FileImageDataset(self.paths, labels, class_names, self._channels, self.size, self.name,
-                                self.original_sizes)
+        return self._copy(range(len(self)), labels, class_names, self.size, self.failures)
 
     def with_size(self, size: int) -> FileImageDataset:
-        return FileImageDataset(self.paths, self.labels, self.class_names, self._channels, size, self.name,
-                                self.original_sizes)
+        return self._copy(range(len(self)), self.labels, self.class_names, size, self.failures)
 
-    def materialize(self, progress: bool = True, threads: int | None = None) -> tuple[ImageDataset, list]:
-        """Decode every file once into one uint8 tensor; returns (in-memory dataset, skipped (path, reason))."""
+    def _decode_each(self, work, desc: str, progress: bool, threads: int | None) -> list[tuple[str, str]]:
+        """Run work(i) -> None | (path, reason) over every item in threads; the (path, reason) failures."""
         from tqdm.auto import tqdm
 
         n = len(self)
+        skipped: list[tuple[str, str]] = []
+        threads = threads or min(8, (os.cpu_count() or 2))
+        with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
+            it = pool.map(work, range(n), chunksize=64)
+            for res in tqdm(it, total=n, desc=f"{desc} {self.name or 'images'}", unit="img",
+                            disable=not progress or n < 500, leave=False):
+                if res is not None:
+                    skipped.append(res)
+        return skipped
+
+    def verify(self, progress: bool = True, threads: int | None = None) -> tuple[FileImageDataset, list]:
+        """Decode every file once (nothing kept); returns (dataset without the failing files, their
+        (path, reason)). Evaluation splits that stream are checked so, and so never need to substitute."""
+        ok = np.zeros(len(self), dtype=bool)
+
+        def work(i: int):
+            try:
+                self.load(i)
+            except BadImageError as exc:
+                return exc.path, exc.reason
+            ok[i] = True
+            return None
+
+        skipped = self._decode_each(work, "checking", progress, threads)
+        return (self if ok.all() else self.subset(np.flatnonzero(ok))), skipped
+
+    def materialize(self, progress: bool = True, threads: int | None = None) -> tuple[ImageDataset, list]:
+        """Decode every file once into one uint8 tensor; returns (in-memory dataset, skipped (path, reason))."""
+        n = len(self)
         out = torch.empty((n, self._channels, self.size, self.size), dtype=torch.uint8)
         ok = np.zeros(n, dtype=bool)
-        skipped: list[tuple[str, str]] = []
 
         def work(i: int):
             try:
                 out[i] = self.load(i)
-                ok[i] = True
             except BadImageError as exc:
                 return exc.path, exc.reason
+            ok[i] = True
             return None
 
-        threads = threads or min(8, (os.cpu_count() or 2))
-        with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
-            it = pool.map(work, range(n), chunksize=64)
-            for res in tqdm(it, total=n, desc=f"decoding {self.name or 'images'}", unit="img",
-                            disable=not progress or n < 500, leave=False):
-                if res is not None:
-                    skipped.append(res)
+        skipped = self._decode_each(work, "decoding", progress, threads)
         keep = np.flatnonzero(ok)
         idx = torch.as_tensor(keep)
         ds = ImageDataset(out[idx] if len(keep) < n else out, self.labels[idx], self.class_names, self.name,
@@ -220,14 +259,14 @@ class DataSplits:
 
 
 def skipped_summary(skipped: Sequence[tuple[str, str]], listing: str | os.PathLike | None = None) -> str:
-    """One line: how many files were skipped and why, and where the list is."""
+    """One line: how many files were skipped (unreadable, bad, or links not followed) and why, and where the list is."""
     if not skipped:
-        return "data: no unreadable files"
+        return "data: no files skipped"
     kinds = Counter(reason.split(" (")[0].split(":")[0] for _, reason in skipped)
     detail = ", ".join(f"{k}: {v}" for k, v in kinds.most_common())
     where = f"; list in {listing}" if listing else ""
     n = len(skipped)
-    return f"data: skipped {n} unreadable file{'s' if n != 1 else ''} ({detail}){where}"
+    return f"data: skipped {n} file{'s' if n != 1 else ''} ({detail}){where}"
 
 
 def write_skipped(splits: DataSplits, run_dir: str | os.PathLike) -> str:
@@ -239,5 +278,5 @@ def write_skipped(splits: DataSplits, run_dir: str | os.PathLike) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as fh:
         for p, reason in skipped:
-            fh.write(f"{p}\t{reason}\n")
+            fh.write(f"{one_line(p)}\t{one_line(reason)}\n")  # a newline in a name must not split a line
     return skipped_summary(skipped, path)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -29,31 +31,131 @@ _STEMS = {
 }
 
 
-def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read one IDX file (gzip detected by its magic bytes) into a numpy array of its declared shape."""
-    path = Path(path)
+# The largest IDX file read (decoded bytes). MNIST's biggest file holds 47 MB; anything far above it is
+# a broken or hostile header, refused before a byte of it is allocated.
+MAX_IDX_BYTES = 256 * 1024**2
+# Deflate cannot expand more than ~1032:1, so a .gz file cannot hold more than this many bytes per byte.
+DEFLATE_MAX_RATIO = 1032
+_CHUNK = 1 << 20
+
+
+def _open_idx(path: Path):
+    """The file as a binary stream (gzip detected by its magic bytes) and whether it is compressed."""
     with open(path, "rb") as fh:
-        head = fh.read(2)
-    opener = gzip.open if head == b"\x1f\x8b" else open
-    try:
-        with opener(path, "rb") as fh:
-            data = fh.read()
-    except (OSError, EOFError) as exc:
-        raise VitlabError(f"cannot read IDX file {path} ({exc}); download it again") from None
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        compressed = fh.read(2) == b"\x1f\x8b"
+    return (gzip.open(path, "rb") if compressed else open(path, "rb")), compressed
+
+
+def _read_header(fh, path: Path) -> tuple[np.dtype, tuple[int, ...]]:
+    """Magic number and dimensions from an open IDX stream (positioned at the start)."""
+    magic = fh.read(4)
+    if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_DTYPES or not 1 <= magic[3] <= 8:
         raise VitlabError(f"{path} is not an IDX file (bad magic number); expected MNIST-style IDX data")
-    dtype = np.dtype(_IDX_DTYPES[data[2]])
-    ndim = data[3]
-    if len(data) < 4 + 4 * ndim:
+    ndim = magic[3]
+    dims = fh.read(4 * ndim)
+    if len(dims) < 4 * ndim:
         raise VitlabError(f"{path}: IDX header is truncated; download the file again")
-    shape = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-    count = int(np.prod(shape)) if shape else 1
-    offset = 4 + 4 * ndim
-    if len(data) - offset < count * dtype.itemsize:
-        raise VitlabError(f"{path}: IDX data is truncated ({len(data) - offset} bytes, header says "
-                          f"{count * dtype.itemsize}); download the file again")
-    arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
-    return arr.astype(dtype.newbyteorder("=")) if dtype.byteorder == ">" else arr.copy()
+    return np.dtype(_IDX_DTYPES[magic[2]]), struct.unpack(f">{ndim}I", dims)
+
+
+def read_idx_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...]]:
+    """(dtype, shape) declared by an IDX file, read without touching its data."""
+    path = Path(path)
+    try:
+        fh, _ = _open_idx(path)
+        with fh:
+            return _read_header(fh, path)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise VitlabError(f"cannot read IDX file {path} ({_first_line(exc)}); download it again") from None
+
+
+def _check_declared_size(path: Path, shape: tuple[int, ...], nbytes: int, compressed: bool, max_bytes: int) -> None:
+    """Refuse a header whose data would be absurdly large or could not fit in the file, before allocating it."""
+    shown = "x".join(str(d) for d in shape)
+    if nbytes > max_bytes:
+        raise VitlabError(f"{path}: IDX header declares {shown} ({nbytes:,} bytes), over the {max_bytes:,}-byte "
+                          "limit; the file is broken or not MNIST-style data, download it again")
+    file_size = path.stat().st_size
+    room = file_size * DEFLATE_MAX_RATIO if compressed else file_size - 4 - 4 * len(shape)
+    if nbytes > room:
+        raise VitlabError(f"{path}: IDX header declares {shown} ({nbytes:,} bytes) but the {file_size:,}-byte file "
+                          "cannot hold that much; the data is truncated, download the file again")
+    if not compressed and nbytes < room:
+        raise VitlabError(f"{path}: {room - nbytes:,} bytes more IDX data than the header declares ({shown}); "
+                          "the header and data disagree, download the file again")
+
+
+def _gzip_trailer_size(path: Path) -> int:
+    """The uncompressed size (mod 2**32) a gzip file's trailer states; cheap, but only a hint."""
+    with open(path, "rb") as fh:
+        fh.seek(-4, os.SEEK_END)
+        return struct.unpack("<I", fh.read(4))[0]
+
+
+def _length_mismatch(path: Path, nbytes: int, got: int) -> VitlabError:
+    if got < nbytes:
+        return VitlabError(f"{path}: IDX data is truncated ({got:,} bytes, header says {nbytes:,}); "
+                           "download the file again")
+    return VitlabError(f"{path}: more IDX data than the header declares ({nbytes:,} bytes); the header and "
+                       "data disagree, download the file again")
+
+
+def _check_stream_length(fh, path: Path, nbytes: int) -> None:
+    """Decompress up to nbytes + 1 bytes keeping none of them: the data's length in constant memory."""
+    got = 0
+    while got <= nbytes:
+        chunk = fh.read(min(_CHUNK, nbytes + 1 - got))
+        if not chunk:
+            break
+        got += len(chunk)
+    if got != nbytes:
+        raise _length_mismatch(path, nbytes, got)
+
+
+def _read_exact(fh, path: Path, nbytes: int) -> bytearray:
+    """Exactly `nbytes` of data into one buffer of that size; refuses fewer or more."""
+    data = bytearray(nbytes)
+    view = memoryview(data)
+    got = 0
+    while got < nbytes:
+        n = fh.readinto(view[got:got + _CHUNK])
+        if not n:
+            raise _length_mismatch(path, nbytes, got)
+        got += n
+    if fh.read(1):
+        raise _length_mismatch(path, nbytes, nbytes + 1)
+    return data
+
+
+def read_idx(path: str | os.PathLike, max_bytes: int | None = None) -> np.ndarray:
+    """Read one IDX file (gzip detected by its magic bytes) into a numpy array of its declared shape.
+
+    The declared size is checked against `max_bytes` (default MAX_IDX_BYTES) and the file's length
+    before anything is allocated, and the data must be exactly as long as the header says.
+    """
+    path = Path(path)
+    limit = MAX_IDX_BYTES if max_bytes is None else int(max_bytes)
+    try:
+        fh, compressed = _open_idx(path)
+        with fh:
+            dtype, shape = _read_header(fh, path)
+            nbytes = math.prod(shape) * dtype.itemsize
+            _check_declared_size(path, shape, nbytes, compressed, limit)
+            start = 4 + 4 * len(shape)
+            if compressed and _gzip_trailer_size(path) != (start + nbytes) % 2**32:
+                # the trailer disagrees with the header: measure the real length before allocating
+                _check_stream_length(fh, path, nbytes)
+                fh.seek(start)
+            data = _read_exact(fh, path, nbytes)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise VitlabError(f"cannot read IDX file {path} ({_first_line(exc)}); download it again") from None
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)  # shares the buffer: no second copy
+    return arr.astype(dtype.newbyteorder("=")) if dtype.byteorder == ">" else arr
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def find_idx_files(folder: str | os.PathLike) -> dict[tuple[str, str], Path] | None:
@@ -85,18 +187,31 @@ def locate(name: str, root: str | os.PathLike | None = None) -> dict[tuple[str, 
     raise VitlabError(missing_message(name, candidates))
 
 
+def _check_pair(name: str, split: str, images: Path, labels: Path) -> None:
+    """Images (N, H, W) and labels (N,), both unsigned bytes: checked from the headers, before reading data."""
+    x_type, x_shape = read_idx_header(images)
+    y_type, y_shape = read_idx_header(labels)
+    if len(x_shape) != 3 or len(y_shape) != 1 or x_shape[0] != y_shape[0] or x_shape[0] == 0:
+        raise VitlabError(f"{name} {split}: images {x_shape} and labels {y_shape} do not match (expected "
+                          "(N, H, W) and (N,)); check the IDX files")
+    if x_type != np.uint8 or y_type != np.uint8:
+        raise VitlabError(f"{name} {split}: IDX data of type {x_type}/{y_type}, expected unsigned bytes; "
+                          "check the IDX files")
+
+
 def load_idx_dataset(name: str, root: str | os.PathLike | None = None) -> DataSplits:
     """MNIST / Fashion-MNIST with the official train (60k) and test (10k) splits, 1 x 28 x 28 uint8."""
     files = locate(name, root)
     class_names = FASHION_MNIST_CLASSES if name == "fashion-mnist" else MNIST_CLASSES
     parts = {}
     for split in ("train", "test"):
+        _check_pair(name, split, files[(split, "images")], files[(split, "labels")])
         x = read_idx(files[(split, "images")])
         y = read_idx(files[(split, "labels")])
-        if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
-            raise VitlabError(f"{name} {split}: images {x.shape} and labels {y.shape} do not match; "
-                              "check the IDX files")
-        images = torch.from_numpy(np.ascontiguousarray(x.astype(np.uint8))).unsqueeze(1)
+        if int(y.max()) >= len(class_names):
+            raise VitlabError(f"{files[(split, 'labels')]}: label {int(y.max())} but {name} has "
+                              f"{len(class_names)} classes; check the IDX files")
+        images = torch.from_numpy(x).unsqueeze(1)  # uint8 already (checked), writable, no copy
         parts[split] = ImageDataset(images, torch.from_numpy(y.astype(np.int64)), class_names, f"{name}/{split}")
     return DataSplits(parts["train"], None, parts["test"], list(class_names), [], name, 1)
 

@@ -19,6 +19,10 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".
 
 # Pillow's own guard: above this many pixels an image is refused (a "decompression bomb").
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+# Longer side / shorter side above this is refused: bringing the shorter side to the model's size would
+# blow the longer one up (a 20,000,000 x 1 image becomes 5e9 pixels), and a centre crop would keep
+# under 1% of it anyway. At 100:1 a 256-pixel shorter side means at most 25,600 x 256 pixels (20 MB).
+MAX_ASPECT_RATIO = 100
 
 
 def _to_8bit_grey(img: Image.Image) -> Image.Image:
@@ -66,12 +70,17 @@ def normalise_mode(img: Image.Image, mode: str | None = None) -> Image.Image:
     return img
 
 
+def one_line(text: str) -> str:
+    """`text` with control characters (a newline in a file name) escaped, so messages stay one line."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 class BadImageError(VitlabError):
     """An image file that cannot be used; `kind` is a short category for summaries, `path` the file."""
 
     def __init__(self, kind: str, path: str | os.PathLike, detail: str = "", hint: str = ""):
         self.kind, self.path, self.detail = kind, str(path), detail
-        text = f"{kind}{f' ({detail})' if detail else ''}: {path}"
+        text = f"{kind}{f' ({detail})' if detail else ''}: {one_line(str(path))}"
         super().__init__(f"{text}; {hint}" if hint else text)
 
     @property
@@ -81,9 +90,9 @@ class BadImageError(VitlabError):
 
 
 def check_image_header(path: str | os.PathLike, max_pixels: int | None = None) -> tuple[int, int, str]:
-    """Read only the header: (width, height, mode). Catches missing, empty, non-image and oversized files cheaply."""
+    """Read only the header: (width, height, mode). Catches missing, empty, non-image, oversized and
+    extremely elongated files cheaply."""
     path = Path(path)
-    limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
     _check_file(path)
     try:
         with Image.open(path) as img:  # reads the header only
@@ -95,9 +104,20 @@ def check_image_header(path: str | os.PathLike, max_pixels: int | None = None) -
         raise BadImageError("not an image", path, "Pillow cannot identify it") from None
     except Exception as exc:
         raise BadImageError("corrupt image", path, _first_line(exc)) from None
+    check_image_size(path, w, h, max_pixels)
+    return w, h, mode
+
+
+def check_image_size(path: str | os.PathLike, w: int, h: int, max_pixels: int | None = None) -> None:
+    """Refuse sizes that cannot be decoded and resized in bounded memory (from the header, before decoding)."""
+    limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
+    if w < 1 or h < 1:
+        raise BadImageError("corrupt image", path, f"{w}x{h} pixels")
     if w * h > limit:
         raise BadImageError("image too large", path, f"{w}x{h} pixels > limit {limit}, possible decompression bomb")
-    return w, h, mode
+    if max(w, h) > MAX_ASPECT_RATIO * min(w, h):
+        raise BadImageError("extreme aspect ratio", path,
+                            f"{w}x{h} pixels, over {MAX_ASPECT_RATIO}:1; it cannot be resized sanely")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -114,6 +134,8 @@ def _check_file(path: Path) -> None:
         raise BadImageError("missing file", path, hint="check the path") from None
     except OSError as exc:
         raise BadImageError("unreadable file", path, exc.strerror or _first_line(exc)) from None
+    except ValueError as exc:  # e.g. a NUL byte in a path from a CSV row
+        raise BadImageError("bad file name", path, _first_line(exc)) from None
     if size == 0:
         raise BadImageError("empty file", path, "0 bytes")
 
@@ -122,19 +144,16 @@ def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int
     """Open, fully decode and normalise an image file; raise VitlabError (BadImageError) if it cannot be used.
 
     `mode`: "RGB", "L" or None (grey stays L, colour becomes RGB). The EXIF orientation is applied.
-    `max_pixels`: refuse larger images (default: Pillow's decompression-bomb limit).
+    `max_pixels`: refuse larger images (default: Pillow's decompression-bomb limit); images more
+    elongated than MAX_ASPECT_RATIO are refused too (see check_image_size).
     """
     path = Path(path)
-    limit = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
     _check_file(path)
     # No global state is changed here (files are decoded from several threads): the size limit is
     # checked explicitly, and Pillow's default LOAD_TRUNCATED_IMAGES=False makes a truncated file an error.
     try:
         with Image.open(path) as img:
-            w, h = img.size
-            if w * h > limit:
-                raise BadImageError("image too large", path,
-                                    f"{w}x{h} pixels > limit {limit}, possible decompression bomb")
+            check_image_size(path, *img.size, max_pixels)  # before any pixel is decoded
             img.load()
             img = ImageOps.exif_transpose(img) or img
             out = normalise_mode(img, mode)

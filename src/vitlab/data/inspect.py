@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from vitlab.data.dataset import DataSplits, skipped_summary
+from vitlab.data.images import one_line
 
 
 def describe(splits: DataSplits) -> dict:
@@ -61,7 +62,7 @@ def format_table(info: dict, max_skipped: int = 10) -> str:
     skipped = info["skipped"]
     lines.append(skipped_summary([tuple(s) for s in skipped]))
     for path, reason in skipped[:max_skipped]:
-        lines.append(f"  {path}: {reason}")
+        lines.append(f"  {one_line(path)}: {one_line(reason)}")
     if len(skipped) > max_skipped:
         lines.append(f"  ... and {len(skipped) - max_skipped} more")
     lines.extend(f"note: {n}" for n in info["notes"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -113,7 +114,8 @@ def _memory_budget() -> int:
 
 def load_data(source: str, *, classes=None, per_class: int | None = None, val_fraction: float = 0.1,
               test_fraction: float = 0.1, seed: int = 0, storage_size: int | None = None,
-              in_memory: bool | None = None, progress: bool = True, report: bool | None = None) -> DataSplits:
+              in_memory: bool | None = None, progress: bool = True, report: bool | None = None,
+              eval_splits: Sequence[str] = ("val", "test")) -> DataSplits:
     """Load a data source as seeded, stratified train / val / test splits.
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
@@ -123,7 +125,11 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     - `per_class`: keep N seeded training images per class (val and test stay whole), for few-shot and
       data-size studies.
     - File sources are stored at `storage_size` (default: median shorter side, at most 256) and decoded
-      into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk.
+      into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk. When
+      streaming, the `eval_splits` (default val and test; add "train" to score the train split) are
+      decoded once here and their failures dropped, so an evaluation never substitutes an image; a
+      training file that fails later is replaced by a neighbour and counted in `.failures`
+      (`all_skipped()`, `write_skipped`).
     - Unreadable files are skipped and listed in `.skipped`; `report` (default: `progress`) prints the
       one-line summary to stderr. `write_skipped(splits, run_dir)` writes the list into a run folder.
     """
@@ -156,11 +162,17 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
         if in_memory is None:
             total = sum(len(v) * v.channels * v.size * v.size for v in file_parts.values())
             in_memory = total <= _memory_budget()
-        if in_memory:
-            for k, ds in file_parts.items():
-                mem, bad = ds.materialize(progress=progress)
-                skipped.extend(bad)
-                parts[k] = mem
+        for k, ds in file_parts.items():
+            if in_memory:
+                parts[k], bad = ds.materialize(progress=progress)
+            elif k in eval_splits:
+                # an evaluation split must score exactly its own images: decode each once now and
+                # drop (and list) the failures, so streaming never has to substitute one later
+                ds.substitute = False
+                parts[k], bad = ds.verify(progress=progress)
+            else:
+                ds.substitute, bad = True, []  # training: counted in .failures, listed by write_skipped
+            skipped.extend(bad)
     for k in ("val", "test"):
         if parts[k] is not None and len(parts[k]) == 0:
             parts[k] = None

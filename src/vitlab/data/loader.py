@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitlab.data.dataset import FileImageDataset, ImageDataset
 from vitlab.data.preprocess import resize_crop_batch
+from vitlab.errors import VitlabError
 
 
 def epoch_order(n: int, shuffle: bool, seed: int = 0, epoch: int = 0) -> torch.Tensor:
@@ -73,7 +74,11 @@ class TensorBatchLoader:
 
 
 class _Decoded(Dataset):
-    """Worker-side view of a file dataset: item -> (image, label, failures seen by this call)."""
+    """Worker-side view of a file dataset: item -> (image, label, failures seen by this call, error).
+
+    A VitlabError (an evaluation split meeting a bad file) travels back as text, so the main process
+    raises it as one line instead of torch's multi-line worker traceback.
+    """
 
     def __init__(self, ds: FileImageDataset):
         self.ds = ds
@@ -83,13 +88,20 @@ class _Decoded(Dataset):
 
     def __getitem__(self, i):
         before = len(self.ds.failures)
-        x, y = self.ds[i]
-        return x, y, self.ds.failures[before:]
+        try:
+            x, y = self.ds[i]
+        except VitlabError as exc:
+            return None, None, self.ds.failures[before:], str(exc)
+        return x, y, self.ds.failures[before:], None
 
 
 def _collate(items):
-    xs, ys, bad = zip(*items)
-    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64), [b for f in bad for b in f]
+    xs, ys, bad, errors = zip(*items)
+    failures = [b for f in bad for b in f]
+    error = next((e for e in errors if e), None)
+    if error:
+        return None, None, failures, error
+    return torch.stack(xs), torch.tensor(ys, dtype=torch.int64), failures, None
 
 
 def _worker_init(_):
@@ -114,11 +126,13 @@ class StreamingLoader:
                             prefetch_factor=4 if self.num_workers else None,
                             persistent_workers=False)
         known = {p for p, _ in self.dataset.failures}
-        for x, y, bad in loader:
-            for path, reason in bad:
+        for x, y, bad, error in loader:
+            for path, reason in bad if self.num_workers else ():  # workers hold copies: bring theirs home
                 if path not in known:
                     known.add(path)
                     self.dataset.failures.append((path, reason))
+            if error:
+                raise VitlabError(error)
             yield x, y
 
 

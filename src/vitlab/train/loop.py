@@ -579,13 +579,36 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
         logits, labels = predict_split(eval_model, split, eval_tf, device, precision, cfg.eval_batch_size, info)
         result.test_metrics = split_metrics(logits, labels, class_names)
     result.wall_time_s = time.perf_counter() - t_start
+    _gather_stream_failures(data, info)  # a collective: every rank
     fsdp_state = full_model_state(wrapped) if _is_fsdp(wrapped) else None  # a collective: every rank
     if main:
+        from vitlab.data import write_skipped
+
+        line = write_skipped(data, run.path)  # again: training files that failed to decode while streaming
+        if data.all_skipped():
+            print(f"vitlab: {line}", flush=True)
         _write_outputs(run, cfg, result, raw_model, wrapped, class_names, tcfg, split_name, n_params, precision,
                        device, world, total_steps, fsdp_state)
     D.barrier(info)
     set_stem_precision(raw_model, "fp32")  # the returned model computes in fp32 again
     return result
+
+
+def _gather_stream_failures(data, info: D.DistInfo) -> None:
+    """Streamed training files that failed on other ranks, added to this rank's list (a collective)."""
+    failures = getattr(data.train, "failures", None)
+    if not info.enabled or failures is None:
+        return
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * info.world_size
+    dist.all_gather_object(parts, list(failures))
+    known = {p for p, _ in failures}
+    for part in parts:
+        for path, reason in part:
+            if path not in known:
+                known.add(path)
+                failures.append((path, reason))
 
 
 def _plain_name(name: str) -> str:
