@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.commands.train import _is_main, add_train_arguments, config_from_args, print_summary
+from vitlab.commands.train import (
+    _is_main,
+    add_train_arguments,
+    allowed_changes,
+    config_from_args,
+    print_summary,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, "finetune", extra)
     if not cfg.weights:
         raise VitlabError("vitlab finetune needs --weights PATH (e.g. runs/RUN/model or ViT-B_16.npz)")
-    result = train(cfg)
+    result = train(cfg, allow_change=allowed_changes(args))
     if _is_main():
         print_summary(result)
     return 0

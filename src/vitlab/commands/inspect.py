@@ -163,5 +163,9 @@ def run(args: argparse.Namespace) -> int:
         if res.attention_distance is not None:
             per_layer = ", ".join(f"{v:.1f}" for v in res.attention_distance.mean(1))
             print(f"mean attention distance per layer (px, {len(images)} images): {per_layer}")
+        from vitlab.inspect.summary import summary_lines
+
+        for line in summary_lines(res.summary):  # the Fig. 7 findings as numbers (docs/inspect.md)
+            print(line)
     print(f"report    {res.report}")
     return 0

@@ -78,6 +78,9 @@ def add_train_arguments(p: argparse.ArgumentParser, default_recipe: str) -> None
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="any TrainConfig field, e.g. --set betas=0.9,0.95 (repeatable)")
     p.add_argument("--resume", default=None, metavar="RUN", help="continue a run folder (or checkpoint file) exactly")
+    p.add_argument("--allow-change", dest="allow_change", action="append", default=[], metavar="SETTING",
+                   help="with --resume: accept a different threads, precision, deterministic or world_size than the "
+                        "run recorded (it then no longer matches an uninterrupted run; repeatable or comma-separated)")
     p.add_argument("--quiet", action="store_true", help="no progress bar: one line per epoch (for logs)")
 
 
@@ -121,6 +124,18 @@ def config_from_args(args: argparse.Namespace, default_recipe: str, extra: dict 
     return resolve_config(recipe, yaml_path, overrides)
 
 
+def allowed_changes(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--allow-change threads,precision` -> ("threads", "precision"); unknown names are refused."""
+    from vitlab.errors import VitlabError
+    from vitlab.train.loop import NUMERIC_SETTINGS
+
+    names = [n.strip().replace("-", "_") for item in args.allow_change for n in item.split(",") if n.strip()]
+    for name in names:
+        if name not in NUMERIC_SETTINGS:
+            raise VitlabError(f"--allow-change {name}: unknown setting; choose from {', '.join(NUMERIC_SETTINGS)}")
+    return tuple(names)
+
+
 def print_summary(result, quiet: bool = False) -> None:
     tm = result.test_metrics
     lines = []
@@ -150,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         from vitlab.errors import VitlabError
 
         raise VitlabError("`vitlab train` starts from scratch; use `vitlab finetune --weights W` to start from weights")
-    result = train(cfg)
+    result = train(cfg, allow_change=allowed_changes(args))
     if _is_main():
         print_summary(result)
     return 0

@@ -7,10 +7,13 @@ A checkpoint is one `torch.save` file of plain tensors and Python scalars (read 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +25,101 @@ from vitlab.errors import VitlabError
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
     """torch.save to a temporary file in the same folder, fsync, then rename: a kill leaves either
-    the old file or the new one, never half a file."""
+    the old file or the new one, never half a file. A failed write removes its temporary file; a full
+    disk is one line naming the folder and the space the file needs."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:  # a second Ctrl-C too: never leave the temporary file behind
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError | RuntimeError) and is_disk_full(exc, path.parent, tensor_bytes(obj)):
+            raise VitlabError(disk_full_message(path.parent, tensor_bytes(obj))) from None
+        raise
     return path
+
+
+def temp_path(path: Path) -> Path:
+    """`.NAME.tmp-PID` beside `path`: the PID tells a stale file (its writer is gone) from a live one."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+_TEMP_RE = re.compile(r"^\..+\.tmp-(\d+)$")
+
+
+def remove_stale_temp_files(*folders: Path) -> list[Path]:
+    """Delete temporary files that killed writers left behind (their process no longer runs)."""
+    removed = []
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            m = _TEMP_RE.match(p.name)
+            if m and p.is_file() and not _process_alive(int(m.group(1))):
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process has written nothing yet when it cleans up
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of all tensors in a nested state (the bulk of a checkpoint file)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def is_disk_full(exc: BaseException, folder: Path, needed: int) -> bool:
+    """ENOSPC, or torch's zip writer failing (`enforce fail at inline_container.cc`) with too little space left:
+    torch reports a full disk as a RuntimeError without an errno."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if "inline_container" not in str(exc) and "file write failed" not in str(exc):
+        return False
+    try:
+        return shutil.disk_usage(folder).free < needed
+    except OSError:
+        return False
+
+
+def disk_full_message(folder: Path, needed: int) -> str:
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return (f"no space left to write a checkpoint in {folder}: it needs about {needed / 2**20:.1f} MiB ({free}); "
+            f"free disk space there (or lower --keep-last) and resume")
 
 
 def atomic_write_text(text: str, path: str | Path) -> Path:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    tmp = temp_path(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -119,3 +200,48 @@ def find_resume_checkpoint(run: str | Path) -> Path:
     if latest is None:
         raise VitlabError(f"cannot resume: no checkpoints in {p / 'checkpoints'} (the run stopped before its first one)")
     return latest
+
+
+def load_resume_state(run: str | Path) -> tuple[dict[str, Any], Path]:
+    """The state to resume `run` from, and its file. A run folder falls back from an unreadable
+    (truncated) latest checkpoint to the newest one that reads, with a note; a file given by name must read."""
+    p = Path(run)
+    if p.is_file():
+        return load_checkpoint(p), p
+    candidates = CheckpointManager(p / "checkpoints").step_files()[::-1]
+    for i, path in enumerate(candidates):
+        try:
+            state = load_checkpoint(path)
+        except VitlabError:
+            if i + 1 < len(candidates):
+                print(f"vitlab: checkpoint {path} is unreadable (truncated or damaged); trying {candidates[i + 1].name}",
+                      file=sys.stderr, flush=True)
+            continue
+        return state, path
+    raise VitlabError(f"cannot resume: no readable checkpoint in {p / 'checkpoints'}; start the run again")
+
+
+def state_is_finite(state: dict[str, Any]) -> bool:
+    """Every floating-point tensor of the model in a checkpoint state is finite."""
+    tensors = [t for t in state.get("model", {}).values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return all_finite(tensors)
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """No NaN or infinity in any tensor (one fused max-abs pass; finite values never overflow it)."""
+    tensors = [t.detach() for t in tensors if t.numel()]  # an FSDP shard can be empty: it has no maximum
+    if not tensors:
+        return True
+    maxima = torch._foreach_norm(tensors, ord=float("inf"))
+    return bool(torch.isfinite(torch.stack([m.float() for m in maxima])).all())
+
+
+def last_finite_checkpoint(folder: str | Path) -> Path | None:
+    """The newest step checkpoint that reads and whose model tensors are all finite."""
+    for path in CheckpointManager(folder).step_files()[::-1]:
+        try:
+            if state_is_finite(load_checkpoint(path)):
+                return path
+        except VitlabError:
+            continue
+    return None

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import random
+import shlex
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +26,14 @@ from vitlab.errors import VitlabError
 from vitlab.train import distributed as D
 from vitlab.train.checkpoint import (
     CheckpointManager,
+    all_finite,
     find_resume_checkpoint,
-    load_checkpoint,
+    last_finite_checkpoint,
+    load_resume_state,
     rng_state,
     set_rng_state,
 )
-from vitlab.train.config import TrainConfig, validate
+from vitlab.train.config import TrainConfig, load_yaml, validate
 from vitlab.train.optim import build_optimizer, build_scheduler, decay_mask
 from vitlab.train.precision import autocast_context, cpu_bf16_supported, resolve_precision, set_stem_precision
 from vitlab.train.run_dir import RunDir, new_run_dir
@@ -259,35 +265,195 @@ def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
 
 
 # ---------------------------------------------------------------------------------------- train
-def train(cfg: TrainConfig, model: nn.Module | None = None, data=None) -> TrainResult:
+def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
+          allow_change: tuple[str, ...] | list[str] = ()) -> TrainResult:
     """Train (from scratch, pre-train or fine-tune, by `cfg.recipe`) and evaluate; writes a run folder.
 
     `model`: train this module instead of building one (its head is replaced when the classes differ);
-    `data`: a `vitlab.data.DataSplits` instead of loading `cfg.data`.
+    `data`: a `vitlab.data.DataSplits` instead of loading `cfg.data`;
+    `allow_change`: on resume, settings that change numerics (threads, precision, deterministic,
+    world_size) that may differ from the run's record; any other difference is refused.
     """
     validate(cfg)
     t_start = time.perf_counter()
-    threads = cfg.threads or auto_threads()
-    if threads:
-        torch.set_num_threads(int(threads))
+    changes = restore_numerics(cfg, tuple(allow_change)) if cfg.resume else {}
+    cfg.threads = resolve_threads(cfg)
+    torch.set_num_threads(cfg.threads)
     set_deterministic(cfg.deterministic)
     device = resolve_device(cfg.device)
     if device.type == "cpu":
         tune_cpu_allocator()
     info = D.init_distributed(device)
+    # every process computes with rank 0's thread count, which the run records
+    cfg.threads = int(D.broadcast_object(cfg.threads, info))
+    torch.set_num_threads(cfg.threads)
+    stop = StopSignals()
     try:
-        return _train(cfg, model, data, device, info, t_start)
+        return _train(cfg, model, data, device, info, t_start, tuple(allow_change), changes, stop)
     finally:
+        stop.restore()
         D.shutdown(info)
 
 
+# ------------------------------------------------------------------- settings that change numerics
+# Decided once when a run starts, recorded in config.yaml and each checkpoint, restored by --resume:
+# a resumed process that picked them afresh (e.g. fewer threads under load) computes differently.
+NUMERIC_SETTINGS = ("threads", "precision", "deterministic", "world_size")
+
+
+def resolve_threads(cfg: TrainConfig) -> int:
+    """The thread count as a number (never None), so that config.yaml records what ran."""
+    return int(cfg.threads or auto_threads() or torch.get_num_threads())
+
+
+def run_folder_of(resume: str | Path) -> Path:
+    """`--resume` names a run folder or one of its checkpoint files."""
+    p = Path(resume)
+    return p.parent.parent if p.is_file() and p.parent.name == "checkpoints" else p
+
+
+def recorded_config(resume: str | Path) -> dict[str, Any]:
+    """The run's config.yaml as written when it started ({} when there is none to read)."""
+    path = run_folder_of(resume) / "config.yaml"
+    try:
+        return load_yaml(path) if path.is_file() else {}
+    except VitlabError:
+        return {}
+
+
+def restore_numerics(cfg: TrainConfig, allow_change: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+    """On resume, set threads, precision and deterministic mode to the run's recorded values. A value that
+    was not given (threads null, precision auto) takes the record; a different explicit one is refused
+    unless allowed. Returns the allowed changes, {name: (recorded, now)}."""
+    recorded = recorded_config(cfg.resume)
+    changes = {}
+    for name, unset in (("threads", None), ("precision", "auto"), ("deterministic", None)):
+        before, now = recorded.get(name), getattr(cfg, name)
+        if before is None or before == "auto" or now == before:
+            continue  # nothing recorded (a run from before the record), or the same value
+        if now == unset:
+            setattr(cfg, name, before)
+            continue
+        refuse_change(name, before, now, allow_change)
+        changes[name] = (before, now)
+    return changes
+
+
+def refuse_change(name: str, before: Any, now: Any, allow_change: tuple[str, ...]) -> None:
+    if name not in allow_change:
+        raise VitlabError(f"this run was recorded with {name} {before} but the resume asks for {now}, which changes "
+                          f"its numerics; drop that setting to resume exactly, or add --allow-change {name}")
+
+
+def check_world_size(state: dict[str, Any], world: int, allow_change: tuple[str, ...],
+                     changes: dict[str, tuple[Any, Any]]) -> None:
+    """A checkpoint from N processes resumed on M: refused unless allowed (then recorded as a change)."""
+    before = state.get("world_size")
+    if before is not None and before != world:
+        refuse_change("world_size", before, world, allow_change)
+        changes["world_size"] = (before, world)
+
+
+def print_numerics(cfg: TrainConfig, precision: str, world: int) -> None:
+    print(f"vitlab: numerics (recorded; --resume restores them): threads {cfg.threads}, precision {precision}, "
+          f"deterministic {'on' if cfg.deterministic else 'off'}, {world} process{'es' if world > 1 else ''}",
+          flush=True)
+
+
+def record_changes(run: RunDir, cfg: TrainConfig, changes: dict[str, tuple[Any, Any]], step: int) -> None:
+    """Allowed changes on resume: config.yaml gets the new values, metrics.jsonl a record of when."""
+    if not changes:
+        return
+    run.save_config(dataclasses.replace(cfg, resume=None))
+    run.log({"type": "change", "step": step, "changed": {k: list(v) for k, v in changes.items()}})
+    if run.enabled:
+        text = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())
+        print(f"vitlab: resuming with changed numerics ({text}); the run will not match an uninterrupted one bit "
+              "for bit", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------ interrupts
+class StopSignals:
+    """SIGINT / SIGTERM while training: the first one asks the loop to finish its step, write a checkpoint
+    and stop; a second one quits at once (KeyboardInterrupt wherever the program is)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def listen(self) -> None:
+        if threading.current_thread() is threading.main_thread():  # Python only lets the main thread catch them
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            self.restore()  # a third signal acts as if vitlab were not there
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        # os.write, not print: a handler may run in the middle of another print to the same stream
+        os.write(2, f"\nvitlab: {self.received} received: finishing this step and writing a checkpoint "
+                    "(Ctrl-C again quits at once)\n".encode())
+
+
+def resume_command(cfg: TrainConfig, run_path: Path) -> str:
+    command = "finetune" if cfg.weights else "train"
+    return f"vitlab {command} --resume {shlex.quote(str(run_path))}"
+
+
+def stop_interrupted(cfg: TrainConfig, run: RunDir, ckpts: CheckpointManager, signal_name: str, step: int,
+                     bar: Any) -> None:
+    """After the interrupted step's checkpoint: say where it is and how to go on, then stop (exit code 130)."""
+    if bar is not None:
+        bar.close()
+    if run.enabled:
+        print(f"vitlab: stopped by {signal_name} after step {step}; checkpoint {ckpts.latest()}; "
+              f"resume with: {resume_command(cfg, run.path)}", file=sys.stderr, flush=True)
+    raise KeyboardInterrupt
+
+
+# ---------------------------------------------------------------------------------- divergence
+def local_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This process's shard of FSDP's DTensors, the tensors themselves otherwise."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+
+
+def params_finite(model: nn.Module, info: D.DistInfo, device: torch.device, sharded: bool) -> bool:
+    """All weights finite; sharded (FSDP) weights are checked by their owners and the verdict agreed."""
+    ok = all_finite(local_tensors([p for p in model.parameters() if p.is_floating_point()]))
+    if sharded and info.enabled:
+        ok = D.all_reduce_sum([float(not ok)], info, device)[0] == 0
+    return ok
+
+
+def stop_diverged(what: str, value: Any, step: int, epoch: int, ckpts: CheckpointManager, main: bool, bar: Any) -> None:
+    """Non-finite loss, gradients or weights: stop before anything is checkpointed, naming the last
+    checkpoint whose weights are all finite."""
+    if bar is not None:
+        bar.close()
+    good = last_finite_checkpoint(ckpts.folder) if main else None
+    where = f"the last good checkpoint is {good}" if good else "no checkpoint with finite weights was written"
+    raise VitlabError(f"{what} became {value} at step {step} (epoch {epoch}); run stopped before writing a checkpoint, "
+                      f"{where}; lower --lr, keep --grad-clip 1 or use --precision fp32")
+
+
 def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device, info: D.DistInfo,
-           t_start: float) -> TrainResult:
+           t_start: float, allow_change: tuple[str, ...] = (), changes: dict | None = None,
+           stop: StopSignals | None = None) -> TrainResult:
     from vitlab.data.transforms import TransformConfig, build_eval_transform, build_train_transform, mix_batch
 
     main = info.is_main
     show = main and not cfg.quiet
-    resume_path = find_resume_checkpoint(cfg.resume) if cfg.resume else None  # fail before loading anything
+    changes = dict(changes or {})
+    if cfg.resume:
+        find_resume_checkpoint(cfg.resume)  # fail before loading anything
     seed_everything(cfg.seed)
 
     # ---- data and model
@@ -368,14 +534,16 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     raw_model = model
 
     # ---- run folder and resume
-    if resume_path is not None:
-        run_path = resume_path.parent.parent if resume_path.parent.name == "checkpoints" else Path(cfg.resume)
+    if cfg.resume:
+        run_path = run_folder_of(cfg.resume)
     else:
         run_path = D.broadcast_object(str(new_run_dir(cfg)) if main else None, info)
     run = RunDir(run_path, enabled=main)
+    run.remove_leftovers()
     ckpts = CheckpointManager(run.path / "checkpoints", cfg.keep_last)
-    state = load_checkpoint(resume_path) if resume_path is not None else None
+    state = load_resume_state(cfg.resume)[0] if cfg.resume else None
     if state is not None:
+        check_world_size(state, info.world_size, allow_change, changes)
         raw_model.load_state_dict(state["model"])
 
     raw_model = convert_sync_batchnorm(raw_model, cfg.batchnorm, info, device)
@@ -393,7 +561,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     global_step, epoch, step_in_epoch = 0, 0, 0
     history: list[dict[str, Any]] = []
     best_val = None
-    train_time_prev, images_prev = 0.0, 0
+    train_time_prev, images_prev, wall_prev = 0.0, 0, 0.0
     if state is not None:
         load_optim_state(wrapped, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -403,9 +571,11 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
         history = list(state.get("history", []))
         best_val = state.get("best_val")
         train_time_prev, images_prev = state.get("train_time_s", 0.0), state.get("train_images", 0)
+        wall_prev = state.get("wall_time_s", 0.0)  # the earlier segments' wall time: summary.json adds them up
         rngs = state["rng"]
         set_rng_state(rngs[info.rank] if isinstance(rngs, list) and info.rank < len(rngs) else rngs[0] if isinstance(rngs, list) else rngs)
         run.truncate_metrics(global_step)
+        record_changes(run, cfg, changes, global_step)
     else:
         run.save_config(cfg)
         if main:
@@ -417,6 +587,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
 
     n_params = sum(p.numel() for p in raw_model.parameters())
     if main:
+        print_numerics(cfg, precision, world)
         print(f"vitlab: {data.summary()}")
         print(f"vitlab: model {getattr(mcfg, 'name', type(raw_model).__name__)} ({n_params:,} parameters), "
               f"image {image_size[0]}x{image_size[1]}, {precision} on {device}"
@@ -437,9 +608,14 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
                 "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler.is_enabled() else {},
                 "rng": rngs, "global_step": global_step, "epoch": epoch, "step_in_epoch": step_in_epoch,
                 "history": history, "best_val": best_val, "epoch_sums": list(epoch_sums), "train_time_s": train_time_prev + train_time,
-                "train_images": images_prev + train_images, "config": cfg.to_dict()}
+                "train_images": images_prev + train_images, "config": cfg.to_dict(), "world_size": world,
+                "wall_time_s": wall_prev + time.perf_counter() - t_start}
+
+    last_saved_step = -1
 
     def save_checkpoint(best_metric: float | None = None) -> None:
+        nonlocal last_saved_step
+        last_saved_step = global_step
         st = make_state()
         if main:
             ckpts.save(st, global_step)
@@ -461,6 +637,8 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     if state is not None and "epoch_sums" in state:
         epoch_sums = list(state["epoch_sums"])
     set_train_mode(forward_model, cfg.batchnorm)
+    stop = stop or StopSignals()
+    stop.listen()  # from here on a first Ctrl-C / SIGTERM ends the run at the next step boundary, checkpointed
     while global_step < total_steps:
         loader = iter(train_loader(epoch, step_in_epoch * accum))
         while step_in_epoch < steps_per_epoch and global_step < total_steps:
@@ -494,24 +672,24 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
                 loss_sum += loss.detach() * len(y)
                 correct += (logits.detach().argmax(1) == y).sum()
                 seen += len(y)
-            loss_val, correct_val, seen_all = D.all_reduce_sum([float(loss_sum), float(correct), float(seen)],
-                                                                info, device)
+            # the stop request rides on the metrics' reduction, so every process stops after the same step
+            loss_val, correct_val, seen_all, stop_votes = D.all_reduce_sum(
+                [float(loss_sum), float(correct), float(seen), float(stop.received is not None)], info, device)
             step_loss = loss_val / max(seen_all, 1)
             if not math.isfinite(step_loss):
-                latest = ckpts.latest()
-                where = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written yet"
-                if bar is not None:
-                    bar.close()
-                raise VitlabError(f"loss became {step_loss} at step {global_step} (epoch {epoch}); run stopped, "
-                                  f"{where}; lower --lr, keep --grad-clip 1 or use --precision fp32")
+                stop_diverged("loss", step_loss, global_step, epoch, ckpts, main, bar)
             if cfg.grad_clip:
                 scaler.unscale_(optimizer)
                 grad_norm = float(_clip_grad_norm(wrapped, cfg.grad_clip))
+                if not math.isfinite(grad_norm) and not scaler.is_enabled():  # fp16 skips such steps by design
+                    stop_diverged("the gradient norm", grad_norm, global_step, epoch, ckpts, main, bar)
             else:
                 grad_norm = None
             lr_now = optimizer.param_groups[0]["lr"]
             scaler.step(optimizer)
             scaler.update()
+            if not params_finite(wrapped, info, device, sharded=_is_fsdp(wrapped)):  # a finite loss, a wild update
+                stop_diverged("the weights", "non-finite", global_step, epoch, ckpts, main, bar)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             global_step += 1
@@ -535,15 +713,19 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
                     bar.set_postfix(epoch=epoch + 1, loss=f"{step_loss:.4f}", lr=f"{lr_now:.2e}", img_s=f"{ips:.0f}")
             if bar is not None:
                 bar.update(1)
-            if cfg.ckpt_every and global_step % cfg.ckpt_every == 0 and step_in_epoch < steps_per_epoch \
-                    and global_step < total_steps:
+            mid_epoch = step_in_epoch < steps_per_epoch and global_step < total_steps
+            if cfg.ckpt_every and global_step % cfg.ckpt_every == 0 and mid_epoch:
                 save_checkpoint()
+            if mid_epoch and (stop_votes > 0 if info.enabled else stop.received):
+                if last_saved_step != global_step:
+                    save_checkpoint()
+                stop_interrupted(cfg, run, ckpts, stop.received or "a signal on another process", global_step, bar)
 
         # ---- end of epoch (or of the step budget): evaluate, log, checkpoint
         record = {"type": "epoch", "epoch": epoch + 1, "step": global_step,
                   "train_loss": epoch_sums[0] / max(epoch_sums[2], 1) if epoch_sums[2] else None,
                   "train_acc": epoch_sums[1] / max(epoch_sums[2], 1) if epoch_sums[2] else None,
-                  "lr": optimizer.param_groups[0]["lr"], "time_s": time.perf_counter() - t_start}
+                  "lr": optimizer.param_groups[0]["lr"], "time_s": wall_prev + time.perf_counter() - t_start}
         is_last = global_step >= total_steps
         metric = None
         if data.val is not None and ((epoch + 1) % max(1, cfg.eval_every) == 0 or is_last):
@@ -565,6 +747,9 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
         step_in_epoch = 0
         epoch_sums = [0.0, 0.0, 0.0]
         save_checkpoint(best_metric=metric if better else None)
+        if D.all_reduce_sum([float(stop.received is not None)], info, device)[0] > 0:  # came during the evaluation
+            stop_interrupted(cfg, run, ckpts, stop.received or "a signal on another process", global_step, bar)
+    stop.restore()  # the final evaluation: Ctrl-C stops at once again
     if bar is not None:
         bar.close()
 
@@ -578,7 +763,7 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     if split is not None:
         logits, labels = predict_split(eval_model, split, eval_tf, device, precision, cfg.eval_batch_size, info)
         result.test_metrics = split_metrics(logits, labels, class_names)
-    result.wall_time_s = time.perf_counter() - t_start
+    result.wall_time_s = wall_prev + time.perf_counter() - t_start
     _gather_stream_failures(data, info)  # a collective: every rank
     fsdp_state = full_model_state(wrapped) if _is_fsdp(wrapped) else None  # a collective: every rank
     if main:

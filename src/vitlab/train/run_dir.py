@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from vitlab.train.checkpoint import atomic_write_text
+from vitlab.train.checkpoint import atomic_write_text, remove_stale_temp_files
 from vitlab.train.config import TrainConfig, save_yaml
 
 
@@ -64,12 +65,25 @@ class RunDir:
             fh.write(json.dumps(_clean(record)) + "\n")
 
     def truncate_metrics(self, step: int) -> None:
-        """On resume: drop records written after the checkpoint we resume from (they will be redone)."""
+        """On resume: drop records written after the checkpoint we resume from (they will be redone), and
+        a line that a kill or a full disk cut short (with a note)."""
         if not self.enabled or not self.metrics_path.exists():
             return
-        keep = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        records, broken = parse_metrics(self.metrics_path.read_text())
+        if broken:
+            print(f"vitlab: dropped {broken} incomplete line(s) of {self.metrics_path} (a write was cut short)",
+                  file=sys.stderr, flush=True)
+        keep = [json.dumps(r) for r in records if r.get("step", 0) <= step]
         atomic_write_text("".join(line + "\n" for line in keep), self.metrics_path)
+
+    def remove_leftovers(self) -> None:
+        """Temporary files of checkpoint or metrics writes that a kill interrupted (never read, only in the way)."""
+        if not self.enabled:
+            return
+        removed = remove_stale_temp_files(self.path, self.path / "checkpoints")
+        if removed:
+            print(f"vitlab: removed {len(removed)} temporary file(s) left by an interrupted write in {self.path}",
+                  file=sys.stderr, flush=True)
 
     def write_json(self, name: str, data: dict[str, Any]) -> Path:
         path = self.path / name
@@ -78,8 +92,27 @@ class RunDir:
         return path
 
 
+def parse_metrics(text: str) -> tuple[list[dict[str, Any]], int]:
+    """The records of a metrics.jsonl text, and how many lines were not whole JSON records."""
+    records, broken = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            broken += 1
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            broken += 1
+    return records, broken
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a run's metrics.jsonl; a line cut short by a kill is skipped."""
     p = Path(path)
     if p.is_dir():
         p = p / "metrics.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return parse_metrics(p.read_text())[0]
