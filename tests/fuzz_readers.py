@@ -49,26 +49,9 @@ def _tiny_vit(**kw):
 
 def _official_npz(path: Path) -> None:
     """A tiny checkpoint in the official Flax layout (the names of vision_transformer's models_vit.py)."""
-    rng = np.random.default_rng(0)
-    dim, heads, mlp, patch, classes = 8, 2, 16, 4, 3
+    from test_weights_hostile import official_arrays  # tests/ is on sys.path: this script's own folder
 
-    def arr(*shape):
-        return rng.normal(0, 0.2, shape).astype(np.float32)
-
-    a = {"embedding/kernel": arr(patch, patch, 3, dim), "embedding/bias": arr(dim), "cls": arr(1, 1, dim),
-         "Transformer/posembed_input/pos_embedding": arr(1, 5, dim)}
-    p = "Transformer/encoderblock_0/"
-    for ln in ("LayerNorm_0", "LayerNorm_2"):
-        a[f"{p}{ln}/scale"], a[f"{p}{ln}/bias"] = 1 + arr(dim), arr(dim)
-    m = p + "MultiHeadDotProductAttention_1/"
-    for n in ("query", "key", "value"):
-        a[f"{m}{n}/kernel"], a[f"{m}{n}/bias"] = arr(dim, heads, dim // heads), arr(heads, dim // heads)
-    a[m + "out/kernel"], a[m + "out/bias"] = arr(heads, dim // heads, dim), arr(dim)
-    a[p + "MlpBlock_3/Dense_0/kernel"], a[p + "MlpBlock_3/Dense_0/bias"] = arr(dim, mlp), arr(mlp)
-    a[p + "MlpBlock_3/Dense_1/kernel"], a[p + "MlpBlock_3/Dense_1/bias"] = arr(mlp, dim), arr(dim)
-    a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"] = 1 + arr(dim), arr(dim)
-    a["head/kernel"], a["head/bias"] = arr(dim, classes), arr(classes)
-    np.savez(path, **a)
+    np.savez(path, **official_arrays())
 
 
 def _png(path: Path, size=(6, 5)) -> None:

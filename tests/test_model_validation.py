@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import vitlab
+from test_weights_hybrid import hybrid_arrays  # the official hybrid layout, any root width
 from vitlab.errors import VitlabError
 from vitlab.models import limits
 from vitlab.models.config import ResNetConfig, ViTConfig
@@ -123,47 +124,10 @@ def test_fractional_width_factor_follows_the_official_rounding():
             assert m(torch.randn(1, 3, 32, 32)).shape == (1, 2)
 
 
-def _hybrid_arrays(width, layers, dim=16, heads=2, mlp=32, grid=2, classes=3, seed=0):
-    """An official hybrid .npz (official-vit.md 1.2, 2.2) whose root conv is `width` channels wide."""
-    rng = np.random.default_rng(seed)
-
-    def arr(*shape, loc=0.0):
-        return (loc + rng.normal(0, 0.3, shape)).astype(np.float32)
-
-    a = {"conv_root/kernel": arr(7, 7, 3, width), "gn_root/scale": arr(1, 1, 1, width, loc=1), "gn_root/bias": arr(width)}
-    chans = width
-    for s, n in enumerate(layers):
-        f = width * 2**s  # the official ResNetStage: nout = width * 2**i
-        for u in range(n):
-            p, cin = f"block{s + 1}/unit{u + 1}/", chans if u == 0 else 4 * f
-            a.update({p + "conv1/kernel": arr(1, 1, cin, f), p + "conv2/kernel": arr(3, 3, f, f),
-                      p + "conv3/kernel": arr(1, 1, f, 4 * f)})
-            for r, c in ((1, f), (2, f), (3, 4 * f)):
-                a[f"{p}gn{r}/scale"], a[f"{p}gn{r}/bias"] = arr(c, loc=1), arr(c)
-            if u == 0:
-                a[p + "conv_proj/kernel"] = arr(1, 1, cin, 4 * f)
-                a[p + "gn_proj/scale"], a[p + "gn_proj/bias"] = arr(4 * f, loc=1), arr(4 * f)
-        chans = 4 * f
-    a["embedding/kernel"], a["embedding/bias"] = arr(1, 1, chans, dim), arr(dim)
-    a["cls"], a["Transformer/posembed_input/pos_embedding"] = arr(1, 1, dim), arr(1, grid * grid + 1, dim)
-    p = "Transformer/encoderblock_0/"
-    for ln in ("LayerNorm_0", "LayerNorm_2"):
-        a[f"{p}{ln}/scale"], a[f"{p}{ln}/bias"] = arr(dim, loc=1), arr(dim)
-    m = p + "MultiHeadDotProductAttention_1/"
-    for n in ("query", "key", "value"):
-        a[f"{m}{n}/kernel"], a[f"{m}{n}/bias"] = arr(dim, heads, dim // heads), arr(heads, dim // heads)
-    a[m + "out/kernel"], a[m + "out/bias"] = arr(heads, dim // heads, dim), arr(dim)
-    a[p + "MlpBlock_3/Dense_0/kernel"], a[p + "MlpBlock_3/Dense_0/bias"] = arr(dim, mlp), arr(mlp)
-    a[p + "MlpBlock_3/Dense_1/kernel"], a[p + "MlpBlock_3/Dense_1/bias"] = arr(mlp, dim), arr(dim)
-    a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"] = arr(dim, loc=1), arr(dim)
-    a["head/kernel"], a["head/bias"] = arr(dim, classes), arr(classes)
-    return a
-
-
 def test_official_hybrid_with_width_factor_one_half_loads(tmp_path):
     """Root width 32 is width factor 0.5 (the official int(64 * 0.5)); it used to be 32 // 64 = 0."""
     layers = (1, 2)
-    a = _hybrid_arrays(32, layers)
+    a = hybrid_arrays(layers, np.random.default_rng(0), dim=16, heads=2, mlp=32, width=32, classes=3)
     np.savez(tmp_path / "half.npz", **a)
     model = vitlab.load(tmp_path / "half.npz")
     cfg = model.config
