@@ -1,6 +1,7 @@
 """The Fig. 7 summary numbers: each statistic separates the structure it claims to detect from noise."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -62,3 +63,18 @@ def test_inspect_json_carries_the_summary(tmp_path):
     assert set(info["summary"]) == {"filters", "posemb", "distance"} == set(res.summary)
     assert len(info["summary"]["distance"]["layer_mean_px"]) == 2
     assert "position embeddings: mean cosine similarity" in (tmp_path / "report.html").read_text()
+
+
+def test_the_kept_fashion_mnist_vit_regenerates_its_committed_numbers(tmp_path):
+    """docs/RESULTS.md's inspection model is in the repository; its data-free figures (filters, position
+    embeddings) regenerate to the numbers committed beside them."""
+    import vitlab
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "figures"
+    model = vitlab.load(docs / "fmnist_vit_model")
+    cfg = model.config
+    assert (cfg.patch_size, cfg.grid_size, cfg.posemb, cfg.classifier) == (4, (7, 7), "learn", "token")
+    res = inspect_model(model, None, tmp_path, progress=False)
+    committed = json.loads((docs / "inspect_fmnist_vit" / "inspect.json").read_text())["summary"]
+    assert res.summary["posemb"] == committed["posemb"]
+    assert res.summary["filters"] == committed["filters"]
