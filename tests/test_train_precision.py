@@ -5,6 +5,7 @@ import pytest
 import torch
 import yaml
 
+from vitlab import runtime
 from vitlab.models.registry import create_model
 from vitlab.train import precision as P
 from vitlab.train import train
@@ -26,7 +27,7 @@ def _models():
     ("1.1", ("fp32", "fp32", "fp32")),  # a gain too small to pay for autocast's casts
 ])
 def test_auto_follows_the_measured_speedup(monkeypatch, speedup, expected):
-    monkeypatch.setattr(P, "cpu_bf16_supported", lambda: True)
+    monkeypatch.setattr(runtime, "cpu_bf16_supported", lambda: True)
     monkeypatch.setenv("VITLAB_CPU_BF16_SPEEDUP", speedup)
     assert tuple(P.resolve_precision("auto", CPU, m) for m in _models()) == expected
 
@@ -36,7 +37,7 @@ def test_explicit_precision_is_kept_and_no_bf16_kernels_means_fp32(monkeypatch):
     assert P.resolve_precision("bf16", CPU, narrow) == "bf16"
     assert P.resolve_precision("fp32", CPU, wide) == "fp32"
     monkeypatch.delenv("VITLAB_CPU_BF16_SPEEDUP", raising=False)
-    monkeypatch.setattr(P, "cpu_bf16_supported", lambda: False)
+    monkeypatch.setattr(runtime, "cpu_bf16_supported", lambda: False)
     assert P.cpu_bf16_speedup() == 0.0
     assert P.resolve_precision("auto", CPU, wide) == "fp32"
 

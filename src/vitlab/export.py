@@ -55,7 +55,9 @@ def check_onnx(model: nn.Module, path: str | Path, batch: int = 2, seed: int = 0
     except ImportError as exc:
         raise VitlabError("checking an ONNX file needs onnxruntime: pip install onnxruntime") from exc
     cfg = model.config
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()  # the runtime's choice (runtime.py), not one per core
+    sess = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
     shape = sess.get_inputs()[0].shape
     h = shape[2] if isinstance(shape[2], int) else cfg.image_size[0]
     w = shape[3] if isinstance(shape[3], int) else cfg.image_size[1]

@@ -175,5 +175,6 @@ def predict(
     if meta.get("zero_head"):
         print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
               "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return predict_files(model, meta, files, top_k, batch_size, dev, progress)[0]
+    from vitlab.runtime import resolve_device
+
+    return predict_files(model, meta, files, top_k, batch_size, resolve_device(device), progress)[0]

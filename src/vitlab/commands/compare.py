@@ -8,7 +8,13 @@ import time
 from pathlib import Path
 
 from vitlab.commands._argtypes import positive_int
-from vitlab.commands.evaluate import add_data_args, add_frozen_args, frozen_options, load_splits
+from vitlab.commands.evaluate import (
+    add_data_args,
+    add_frozen_args,
+    add_runtime_args,
+    frozen_options,
+    load_splits,
+)
 from vitlab.errors import VitlabError
 
 
@@ -46,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="BatchNorm models (resnet-50, ...) while fine-tuning: train (update the statistics, as the "
                         "seed studies did; default) or frozen (keep the pretrained statistics: small batches)")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
+    add_runtime_args(p)  # --device, --threads (the fine-tuning runs use the same thread count)
     p.add_argument("--eval-batch-size", type=positive_int, default=64)
     p.add_argument("--out", help="output folder (default compare-<data>-<UTC time>); an existing one is resumed: "
                                  "models finished there with the same settings are reused, the rest redone")
@@ -58,15 +64,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.experiments.compare import parse_models, run_compare
+    from vitlab.runtime import setup_runtime
 
     models = parse_models(args.models, args.weights)
     settings = _settings(args)
     out = _out_dir(args)
+    runtime = setup_runtime(args.device, args.threads)  # the zero-shot and final evaluations
     data = load_splits(args)
     if not args.quiet:
         print(f"data: {data.summary()}")
     data_args = {"data": args.data, "classes": args.classes, "per_class": args.per_class,
                  "val_fraction": args.val_fraction, "test_fraction": args.test_fraction}
+    runtime.announce("compare", args.quiet)
     summary = run_compare(data, models, settings, out, frozen=frozen_options(args), data_args=data_args)
     _print_table(summary, out)
     if summary["failed"]:
@@ -82,6 +91,8 @@ def _settings(args: argparse.Namespace):
     from vitlab.train.config import parse_kv, typed_overrides
 
     extra: dict = {}
+    if args.threads:  # given: every fine-tuning run computes with it too (none: each run decides as train does)
+        extra["threads"] = args.threads
     if args.batchnorm:
         extra["batchnorm"] = args.batchnorm
     for item in args.set:

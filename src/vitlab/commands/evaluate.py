@@ -77,10 +77,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=positive_int, help="model input size (resamples ViT position embeddings)")
     add_load_arguments(p)
     p.add_argument("--batch-size", type=positive_int, default=64)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
+    add_runtime_args(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars; print only the summary table")
     add_frozen_args(p)
     p.set_defaults(func=run)
+
+
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """--device and --threads, shared by evaluate and compare (decided by `vitlab.runtime.setup_runtime`)."""
+    from vitlab.runtime import THREADS_HELP
+
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
+    p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
 
 
 def _run_data_kwargs(run_config: dict | None) -> dict:
@@ -134,8 +142,11 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.commands._load_args import load_overrides
     from vitlab.evaluate.loading import check_model_spec, fit_image_size, load_for_eval
     from vitlab.evaluate.runner import evaluate_model, rows_markdown, write_report
+    from vitlab.runtime import setup_runtime
 
     quiet = args.quiet
+    # decided before loading: loading and the data's decoding already compute with torch's threads
+    runtime = setup_runtime(args.device, args.threads)
     if Path(args.model).expanduser().exists():
         overrides, image_size = load_overrides(args)
         loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
@@ -149,10 +160,11 @@ def run(args: argparse.Namespace) -> int:
     if not quiet:
         print(f"model: {loaded.description}")
         print(f"data: {data.summary()}")
+    runtime.announce("evaluate", quiet)
     res = evaluate_model(
         loaded.model, data, loaded.preprocess, split=args.split, model_classes=loaded.class_names,
         zero_shot_map=args.zero_shot_map, head=args.head, frozen=frozen_options(args),
-        batch_size=args.batch_size, device=args.device, seed=args.seed, progress=not quiet,
+        batch_size=args.batch_size, device=runtime.device, seed=args.seed, progress=not quiet,
         name=Path(args.model).name if Path(args.model).exists() else args.model,
         untrained=loaded.source == "registry",
     )
@@ -165,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(f"eval-{safe}-{args.split}")
     res.info["model_description"] = loaded.description
     res.info["data"] = data.summary()
+    res.info["runtime"] = runtime.to_dict()
     files = write_report(res, out)
     from vitlab.data import write_skipped
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from vitlab.commands._argtypes import positive_int
+from vitlab.runtime import THREADS_HELP
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export weights to ONNX (checked with ONNX Runtime when installed)")
@@ -14,12 +17,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--opset", type=int, default=18)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size to 1")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison")
+    p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.errors import VitlabError
     from vitlab.export import check_onnx, export_onnx
+    from vitlab.runtime import setup_runtime
     from vitlab.weights import load_with_meta
 
     size = None
@@ -27,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
         if len(args.image_size) > 2:
             raise VitlabError("--image-size takes H or H W")
         size = tuple(args.image_size) if len(args.image_size) == 2 else (args.image_size[0],) * 2
+    # the export traces on the CPU (an .onnx file is device-neutral); the threads matter for tracing and the check
+    runtime = setup_runtime("cpu", args.threads)
     model, meta = load_with_meta(args.weights, image_size=size)
+    runtime.announce("export")
     pre = meta.get("preprocess")
     metadata = {
         "class_names": meta.get("class_names"),

@@ -9,9 +9,9 @@ import argparse
 from vitlab.commands.train import (
     _is_main,
     add_train_arguments,
-    allowed_changes,
     config_from_args,
     print_summary,
+    train_or_exit,
 )
 
 
@@ -26,13 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.errors import VitlabError
-    from vitlab.train import train
 
     extra = {"weights": args.weights} if args.weights else {}
     cfg = config_from_args(args, "finetune", extra)
     if not cfg.weights:
         raise VitlabError("vitlab finetune needs --weights PATH (e.g. runs/RUN/model or ViT-B_16.npz)")
-    result = train(cfg, allow_change=allowed_changes(args))
+    result = train_or_exit(args, cfg)
     if _is_main():
         print_summary(result)
     return 0

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
+from vitlab.commands._argtypes import positive_int
 from vitlab.errors import VitlabError
+from vitlab.runtime import THREADS_HELP, setup_runtime
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=None, help="run at this input size (position embeddings resampled)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     p.add_argument("--seed", type=int, default=0, help="which images --data picks (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the report path")
     p.set_defaults(func=run)
@@ -122,18 +125,6 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
     return torch.stack(tensors), labels
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise VitlabError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise VitlabError("--device cuda given but no CUDA GPU is available; use --device cpu")
-    return device
-
-
 def run(args: argparse.Namespace) -> int:
     from vitlab.inspect import check_inspectable, inspect_model
 
@@ -141,13 +132,15 @@ def run(args: argparse.Namespace) -> int:
         raise VitlabError("--num-images and --rollout-images must be >= 0 and --batch-size >= 1")
     if not 0.0 <= args.discard_ratio < 1.0:
         raise VitlabError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
+    runtime = setup_runtime(args.device, args.threads)
     model, class_names, preprocess = load_model(args.model, args.image_size)
     check_inspectable(model)
     preprocess = make_preprocess(model, preprocess)
     images, labels = gather_images(args, preprocess)
     if not len(images) and not args.quiet:
         print("no --images or --data given: only the embedding filters and position embeddings are drawn")
-    model = model.to(pick_device(args.device)).eval()
+    model = model.to(runtime.device).eval()
+    runtime.announce("inspect", args.quiet)
     res = inspect_model(
         model, images if len(images) else None, args.out,
         mean=preprocess.mean, std=preprocess.std, labels=labels, class_names=class_names,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vitlab.commands._argtypes import positive_int
 from vitlab.commands._load_args import add_load_arguments
+from vitlab.runtime import THREADS_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=5, help="classes to show per image (default 5)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto: cuda when available)")
+    p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     add_load_arguments(p)
     p.add_argument("--skip-bad", action="store_true", help="skip unreadable images (listed on stderr) instead of stopping")
     p.add_argument("--quiet", action="store_true", help="no progress bar or notes on stderr")
@@ -27,30 +30,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from vitlab.commands._load_args import load_overrides
     from vitlab.errors import VitlabError
     from vitlab.predict import collect_images, format_predictions, predict_files
+    from vitlab.runtime import setup_runtime
     from vitlab.weights import load_with_meta
 
     if args.top_k < 1:
         raise VitlabError(f"--top-k must be at least 1, got {args.top_k}")
     if args.batch_size < 1:
         raise VitlabError(f"--batch-size must be at least 1, got {args.batch_size}")
+    runtime = setup_runtime(args.device, args.threads)
     files, skipped = collect_images(args.images)
     overrides, image_size = load_overrides(args)
     model, meta = load_with_meta(args.weights, image_size=image_size, **overrides)
     if meta.get("zero_head") and not args.quiet:
         print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
               "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as exc:
-        raise VitlabError(f"device {device!r} is not available ({str(exc).splitlines()[0]}); use --device cpu") from exc
-    preds, failed = predict_files(model, meta, files, args.top_k, args.batch_size, device,
+    preds, failed = predict_files(model, meta, files, args.top_k, args.batch_size, runtime.device,
                                   progress=not args.quiet and len(files) > 50, strict=not args.skip_bad)
+    # announced after the images were read: a bad image still fails with exactly one line
+    runtime.announce("predict", args.quiet)
     print(format_predictions(preds, args.format))
     if not args.quiet:
         for _path, reason in failed:

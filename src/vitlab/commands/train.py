@@ -47,6 +47,8 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--device", "device", str, "auto | cpu | cuda | cuda:N"),
     ("--threads", "threads", int, "CPU threads for torch (default: automatic)"),
     ("--eval-batch-size", "eval_batch_size", int, "batch size for validation and test"),
+    ("--dist-timeout", "dist_timeout", float, "torchrun: seconds a collective waits for the other processes before "
+                                              "the run stops with one line (default 600 = 10 min)"),
     ("--out", "out_dir", str, "folder for run folders (default runs/)"),
     ("--name", "name", str, "run folder name (default: recipe-data-time)"),
     ("--seed", "seed", int, "seed of everything"),
@@ -79,8 +81,12 @@ def add_train_arguments(p: argparse.ArgumentParser, default_recipe: str) -> None
                    help="any TrainConfig field, e.g. --set betas=0.9,0.95 (repeatable)")
     p.add_argument("--resume", default=None, metavar="RUN", help="continue a run folder (or checkpoint file) exactly")
     p.add_argument("--allow-change", dest="allow_change", action="append", default=[], metavar="SETTING",
-                   help="with --resume: accept a different threads, precision, deterministic or world_size than the "
-                        "run recorded (it then no longer matches an uninterrupted run; repeatable or comma-separated)")
+                   help="with --resume: accept a setting (any config field, e.g. batch_size, or threads, precision, "
+                        "world_size) that differs from the run's record; config.yaml records the change (it then "
+                        "no longer matches an uninterrupted run; repeatable or comma-separated)")
+    p.add_argument("--force-unlock", dest="force_unlock", action="store_true",
+                   help="take over the run folder's lock held by a process on another machine (only when no run "
+                        "is going on there)")
     p.add_argument("--quiet", action="store_true", help="no progress bar: one line per epoch (for logs)")
 
 
@@ -125,15 +131,12 @@ def config_from_args(args: argparse.Namespace, default_recipe: str, extra: dict 
 
 
 def allowed_changes(args: argparse.Namespace) -> tuple[str, ...]:
-    """`--allow-change threads,precision` -> ("threads", "precision"); unknown names are refused."""
-    from vitlab.errors import VitlabError
-    from vitlab.train.loop import NUMERIC_SETTINGS
+    """`--allow-change threads,batch` -> ("threads", "batch_size"): config field names (aliases allowed) or
+    world_size; an unknown name is refused with the near misses."""
+    from vitlab.train.config import setting_name
 
     names = [n.strip().replace("-", "_") for item in args.allow_change for n in item.split(",") if n.strip()]
-    for name in names:
-        if name not in NUMERIC_SETTINGS:
-            raise VitlabError(f"--allow-change {name}: unknown setting; choose from {', '.join(NUMERIC_SETTINGS)}")
-    return tuple(names)
+    return tuple(name if name == "world_size" else setting_name(name, f"--allow-change {name}") for name in names)
 
 
 def print_summary(result, quiet: bool = False) -> None:
@@ -158,17 +161,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.train import train
-
     cfg = config_from_args(args, "small-data")
     if cfg.weights:
         from vitlab.errors import VitlabError
 
         raise VitlabError("`vitlab train` starts from scratch; use `vitlab finetune --weights W` to start from weights")
-    result = train(cfg, allow_change=allowed_changes(args))
+    result = train_or_exit(args, cfg)
     if _is_main():
         print_summary(result)
     return 0
+
+
+def train_or_exit(args: argparse.Namespace, cfg):
+    """`train(cfg)`; when another torchrun process stopped answering, print the one line and end this process
+    at once: freeing the failed collective's objects would wait for the missing process forever."""
+    import os
+
+    from vitlab.cli import one_line
+    from vitlab.train import train
+    from vitlab.train.distributed import PeerFailure
+
+    try:
+        return train(cfg, allow_change=allowed_changes(args), force_unlock=args.force_unlock)
+    except PeerFailure as exc:
+        print(f"vitlab {args.command}: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
 
 
 def _is_main() -> bool:

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from vitlab.errors import VitlabError
+from vitlab.runtime import resolve_device
 
 
 @dataclass
@@ -26,18 +26,6 @@ class Outputs:
     labels: np.ndarray
     logits: np.ndarray | None = None
     features: np.ndarray | None = None
-
-
-def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise VitlabError(f"unknown device {device!r}; use cpu, cuda, cuda:0 or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise VitlabError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu")
-    return dev
 
 
 def _collate(batch: list) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -60,13 +60,15 @@ def remove_stale_temp_files(*folders: Path) -> list[Path]:
             continue
         for p in folder.iterdir():
             m = _TEMP_RE.match(p.name)
-            if m and p.is_file() and not _process_alive(int(m.group(1))):
+            if m and p.is_file() and not process_alive(int(m.group(1))):
                 p.unlink(missing_ok=True)
                 removed.append(p)
     return removed
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (this process counts as gone: it has nothing
+    in flight when it cleans up)."""
     if pid == os.getpid():
         return False  # this process has written nothing yet when it cleans up
     try:

@@ -78,6 +78,9 @@ class TrainConfig:
     compile: bool = False
     threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
     fsdp: bool = False  # shard parameters over processes (models too big for one device)
+    # seconds a collective (torchrun) waits for the other processes before the run stops with one line;
+    # 10 min instead of gloo's 30: a stopped or hung process ends the run instead of blocking it for half an hour
+    dist_timeout: float = 600.0
     # BatchNorm during training (models without BN ignore it; docs/training.md): "train" updates the
     # running statistics (torchvision / timm / HF Trainer default); "frozen" keeps BN layers in eval
     # mode (statistics fixed, affine weights still learn: fine-tuning with small batches); "sync"
@@ -385,6 +388,25 @@ def _field_name(key: Any, source: str) -> str:
     raise VitlabError(f"unknown training setting {text!r} ({source}); {hint}")
 
 
+def setting_name(key: Any, source: str) -> str:
+    """The TrainConfig field a user's key names (aliases and dashes allowed), or a one-line error naming near misses."""
+    return _field_name(key, source)
+
+
+def recorded_values(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a recorded config.yaml, each as its declared type (so that 10 and 10.0, or a tuple and
+    its YAML list, compare equal); keys that are no field, or values that no longer fit, are kept as written."""
+    out = {}
+    for key, value in data.items():
+        if key not in _FIELDS:
+            continue
+        try:
+            out[key] = typed_overrides({key: value}, source="in the run's config.yaml")[key]
+        except VitlabError:
+            out[key] = value
+    return out
+
+
 def split_outside_brackets(text: str, sep: str = ",") -> list[str]:
     """Split on `sep` outside brackets: "a=1,b=[1,2],c=(3,4)" -> ["a=1", "b=[1,2]", "c=(3,4)"]."""
     out, depth, cur = [], 0, ""
@@ -572,6 +594,8 @@ def _check_budget(cfg: TrainConfig) -> None:
         _at_least(cfg, name, 1)
     for name in ("seed", "ckpt_every"):
         _at_least(cfg, name, 0)
+    if cfg.dist_timeout <= 0:
+        _refuse("dist_timeout", cfg.dist_timeout, "> 0 seconds (e.g. 600)")
 
 
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:

@@ -3,12 +3,15 @@ collective helpers; everything is a no-op in a single process."""
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from vitlab.errors import VitlabError
 
 
 @dataclass
@@ -17,6 +20,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     backend: str | None = None
+    timeout_s: float = 600.0
 
     @property
     def enabled(self) -> bool:
@@ -27,8 +31,11 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device: torch.device) -> DistInfo:
-    """Join the process group that torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK (if any)."""
+def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistInfo:
+    """Join the process group that torchrun describes in RANK / WORLD_SIZE / LOCAL_RANK (if any).
+
+    `timeout_s`: how long a collective waits for the other processes; then it fails on every live process
+    (gloo raises, NCCL's watchdog ends the process) instead of waiting for a stopped one forever."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
@@ -38,8 +45,30 @@ def init_distributed(device: torch.device) -> DistInfo:
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend)
-    return DistInfo(rank, world, local_rank, backend)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistInfo(rank, world, local_rank, backend, timeout_s)
+
+
+# What gloo and NCCL say when a peer does not answer in time or went away (a RuntimeError or DistBackendError)
+_PEER_FAILURES = ("timed out", "timeout", "connection closed by peer", "connection reset", "broken pipe",
+                  "pair closure")
+
+
+class PeerFailure(VitlabError):
+    """A collective failed because another process stopped, hung or died. `abandoned` keeps the failed
+    collective's objects alive: freeing them waits on the missing process (a hang at exit), so the command
+    prints its one line and ends the process without freeing them (`vitlab train`, like NCCL's watchdog)."""
+
+    def __init__(self, message: str, abandoned: BaseException):
+        super().__init__(message)
+        self.abandoned = abandoned
+
+
+def is_peer_failure(exc: BaseException, info: DistInfo) -> bool:
+    """Whether a collective failed because another process stopped, hung or died."""
+    if not info.enabled or not isinstance(exc, RuntimeError):
+        return False
+    return any(word in str(exc).lower() for word in _PEER_FAILURES)
 
 
 def shutdown(info: DistInfo) -> None:

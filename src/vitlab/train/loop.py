@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
+from vitlab.runtime import auto_threads, resolve_device  # one policy for every command (runtime.py)
 from vitlab.train import distributed as D
 from vitlab.train.checkpoint import (
     CheckpointManager,
@@ -33,10 +34,10 @@ from vitlab.train.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from vitlab.train.config import TrainConfig, load_yaml, validate
+from vitlab.train.config import TrainConfig, load_yaml, recorded_values, validate
 from vitlab.train.optim import build_optimizer, build_scheduler, decay_mask
 from vitlab.train.precision import autocast_context, cpu_bf16_supported, resolve_precision, set_stem_precision
-from vitlab.train.run_dir import RunDir, new_run_dir
+from vitlab.train.run_dir import RunDir, RunLock, new_run_dir, refuse_if_in_use
 
 
 @dataclass
@@ -54,31 +55,6 @@ class TrainResult:
 
 
 # ----------------------------------------------------------------------------------------- setup
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise VitlabError("--device cuda asked for, but no CUDA GPU is visible; use --device cpu")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return dev
-
-
-def auto_threads() -> int | None:
-    """CPU threads when not given: torch's default (one per core) on an idle machine, 1 when the machine is
-    already busy (load average >= cores): with other processes on the cores, OpenMP threads wait on each
-    other and a 2-thread step ran 15x slower than a 1-thread step here (docs/training.md)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-    cores = os.cpu_count() or 1
-    return 1 if load >= cores else None
-
-
 def tune_cpu_allocator() -> bool:
     """Keep freed training buffers in glibc's heap instead of returning them to the OS after each step.
 
@@ -266,39 +242,74 @@ def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: 
 
 # ---------------------------------------------------------------------------------------- train
 def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
-          allow_change: tuple[str, ...] | list[str] = ()) -> TrainResult:
+          allow_change: tuple[str, ...] | list[str] = (), force_unlock: bool = False) -> TrainResult:
     """Train (from scratch, pre-train or fine-tune, by `cfg.recipe`) and evaluate; writes a run folder.
 
     `model`: train this module instead of building one (its head is replaced when the classes differ);
     `data`: a `vitlab.data.DataSplits` instead of loading `cfg.data`;
-    `allow_change`: on resume, settings that change numerics (threads, precision, deterministic,
-    world_size) that may differ from the run's record; any other difference is refused.
+    `allow_change`: on resume, settings (any TrainConfig field, or world_size) that may differ from the
+    run's record; any other difference that changes the run is refused;
+    `force_unlock`: take over the run folder's lock even when another machine holds it.
     """
     validate(cfg)
     t_start = time.perf_counter()
-    changes = restore_numerics(cfg, tuple(allow_change)) if cfg.resume else {}
+    allow_change = tuple(allow_change)
+    changes = check_resume(cfg, allow_change) if cfg.resume else {}
     cfg.threads = resolve_threads(cfg)
     torch.set_num_threads(cfg.threads)
     set_deterministic(cfg.deterministic)
     device = resolve_device(cfg.device)
     if device.type == "cpu":
         tune_cpu_allocator()
-    info = D.init_distributed(device)
-    # every process computes with rank 0's thread count, which the run records
-    cfg.threads = int(D.broadcast_object(cfg.threads, info))
-    torch.set_num_threads(cfg.threads)
-    stop = StopSignals()
+    info = D.init_distributed(device, cfg.dist_timeout)
+    stop, lock = StopSignals(), RunLock()
     try:
-        return _train(cfg, model, data, device, info, t_start, tuple(allow_change), changes, stop)
+        # every process computes with rank 0's thread count, which the run records
+        cfg.threads = int(D.broadcast_object(cfg.threads, info))
+        torch.set_num_threads(cfg.threads)
+        return _train(cfg, model, data, device, info, t_start, allow_change, changes, stop, lock, force_unlock)
+    except RuntimeError as exc:
+        if D.is_peer_failure(exc, info):  # one line on every live process instead of gloo's trace
+            raise D.PeerFailure(peer_failure_message(cfg, info), abandoned=exc) from None
+        raise
     finally:
         stop.restore()
+        lock.release()
         D.shutdown(info)
 
 
-# ------------------------------------------------------------------- settings that change numerics
+def peer_failure_message(cfg: TrainConfig, info: D.DistInfo) -> str:
+    run = run_folder_of(cfg.resume) if cfg.resume else Path(cfg.out_dir) / (cfg.name or "RUN")
+    return (f"process {info.rank} of {info.world_size}: another process did not join a collective within the "
+            f"--dist-timeout of {info.timeout_s:g} s (it stopped, hung or died); check that process's log, raise "
+            f"--dist-timeout if a step or an evaluation really takes that long, then resume with: "
+            f"torchrun ... {resume_command(cfg, run)}")
+
+
+def lock_run_folder(lock: RunLock, run: RunDir, info: D.DistInfo, force: bool) -> None:
+    """Rank 0 takes the run folder's lock; a refusal stops every process (none may wait for it in a collective)."""
+    problem = None
+    if info.is_main:
+        try:
+            lock.acquire(run.path, force)
+        except VitlabError as exc:
+            problem = str(exc)
+    problem = D.broadcast_object(problem, info)
+    if problem:
+        raise VitlabError(problem)
+
+
+# ------------------------------------------------------------------- what a resume continues
 # Decided once when a run starts, recorded in config.yaml and each checkpoint, restored by --resume:
 # a resumed process that picked them afresh (e.g. fewer threads under load) computes differently.
 NUMERIC_SETTINGS = ("threads", "precision", "deterministic", "world_size")
+# Settings that do not change what is trained (where it is written, how often it is logged or checked, how
+# long a collective may wait): they may differ on resume. Every other field must match the record.
+NEUTRAL_SETTINGS = ("out_dir", "name", "resume", "quiet", "log_every", "ckpt_every", "keep_last", "eval_every",
+                    "eval_batch_size", "save_model", "device", "grad_checkpointing", "compile", "dist_timeout")
+# Filled in by the run when not given, then recorded: a resume that leaves them unset continues with the
+# record (a study rebuilding its settings from scratch passes them unset).
+FILLED_BY_THE_RUN: dict[str, Any] = {"image_size": None, "model_args": {}}
 
 
 def resolve_threads(cfg: TrainConfig) -> int:
@@ -321,11 +332,22 @@ def recorded_config(resume: str | Path) -> dict[str, Any]:
         return {}
 
 
-def restore_numerics(cfg: TrainConfig, allow_change: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+def check_resume(cfg: TrainConfig, allow_change: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+    """Compare the resumed command with the run's config.yaml; returns the allowed changes {name: (recorded,
+    now)}, refuses the others in one line."""
+    recorded = recorded_values(recorded_config(cfg.resume))
+    changes = restore_numerics(cfg, allow_change, recorded)
+    changes.update(check_run_settings(cfg, allow_change, recorded))
+    return changes
+
+
+def restore_numerics(cfg: TrainConfig, allow_change: tuple[str, ...],
+                     recorded: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
     """On resume, set threads, precision and deterministic mode to the run's recorded values. A value that
     was not given (threads null, precision auto) takes the record; a different explicit one is refused
     unless allowed. Returns the allowed changes, {name: (recorded, now)}."""
-    recorded = recorded_config(cfg.resume)
+    if recorded is None:
+        recorded = recorded_values(recorded_config(cfg.resume))
     changes = {}
     for name, unset in (("threads", None), ("precision", "auto"), ("deterministic", None)):
         before, now = recorded.get(name), getattr(cfg, name)
@@ -343,6 +365,61 @@ def refuse_change(name: str, before: Any, now: Any, allow_change: tuple[str, ...
     if name not in allow_change:
         raise VitlabError(f"this run was recorded with {name} {before} but the resume asks for {now}, which changes "
                           f"its numerics; drop that setting to resume exactly, or add --allow-change {name}")
+
+
+def check_run_settings(cfg: TrainConfig, allow_change: tuple[str, ...],
+                       recorded: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Model, data and split, batch, seed, optimizer, schedule, augmentation...: every setting that shapes the
+    run must match the record (else config.yaml would describe another run). Differences not allowed are
+    refused in one line naming each with both values; returns the allowed ones."""
+    differences = {}
+    for name, before in recorded.items():
+        if name in NEUTRAL_SETTINGS or name in NUMERIC_SETTINGS:
+            continue
+        if name in ("mean", "std") and cfg.weights:
+            continue  # fine-tuning takes them from the weights' preprocessing on every start
+        now = getattr(cfg, name)
+        if name in FILLED_BY_THE_RUN and now == FILLED_BY_THE_RUN[name]:
+            setattr(cfg, name, before)
+            continue
+        if comparable(name, before) != comparable(name, now):
+            differences[name] = (before, now)
+    refused = [name for name in differences if name not in allow_change]
+    if refused:
+        changed = " and ".join(describe_change(name, *differences[name]) for name in refused)
+        raise VitlabError(f"cannot resume {run_folder_of(cfg.resume)}: this command changes the run's {changed}; "
+                          f"drop those settings to continue the run as recorded, or add --allow-change "
+                          f"{','.join(refused)} (config.yaml then records the change)")
+    return differences
+
+
+def comparable(name: str, value: Any) -> Any:
+    """A value in one form for comparison: tuples as lists, a class list written "a,b" as ["a", "b"]."""
+    if isinstance(value, tuple | list):
+        return [comparable(name, v) for v in value]
+    if name == "classes" and isinstance(value, str):
+        return [part.strip() for part in value.split(",")]
+    if name == "classes" and value is not None:
+        return str(value)
+    return value
+
+
+def describe_change(name: str, before: Any, now: Any) -> str:
+    """`batch_size 16 -> 32`; for model_args only the keys that differ: `model_args.dim 32 -> 48`."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        keys = sorted(k for k in set(before) | set(now) if before.get(k, "unset") != now.get(k, "unset"))
+        return ", ".join(f"{name}.{k} {before.get(k, 'unset')} -> {now.get(k, 'unset')}" for k in keys)
+    return f"{name} {before} -> {now}"
+
+
+def load_model_state(model: nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """The checkpoint's weights into the model this command built; one line (not torch's list of every
+    mismatched tensor) when they do not fit, e.g. a checkpoint file resumed under another model."""
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError:
+        raise VitlabError(f"checkpoint {path} does not fit the model this command builds (another model or "
+                          f"model_args than the run's); resume with the run's model settings") from None
 
 
 def check_world_size(state: dict[str, Any], world: int, allow_change: tuple[str, ...],
@@ -368,8 +445,8 @@ def record_changes(run: RunDir, cfg: TrainConfig, changes: dict[str, tuple[Any, 
     run.log({"type": "change", "step": step, "changed": {k: list(v) for k, v in changes.items()}})
     if run.enabled:
         text = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())
-        print(f"vitlab: resuming with changed numerics ({text}); the run will not match an uninterrupted one bit "
-              "for bit", file=sys.stderr, flush=True)
+        print(f"vitlab: resuming with changed settings ({text}), recorded in config.yaml and metrics.jsonl; the run "
+              "will not match an uninterrupted one", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------ interrupts
@@ -446,13 +523,15 @@ def stop_diverged(what: str, value: Any, step: int, epoch: int, ckpts: Checkpoin
 
 def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device, info: D.DistInfo,
            t_start: float, allow_change: tuple[str, ...] = (), changes: dict | None = None,
-           stop: StopSignals | None = None) -> TrainResult:
+           stop: StopSignals | None = None, lock: RunLock | None = None, force_unlock: bool = False) -> TrainResult:
     from vitlab.data.transforms import TransformConfig, build_eval_transform, build_train_transform, mix_batch
 
     main = info.is_main
     show = main and not cfg.quiet
     changes = dict(changes or {})
     if cfg.resume:
+        if info.world_size == 1:  # under torchrun rank 0's lock (below) is the check: ranks would race here
+            refuse_if_in_use(run_folder_of(cfg.resume), force_unlock)
         find_resume_checkpoint(cfg.resume)  # fail before loading anything
     seed_everything(cfg.seed)
 
@@ -539,12 +618,13 @@ def _train(cfg: TrainConfig, model: nn.Module | None, data, device: torch.device
     else:
         run_path = D.broadcast_object(str(new_run_dir(cfg)) if main else None, info)
     run = RunDir(run_path, enabled=main)
+    lock_run_folder(lock or RunLock(), run, info, force_unlock)  # before anything in the folder is touched
     run.remove_leftovers()
     ckpts = CheckpointManager(run.path / "checkpoints", cfg.keep_last)
-    state = load_resume_state(cfg.resume)[0] if cfg.resume else None
+    state, state_path = load_resume_state(cfg.resume) if cfg.resume else (None, None)
     if state is not None:
         check_world_size(state, info.world_size, allow_change, changes)
-        raw_model.load_state_dict(state["model"])
+        load_model_state(raw_model, state["model"], state_path)
 
     raw_model = convert_sync_batchnorm(raw_model, cfg.batchnorm, info, device)
     wrapped = D.wrap_model(raw_model, info, device, fsdp=cfg.fsdp)

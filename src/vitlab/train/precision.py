@@ -1,99 +1,16 @@
 """Which number format a training run computes in: `--precision auto|fp32|bf16|fp16|bf16-stem`.
 
-On GPUs `auto` is bf16 where the card has it, else fp16 with loss scaling. On CPUs the flags do not tell
-whether bf16 pays: on two machines of this project, both reporting AVX-512 BF16, bf16 was about 2x faster
-(an AMD EPYC: ViT-Ti/16 training 12.3 vs 6.0 images/s) and 2x slower (an Intel Xeon, family 6 model 207,
-no AMX exposed: the matrix-product probe below gives 0.52) than fp32. So
-`auto` times one bf16 and one fp32 matrix product (about 40 ms, once per process) and uses bf16
-only where it measured faster, for the models where it was measured to help:
-- width >= CPU_BF16_MIN_WIDTH: the whole model under bf16 autocast;
-- narrower models with a conv stem: "bf16-stem", the stem's convolutions in bf16, the Transformer in fp32;
-- otherwise fp32.
+The rules live in `vitlab.runtime`, shared with every other command; this module keeps the names that
+train/loop.py, the benchmarks and older code import from here.
 """
 
-from __future__ import annotations
-
-import contextlib
-import functools
-import os
-import time
-
-import torch
-import torch.nn as nn
-
-from vitlab.errors import VitlabError
-
-# Measured on the AMD EPYC with benchmarks/train.py, 1 thread: width 64 (the Fashion-MNIST ViT) fp32 496 vs bf16
-# 231 images/s; ViT-Ti/16 at 224 px (width 192) fp32 6.0 vs bf16 12.3 images/s (docs/training.md).
-CPU_BF16_MIN_WIDTH = 192
-# bf16 must beat fp32 by this factor in the matrix-product probe before `auto` uses it: autocast adds casts
-# that a small gain does not pay for.
-CPU_BF16_MIN_SPEEDUP = 1.3
-
-
-def cpu_bf16_supported() -> bool:
-    """Whether oneDNN has bf16 kernels on this CPU (the instructions exist; not whether they are fast)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
-        return False
-
-
-def _best_seconds(fn, repeats: int) -> float:
-    fn()  # first call: kernel selection and memory
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-@functools.cache
-def _bf16_speedup(threads: int, size: int = 512, repeats: int = 5) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a16, b16 = a.bfloat16(), b.bfloat16()
-    return _best_seconds(lambda: a @ b, repeats) / _best_seconds(lambda: a16 @ b16, repeats)
-
-
-def cpu_bf16_speedup() -> float:
-    """fp32 time / bf16 time of a 512 x 512 matrix product on this CPU with the current thread count
-    (> 1: bf16 is faster). Measured once per process and thread count, about 40 ms; 0.0 without bf16 kernels.
-    VITLAB_CPU_BF16_SPEEDUP=X skips the measurement (tests, or to pin a decision)."""
-    forced = os.environ.get("VITLAB_CPU_BF16_SPEEDUP")
-    if forced:
-        return float(forced)
-    if not cpu_bf16_supported():
-        return 0.0
-    return _bf16_speedup(torch.get_num_threads())
-
-
-def resolve_precision(precision: str, device: torch.device, model: nn.Module | None = None) -> str:
-    """The precision a run uses: `precision` itself unless it is "auto" (rules in the module docstring)."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    cfg = getattr(model, "config", None)
-    width = getattr(cfg, "dim", 0) if getattr(cfg, "arch", "vit") == "vit" else 0
-    wants_bf16 = width >= CPU_BF16_MIN_WIDTH or bool(getattr(cfg, "conv_stem", ()))
-    if not wants_bf16 or cpu_bf16_speedup() < CPU_BF16_MIN_SPEEDUP:
-        return "fp32"
-    return "bf16" if width >= CPU_BF16_MIN_WIDTH else "bf16-stem"
-
-
-def set_stem_precision(model: nn.Module, precision: str) -> None:
-    """Point a conv stem at bf16 autocast for "bf16-stem", back at the surrounding precision otherwise."""
-    stem = getattr(getattr(model, "patch_embed", None), "stem", None)
-    if stem is None:
-        if precision == "bf16-stem":
-            raise VitlabError("--precision bf16-stem needs a model with a conv stem (model_args conv_stem=[...])")
-        return
-    stem.autocast_dtype = torch.bfloat16 if precision == "bf16-stem" else None
-
-
-def autocast_context(precision: str, device: torch.device):
-    if precision in ("fp32", "bf16-stem"):  # bf16-stem: the stem sets its own autocast
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+from vitlab.runtime import (  # noqa: F401  (re-exports)
+    CPU_BF16_MIN_SPEEDUP,
+    CPU_BF16_MIN_WIDTH,
+    _bf16_speedup,
+    autocast_context,
+    cpu_bf16_speedup,
+    cpu_bf16_supported,
+    resolve_precision,
+    set_stem_precision,
+)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from vitlab.train.checkpoint import atomic_write_text, remove_stale_temp_files
+from vitlab.errors import VitlabError
+from vitlab.train.checkpoint import atomic_write_text, process_alive, remove_stale_temp_files
 from vitlab.train.config import TrainConfig, save_yaml
 
 
@@ -116,3 +119,84 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     if p.is_dir():
         p = p / "metrics.jsonl"
     return parse_metrics(p.read_text())[0]
+
+
+# ------------------------------------------------------------------------------------------ the lock
+LOCK_NAME = "run.lock"
+
+
+class RunLock:
+    """`RUN/run.lock` (process id, host, start time): one process at a time writes a run folder.
+
+    Written when a run starts, removed when it ends. A lock whose process is gone (same host, pid not
+    running: a SIGKILL) is taken over with a note; one held by a live process, or by another host (whose
+    processes cannot be seen from here), is refused unless `force` (--force-unlock)."""
+
+    def __init__(self):
+        self.path: Path | None = None
+
+    def acquire(self, folder: str | Path, force: bool = False) -> None:
+        path = Path(folder) / LOCK_NAME
+        for _ in range(3):  # a lock that vanishes or appears between our look and our write: look again
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = read_lock(path)
+                print(f"vitlab: {take_over_note(path, holder, force)}", file=sys.stderr, flush=True)
+                path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                json.dump(this_process(), fh)
+            self.path = path
+            return
+        raise VitlabError(f"cannot take the lock {path}: other processes keep taking it; make sure only one "
+                          "process trains this run folder, then try again")
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours (a --force-unlock elsewhere may have taken it over)."""
+        if self.path is not None:
+            holder = read_lock(self.path) or {}
+            if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                self.path.unlink(missing_ok=True)
+        self.path = None
+
+
+def refuse_if_in_use(folder: str | Path, force: bool = False) -> None:
+    """One line when a live process (or another machine) holds the folder's lock: asked before anything is
+    read, so a resume beside a run that has not written its first checkpoint yet names the real cause."""
+    path = Path(folder) / LOCK_NAME
+    if not force and path.exists():
+        holder = read_lock(path)
+        if holder is not None:
+            take_over_note(path, holder, False)  # raises for a live holder; a stale one is taken over later
+
+
+def this_process() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+def read_lock(path: Path) -> dict[str, Any] | None:
+    """The lock's record; None when it is unreadable (a kill between creating and writing it)."""
+    try:
+        holder = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def take_over_note(path: Path, holder: dict[str, Any] | None, force: bool) -> str:
+    """The note printed when taking over a lock; a one-line VitlabError when it must not be taken over."""
+    if holder is None:
+        return f"took over the unreadable lock {path} (a process was killed while writing it)"
+    pid, host, since = holder.get("pid"), holder.get("host"), holder.get("started", "an unknown time")
+    who = f"process {pid} on {host} (since {since})"
+    if force:
+        return f"--force-unlock: took over the lock {path} of {who}"
+    if host != socket.gethostname():
+        raise VitlabError(f"run folder {path.parent} is locked by {who}, another machine; if no run is going on "
+                          f"there any more, add --force-unlock (two processes writing one run corrupt it)")
+    if isinstance(pid, int) and process_alive(pid):
+        raise VitlabError(f"run folder {path.parent} is in use by {who}; wait for that run to end or stop it "
+                          f"(kill {pid}, then resume), or use another --name")
+    return f"took over the lock {path} left by {who}, which is no longer running"

@@ -1,0 +1,198 @@
+"""What every command shares: the device, the CPU thread count and the number format, decided once per
+command by `setup_runtime` (before anything is loaded) and printed as one line on stderr by `Runtime.announce`.
+
+Threads. Torch's default is one thread per core, which is right on an idle machine and very wrong on a busy
+one: OpenMP threads wait on each other while another process holds a core. Measured on the 2-core dev
+machine at load ~6.6, one training step took 5.69 s with 2 threads and 0.39 s with 1 (docs/training.md);
+`vitlab evaluate RUN --knn` took 378 s against 28 s with OMP_NUM_THREADS=1. So `auto` (no --threads) means
+torch's default when the load average is below the number of cores, and 1 thread when it is not.
+
+Precision (`auto|fp32|bf16|fp16|bf16-stem`). On GPUs `auto` is bf16 where the card has it, else fp16 with
+loss scaling. On CPUs the flags do not tell whether bf16 pays: on two machines of this project, both
+reporting AVX-512 BF16, bf16 was about 2x faster (an AMD EPYC: ViT-Ti/16 training 12.3 vs 6.0 images/s) and
+2x slower (an Intel Xeon, family 6 model 207, no AMX exposed: the matrix-product probe below gives 0.52)
+than fp32. So `auto` times one bf16 and one fp32 matrix product (about 40 ms, once per process) and uses
+bf16 only where it measured faster, for the models where it was measured to help:
+- width >= CPU_BF16_MIN_WIDTH: the whole model under bf16 autocast;
+- narrower models with a conv stem: "bf16-stem", the stem's convolutions in bf16, the Transformer in fp32;
+- otherwise fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+
+THREADS_HELP = ("CPU threads for torch (default: automatic - one per core on an idle machine, "
+                "1 when the load average is already >= the number of cores)")
+
+# Measured on the AMD EPYC with benchmarks/train.py, 1 thread: width 64 (the Fashion-MNIST ViT) fp32 496 vs bf16
+# 231 images/s; ViT-Ti/16 at 224 px (width 192) fp32 6.0 vs bf16 12.3 images/s (docs/training.md).
+CPU_BF16_MIN_WIDTH = 192
+# bf16 must beat fp32 by this factor in the matrix-product probe before `auto` uses it: autocast adds casts
+# that a small gain does not pay for.
+CPU_BF16_MIN_SPEEDUP = 1.3
+
+
+# ------------------------------------------------------------------------------------------- device
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """"auto" (or None): the GPU of this process when there is one (LOCAL_RANK under torchrun), else the CPU."""
+    if name in (None, "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise VitlabError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise VitlabError("--device cuda asked for, but no CUDA GPU is visible; use --device cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
+
+
+# ------------------------------------------------------------------------------------------ threads
+def load_average() -> float | None:
+    """The 1-minute load average, None where the platform has none (Windows)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def auto_threads() -> int | None:
+    """CPU threads when not given: None (torch's default, one per core) on an idle machine, 1 when the machine
+    is already busy (load average >= cores): see the module docstring for why."""
+    load = load_average()
+    if load is None:
+        return None
+    return 1 if load >= (os.cpu_count() or 1) else None
+
+
+def choose_threads(requested: int | None) -> tuple[int, str]:
+    """(thread count, why) for `--threads requested` (None: automatic)."""
+    if requested:
+        return int(requested), "--threads"
+    chosen = auto_threads()
+    load, cores = load_average(), os.cpu_count() or 1
+    if chosen is not None:
+        return chosen, f"auto: load {load:.1f} >= {cores} cores"
+    if load is None:
+        return torch.get_num_threads(), "auto: torch's default"
+    return torch.get_num_threads(), f"auto: load {load:.1f} < {cores} cores"
+
+
+# ---------------------------------------------------------------------------------------- precision
+def cpu_bf16_supported() -> bool:
+    """Whether oneDNN has bf16 kernels on this CPU (the instructions exist; not whether they are fast)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # first call: kernel selection and memory
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+@functools.cache
+def _bf16_speedup(threads: int, size: int = 512, repeats: int = 5) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    return _best_seconds(lambda: a @ b, repeats) / _best_seconds(lambda: a16 @ b16, repeats)
+
+
+def cpu_bf16_speedup() -> float:
+    """fp32 time / bf16 time of a 512 x 512 matrix product on this CPU with the current thread count
+    (> 1: bf16 is faster). Measured once per process and thread count, about 40 ms; 0.0 without bf16 kernels.
+    VITLAB_CPU_BF16_SPEEDUP=X skips the measurement (tests, or to pin a decision)."""
+    forced = os.environ.get("VITLAB_CPU_BF16_SPEEDUP")
+    if forced:
+        return float(forced)
+    if not cpu_bf16_supported():
+        return 0.0
+    return _bf16_speedup(torch.get_num_threads())
+
+
+def resolve_precision(precision: str, device: torch.device, model: nn.Module | None = None) -> str:
+    """The precision a run uses: `precision` itself unless it is "auto" (rules in the module docstring)."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    cfg = getattr(model, "config", None)
+    width = getattr(cfg, "dim", 0) if getattr(cfg, "arch", "vit") == "vit" else 0
+    wants_bf16 = width >= CPU_BF16_MIN_WIDTH or bool(getattr(cfg, "conv_stem", ()))
+    if not wants_bf16 or cpu_bf16_speedup() < CPU_BF16_MIN_SPEEDUP:
+        return "fp32"
+    return "bf16" if width >= CPU_BF16_MIN_WIDTH else "bf16-stem"
+
+
+def set_stem_precision(model: nn.Module, precision: str) -> None:
+    """Point a conv stem at bf16 autocast for "bf16-stem", back at the surrounding precision otherwise."""
+    stem = getattr(getattr(model, "patch_embed", None), "stem", None)
+    if stem is None:
+        if precision == "bf16-stem":
+            raise VitlabError("--precision bf16-stem needs a model with a conv stem (model_args conv_stem=[...])")
+        return
+    stem.autocast_dtype = torch.bfloat16 if precision == "bf16-stem" else None
+
+
+def autocast_context(precision: str, device: torch.device):
+    if precision in ("fp32", "bf16-stem"):  # bf16-stem: the stem sets its own autocast
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------- one decision
+@dataclass(frozen=True)
+class Runtime:
+    """What a command computes on, as decided by `setup_runtime`."""
+
+    device: torch.device
+    threads: int
+    threads_reason: str
+    precision: str
+
+    def describe(self, command: str) -> str:
+        return (f"vitlab {command}: runtime: device {self.device}, threads {self.threads} ({self.threads_reason}), "
+                f"precision {self.precision}")
+
+    def announce(self, command: str, quiet: bool = False) -> None:
+        """The one stderr line saying what `command` computes on. Commands call it once their inputs are
+        checked, so that a bad path or flag still fails with exactly one line."""
+        if not quiet:
+            print(self.describe(command), file=sys.stderr)
+
+    def to_dict(self) -> dict:
+        return {"device": str(self.device), "threads": self.threads, "precision": self.precision}
+
+
+def setup_runtime(device: str | torch.device | None = "auto", threads: int | None = None,
+                  precision: str = "fp32", model: nn.Module | None = None) -> Runtime:
+    """Decide device, threads and precision and set torch's thread count; `Runtime.announce` prints the choice.
+    The inference commands compute in fp32 (precision "fp32", the default)."""
+    if threads is not None and threads < 1:
+        raise VitlabError(f"--threads must be >= 1, got {threads}")
+    count, reason = choose_threads(threads)
+    torch.set_num_threads(count)
+    dev = resolve_device(device)
+    # threads are set first: the bf16 probe of `auto` is measured with the thread count that will run
+    return Runtime(dev, count, reason, resolve_precision(precision, dev, model))

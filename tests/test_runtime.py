@@ -1,0 +1,168 @@
+"""One runtime policy for every command: `vitlab.runtime` decides device, threads and precision, each
+command takes `--threads`, sets torch's thread count and prints what it chose on one stderr line."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab import runtime
+from vitlab.cli import main
+from vitlab.data import Preprocess
+from vitlab.models import create_model
+from vitlab.weights import save_native
+
+CORES = os.cpu_count() or 1
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """Each test starts from 2 threads (more than any --threads 1 below) and leaves the count as it found it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def set_load(monkeypatch, load: float) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+
+
+# ----------------------------------------------------------------------------------- the policy
+def test_auto_threads_is_one_on_a_busy_machine_and_torch_default_on_an_idle_one(monkeypatch):
+    set_load(monkeypatch, CORES + 0.5)
+    assert runtime.auto_threads() == 1
+    assert runtime.choose_threads(None) == (1, f"auto: load {CORES + 0.5:.1f} >= {CORES} cores")
+    set_load(monkeypatch, 0.0)
+    assert runtime.auto_threads() is None
+    assert runtime.choose_threads(None) == (2, f"auto: load 0.0 < {CORES} cores")  # torch's current count
+
+
+def test_no_load_average_means_torch_default(monkeypatch):
+    def no_load():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "getloadavg", no_load)
+    assert runtime.auto_threads() is None
+    assert runtime.choose_threads(None) == (2, "auto: torch's default")
+
+
+def test_explicit_threads_win_over_the_load(monkeypatch):
+    set_load(monkeypatch, 50.0)
+    assert runtime.choose_threads(3) == (3, "--threads")
+
+
+def test_setup_runtime_sets_torch_threads_and_announce_prints_one_line(monkeypatch, capsys):
+    set_load(monkeypatch, 50.0)
+    rt = runtime.setup_runtime("cpu")
+    assert rt.threads == 1 and torch.get_num_threads() == 1 and rt.precision == "fp32"
+    assert capsys.readouterr().err == ""  # deciding prints nothing: errors found later stay one line
+    rt.announce("evaluate")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"vitlab evaluate: runtime: device cpu, threads 1 (auto: load 50.0 >= {CORES} cores), precision fp32"]
+    runtime.setup_runtime("cpu", 2).announce("evaluate", quiet=True)
+    assert torch.get_num_threads() == 2 and capsys.readouterr().err == ""
+
+
+def test_bad_device_is_one_line():
+    from vitlab.errors import VitlabError
+
+    with pytest.raises(VitlabError, match="unknown device 'gpu0'"):
+        runtime.resolve_device("gpu0")
+
+
+def test_train_keeps_its_names_through_re_exports():
+    from vitlab.train import precision
+
+    for name in ("resolve_precision", "cpu_bf16_supported", "cpu_bf16_speedup", "set_stem_precision",
+                 "autocast_context", "CPU_BF16_MIN_WIDTH", "CPU_BF16_MIN_SPEEDUP"):
+        assert getattr(precision, name) is getattr(runtime, name)
+
+
+def test_evaluate_predict_inspect_do_not_import_train():
+    """The lower stages no longer reach up into train/ for device, threads or precision."""
+    code = ("import sys, vitlab.evaluate, vitlab.evaluate.runner, vitlab.evaluate.features, vitlab.runtime, "
+            "vitlab.predict, vitlab.commands.evaluate, vitlab.commands.predict, vitlab.commands.inspect, "
+            "vitlab.commands.export\n"
+            "bad = [m for m in sys.modules if m.startswith('vitlab.train')]\n"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- every command
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny native model for 28 px grey images (bundled data) and two images for predict/inspect."""
+    root = tmp_path_factory.mktemp("runtime")
+    model = create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=7, image_size=28,
+                         in_chans=1, num_classes=3, seed=0)
+    save_native(model, root / "w", class_names=["Sandal", "Sneaker", "Ankle boot"],
+                preprocess=Preprocess.for_model(28, channels=1))
+    images = root / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(images / f"{i}.png")
+    return root
+
+
+def command_lines(tiny, tmp_path):
+    w, images = str(tiny / "w"), str(tiny / "images")
+    return {
+        "evaluate": ["evaluate", w, "--data", "bundled", "--classes", "Sandal,Sneaker,Ankle boot", "--per-class",
+                     "5", "--device", "cpu", "--out", str(tmp_path / "ev")],
+        "predict": ["predict", w, images, "--device", "cpu"],
+        "inspect": ["inspect", w, "--images", images, "--out", str(tmp_path / "in"), "--rollout-images", "1",
+                    "--device", "cpu"],
+        "export": ["export", w, str(tmp_path / "m.onnx"), "--no-check"],
+    }
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict", "inspect", "export"])
+def test_each_command_takes_threads_and_prints_its_runtime(command, tiny, tmp_path, capsys):
+    if command == "export":
+        pytest.importorskip("onnx")
+    assert main([*command_lines(tiny, tmp_path)[command], "--threads", "1"]) == 0
+    assert torch.get_num_threads() == 1
+    err = capsys.readouterr().err
+    assert f"vitlab {command}: runtime: device cpu, threads 1 (--threads), precision fp32" in err
+
+
+@pytest.mark.parametrize("command", ["evaluate", "predict", "inspect"])
+def test_quiet_hides_the_runtime_line_and_auto_follows_the_load(command, tiny, tmp_path, capsys, monkeypatch):
+    set_load(monkeypatch, 50.0)
+    assert main([*command_lines(tiny, tmp_path)[command], "--quiet"]) == 0
+    assert torch.get_num_threads() == 1  # busy machine, no --threads: 1 thread
+    assert "runtime:" not in capsys.readouterr().err
+
+
+def test_evaluate_records_its_runtime(tiny, tmp_path):
+    import json
+
+    assert main([*command_lines(tiny, tmp_path)["evaluate"], "--threads", "1", "--quiet"]) == 0
+    info = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert info["info"]["runtime"] == {"device": "cpu", "threads": 1, "precision": "fp32"}
+
+
+def test_threads_must_be_positive(tiny, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([*command_lines(tiny, tmp_path)["predict"], "--threads", "0"])
+    assert "expected a whole number >= 1" in capsys.readouterr().err
+
+
+def test_compare_takes_threads_and_passes_them_to_fine_tuning():
+    import argparse
+
+    from vitlab.commands import compare
+
+    parser = argparse.ArgumentParser()
+    compare.register(parser.add_subparsers())
+    args = parser.parse_args(["compare", "--data", "bundled", "--models", "custom", "--threads", "1"])
+    assert args.threads == 1 and args.device == "auto"
+    assert compare._settings(args).train_overrides["threads"] == 1
+    args = parser.parse_args(["compare", "--data", "bundled", "--models", "custom"])
+    assert "threads" not in compare._settings(args).train_overrides  # automatic: each run decides as train does
