@@ -85,7 +85,8 @@ def test_train_keeps_its_names_through_re_exports():
 
 def test_evaluate_predict_inspect_do_not_import_train():
     """The lower stages no longer reach up into train/ for device, threads or precision."""
-    code = ("import sys, vitlab.evaluate, vitlab.evaluate.runner, vitlab.evaluate.features, vitlab.runtime, "
+    code = ("import sys, vitlab.evaluate, vitlab.evaluate.runner, vitlab.evaluate.features, vitlab.evaluate.loading, "
+            "vitlab.runtime, vitlab.commands._load_args, "
             "vitlab.predict, vitlab.commands.evaluate, vitlab.commands.predict, vitlab.commands.inspect, "
             "vitlab.commands.export\n"
             "bad = [m for m in sys.modules if m.startswith('vitlab.train')]\n"

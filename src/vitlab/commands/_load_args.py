@@ -39,7 +39,7 @@ def parse_image_size(text: str) -> int | tuple[int, int]:
 def load_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     """(config overrides, image size to load at) from --heads, --model-args and --image-size."""
     from vitlab.errors import VitlabError
-    from vitlab.train.config import parse_kv
+    from vitlab.values import parse_kv
     from vitlab.weights.timm import check_override_fields
 
     overrides = parse_kv(args.model_args) if getattr(args, "model_args", None) else {}

@@ -12,7 +12,7 @@ def _names(text: str) -> list[str]:
 
 
 def _model_list(text: str) -> list[str]:
-    from vitlab.train.config import split_outside_brackets
+    from vitlab.values import split_outside_brackets
 
     return [s.strip() for s in split_outside_brackets(text) if s.strip()]
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.train.config import split_outside_brackets, typed_model_args, yaml_problem
+from vitlab.values import split_outside_brackets, typed_model_args, yaml_problem
 
 
 @dataclass

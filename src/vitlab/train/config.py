@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,6 +16,18 @@ from typing import Any
 import yaml
 
 from vitlab.errors import VitlabError
+from vitlab.values import (  # noqa: F401 - typed values moved below train/ (values.py); re-exported here
+    NotOfType,
+    as_per_channel,
+    convert,
+    describe,
+    is_null,
+    parse_kv,
+    shown,
+    split_outside_brackets,
+    typed_model_args,
+    yaml_problem,
+)
 
 
 @dataclass
@@ -187,178 +197,21 @@ _TYPES = typing.get_type_hints(TrainConfig)
 # statistics are one number or one per channel.
 _PER_CHANNEL = ("mean", "std")
 
-_TRUE = ("true", "yes", "on", "1")
-_FALSE = ("false", "no", "off", "0")
-_NULL = ("none", "null", "~", "")
-
-
-class _NotOfType(Exception):
-    """Internal: a value that does not fit a type; turned into the one-line VitlabError by `_coerce`."""
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):  # `hflip: 1` in YAML, as `--set hflip=1`
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise _NotOfType
-
-
-def _as_float(value: Any) -> float:
-    # PyYAML reads YAML 1.1, where 3e-4 (no dot) is a string: parse numbers from text ourselves
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise _NotOfType
-    try:
-        number = float(value.strip() if isinstance(value, str) else value)
-    except ValueError:
-        raise _NotOfType from None
-    if not math.isfinite(number):  # NaN passes every `<` check and then poisons the run
-        raise _NotOfType
-    return number
-
-
-def _as_int(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    number = _as_float(value)  # 1e3 or 128.0: whole numbers written as floats
-    if not number.is_integer():
-        raise _NotOfType
-    return int(number)
-
-
-def _as_str(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise _NotOfType  # a YAML `yes` or a list where a name belongs is a mistake, not a name
-    return str(value)
-
-
-def _as_sequence(value: Any) -> list:
-    """A list from YAML, a tuple, or text such as '0.9,0.95', '(0.9, 0.95)' or '[2, 9]'."""
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, str):
-        text = value.strip().strip("()[]")
-        return [part.strip() for part in text.split(",")] if text else []
-    raise _NotOfType
-
-
-def _as_tuple(hint: Any, value: Any) -> tuple:
-    element_types = typing.get_args(hint)
-    items = _as_sequence(value)
-    if len(items) != len(element_types):
-        raise _NotOfType
-    return tuple(_convert(t, v) for t, v in zip(element_types, items))
-
-
-def _as_per_channel(value: Any) -> float | list[float]:
-    """One number for every channel, or a list of one number per channel."""
-    if isinstance(value, str) and "," in value:
-        value = _as_sequence(value)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise _NotOfType
-        return [_as_float(v) for v in value]
-    return _as_float(value)
-
-
-def _is_null(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() in _NULL)
-
-
-def _convert(hint: Any, value: Any) -> Any:
-    """`value` as type `hint` (bool, int, float, str, tuple[...], X | None, Any); _NotOfType when it cannot be."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        members = typing.get_args(hint)
-        if type(None) in members and _is_null(value):
-            return None
-        for member in (t for t in members if t is not type(None)):  # the first type that fits, in declared order
-            try:
-                return _convert(member, value)
-            except _NotOfType:
-                pass
-        raise _NotOfType
-    if value is None:
-        raise _NotOfType
-    if typing.get_origin(hint) is tuple:
-        return _as_tuple(hint, value)
-    converters = {bool: _as_bool, int: _as_int, float: _as_float, str: _as_str}
-    if hint in converters:
-        return converters[hint](value)
-    return value  # Any, dict: checked by their users
-
-
-def _describe(hint: Any) -> str:
-    """The expected type in words, for error messages."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        members = typing.get_args(hint)
-        words = " or ".join(_describe(t) for t in members if t is not type(None))
-        return f"{words}, or null" if type(None) in members else words
-    if typing.get_origin(hint) is tuple:
-        kinds = {t for t in typing.get_args(hint)}
-        word = "whole numbers" if kinds == {int} else "numbers"
-        return f"{len(typing.get_args(hint))} {word} separated by commas (e.g. {'2,9' if kinds == {int} else '0.9,0.999'})"
-    return {bool: "true or false", int: "a whole number (e.g. 128)", float: "a finite number (e.g. 0.001 or 3e-4)",
-            str: "a text value"}.get(hint, "a value")
-
-
-def _shown(value: Any) -> str:
-    return "null" if value is None else repr(value)
-
-
 def _coerce(name: str, value: Any, source: str) -> Any:
     """`value` as the declared type of field `name`; one line naming field, value and type when impossible."""
     if name in _PER_CHANNEL:
         try:
-            return _as_per_channel(value)
-        except _NotOfType:
+            return as_per_channel(value)
+        except NotOfType:
             raise VitlabError(f"{name} must be a finite number or one per channel (e.g. 0.5 or [0.5,0.5,0.5]), "
-                              f"got {_shown(value)} ({source})") from None
+                              f"got {shown(value)} ({source})") from None
     if name == "classes":  # names or indices: the data package checks them against the data's classes
-        return None if _is_null(value) else value
+        return None if is_null(value) else value
     hint = _TYPES[name]
     try:
-        return _convert(hint, value)
-    except _NotOfType:
-        raise VitlabError(f"{name} must be {_describe(hint)}, got {_shown(value)} ({source})") from None
-
-
-def typed_model_args(args: dict[str, Any], source: str = "from the model arguments") -> dict[str, Any]:
-    """Model arguments with the values whose type the model config declares coerced to it
-    (`layer_norm_eps=1e-6` is a string to YAML 1.1); unknown keys are left to the model registry."""
-    from vitlab.models.config import ResNetConfig, ViTConfig
-
-    vit_types, resnet_types = typing.get_type_hints(ViTConfig), typing.get_type_hints(ResNetConfig)
-    return _typed_args(args, {**resnet_types, **vit_types}, resnet_types, source)
-
-
-def _is_scalar_type(hint: Any) -> bool:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return all(_is_scalar_type(t) for t in typing.get_args(hint) if t is not type(None))
-    return hint in (bool, int, float)
-
-
-def _typed_args(args: dict[str, Any], known: dict[str, Any], resnet_types: dict[str, Any], source: str) -> dict:
-    out = {}
-    for key, value in args.items():
-        hint = known.get(key)
-        if key == "resnet" and isinstance(value, dict):  # nested ResNet settings (resnet.stem=bit)
-            out[key] = _typed_args(value, resnet_types, resnet_types, source)
-        elif hint is not None and _is_scalar_type(hint):  # numbers and switches; names and lists stay as given
-            try:
-                out[key] = _convert(hint, value)
-            except _NotOfType:
-                raise VitlabError(f"model argument {key} must be {_describe(hint)}, got {_shown(value)} "
-                                  f"({source})") from None
-        else:
-            out[key] = value
-    return out
+        return convert(hint, value)
+    except NotOfType:
+        raise VitlabError(f"{name} must be {describe(hint)}, got {shown(value)} ({source})") from None
 
 
 def typed_overrides(overrides: dict[str, Any], source: str = "from the command line") -> dict[str, Any]:
@@ -370,7 +223,7 @@ def typed_overrides(overrides: dict[str, Any], source: str = "from the command l
         if name == "model_args":
             value = parse_kv(value) if isinstance(value, str) else value
             if value is not None and not isinstance(value, dict):
-                raise VitlabError(f"model_args must be a mapping such as dim=64,depth=6, got {_shown(value)} ({source})")
+                raise VitlabError(f"model_args must be a mapping such as dim=64,depth=6, got {shown(value)} ({source})")
             out[name] = typed_model_args(dict(value or {}), source)
         else:
             out[name] = _coerce(name, value, source)
@@ -404,42 +257,6 @@ def recorded_values(data: dict[str, Any]) -> dict[str, Any]:
             out[key] = typed_overrides({key: value}, source="in the run's config.yaml")[key]
         except VitlabError:
             out[key] = value
-    return out
-
-
-def split_outside_brackets(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside brackets: "a=1,b=[1,2],c=(3,4)" -> ["a=1", "b=[1,2]", "c=(3,4)"]."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if ch == sep and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    out.append(cur)
-    return out
-
-
-def parse_kv(text: str) -> dict[str, Any]:
-    """'dim=64,depth=6,conv_stem=[32,64]' -> {'dim': 64, 'depth': 6, 'conv_stem': [32, 64]} (values as YAML).
-
-    Dotted keys reach into nested settings: 'resnet.stem=bit' -> {'resnet': {'stem': 'bit'}}.
-    """
-    out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in split_outside_brackets(str(text)))):
-        if "=" not in part:
-            raise VitlabError(f"expected key=value, got {part!r} (e.g. dim=64,depth=6)")
-        k, v = part.split("=", 1)
-        *parents, leaf = k.strip().replace("-", "_").split(".")
-        node = out
-        for name in parents:
-            node = node.setdefault(name, {})
-        try:
-            node[leaf] = yaml.safe_load(v)
-        except yaml.YAMLError:
-            raise VitlabError(f"cannot read the value of {k.strip()!r}: {v!r} (lists are written [32,64])") from None
     return out
 
 
@@ -487,13 +304,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise VitlabError(f"{p} must hold a mapping of training settings, e.g. 'lr: 0.001', "
                           f"not a {type(data).__name__}")
     return data
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """'line 3: expected ',' or ']', but got '<stream end>'' rather than PyYAML's multi-line report."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"line {mark.line + 1}: {problem}" if mark is not None else problem
 
 
 def resolve_config(recipe: str | None = None, yaml_path: str | Path | None = None,
