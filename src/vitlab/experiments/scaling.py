@@ -188,7 +188,7 @@ def _test_metrics(run: Path, state_dict: dict, data, summary: dict) -> dict:
 
     from vitlab.data.transforms import build_eval_transform
     from vitlab.train.distributed import DistInfo
-    from vitlab.train.loop import predict_split, split_metrics
+    from vitlab.train.evaluation import predict_split, split_metrics
     from vitlab.weights import load_with_meta
 
     model, meta = load_with_meta(run / "model")

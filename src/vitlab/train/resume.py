@@ -1,0 +1,173 @@
+"""What a resume continues: the run's recorded settings checked against the resuming command, the numerics
+(threads, precision, deterministic mode, processes) restored, allowed changes recorded."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+from vitlab.runtime import auto_threads
+from vitlab.train.config import TrainConfig, load_yaml, recorded_values
+from vitlab.train.run_dir import RunDir
+
+# Decided once when a run starts, recorded in config.yaml and each checkpoint, restored by --resume:
+# a resumed process that picked them afresh (e.g. fewer threads under load) computes differently.
+NUMERIC_SETTINGS = ("threads", "precision", "deterministic", "world_size")
+# Settings that do not change what is trained (where it is written, how often it is logged or checked, how
+# long a collective may wait): they may differ on resume. Every other field must match the record.
+NEUTRAL_SETTINGS = ("out_dir", "name", "resume", "quiet", "log_every", "ckpt_every", "keep_last", "eval_every",
+                    "eval_batch_size", "save_model", "device", "grad_checkpointing", "compile", "dist_timeout")
+# Filled in by the run when not given, then recorded: a resume that leaves them unset continues with the
+# record (a study rebuilding its settings from scratch passes them unset).
+FILLED_BY_THE_RUN: dict[str, Any] = {"image_size": None, "model_args": {}}
+
+
+def resolve_threads(cfg: TrainConfig) -> int:
+    """The thread count as a number (never None), so that config.yaml records what ran."""
+    return int(cfg.threads or auto_threads() or torch.get_num_threads())
+
+
+def run_folder_of(resume: str | Path) -> Path:
+    """`--resume` names a run folder or one of its checkpoint files."""
+    p = Path(resume)
+    return p.parent.parent if p.is_file() and p.parent.name == "checkpoints" else p
+
+
+def recorded_config(resume: str | Path) -> dict[str, Any]:
+    """The run's config.yaml as written when it started ({} when there is none to read)."""
+    path = run_folder_of(resume) / "config.yaml"
+    try:
+        return load_yaml(path) if path.is_file() else {}
+    except VitlabError:
+        return {}
+
+
+def check_resume(cfg: TrainConfig, allow_change: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+    """Compare the resumed command with the run's config.yaml; returns the allowed changes {name: (recorded,
+    now)}, refuses the others in one line."""
+    recorded = recorded_values(recorded_config(cfg.resume))
+    changes = restore_numerics(cfg, allow_change, recorded)
+    changes.update(check_run_settings(cfg, allow_change, recorded))
+    return changes
+
+
+def restore_numerics(cfg: TrainConfig, allow_change: tuple[str, ...],
+                     recorded: dict[str, Any] | None = None) -> dict[str, tuple[Any, Any]]:
+    """On resume, set threads, precision and deterministic mode to the run's recorded values. A value that
+    was not given (threads null, precision auto) takes the record; a different explicit one is refused
+    unless allowed. Returns the allowed changes, {name: (recorded, now)}."""
+    if recorded is None:
+        recorded = recorded_values(recorded_config(cfg.resume))
+    changes = {}
+    for name, unset in (("threads", None), ("precision", "auto"), ("deterministic", None)):
+        before, now = recorded.get(name), getattr(cfg, name)
+        if before is None or before == "auto" or now == before:
+            continue  # nothing recorded (a run from before the record), or the same value
+        if now == unset:
+            setattr(cfg, name, before)
+            continue
+        refuse_change(name, before, now, allow_change)
+        changes[name] = (before, now)
+    return changes
+
+
+def refuse_change(name: str, before: Any, now: Any, allow_change: tuple[str, ...]) -> None:
+    if name not in allow_change:
+        raise VitlabError(f"this run was recorded with {name} {before} but the resume asks for {now}, which changes "
+                          f"its numerics; drop that setting to resume exactly, or add --allow-change {name}")
+
+
+def check_run_settings(cfg: TrainConfig, allow_change: tuple[str, ...],
+                       recorded: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Model, data and split, batch, seed, optimizer, schedule, augmentation...: every setting that shapes the
+    run must match the record (else config.yaml would describe another run). Differences not allowed are
+    refused in one line naming each with both values; returns the allowed ones."""
+    differences = {}
+    for name, before in recorded.items():
+        if name in NEUTRAL_SETTINGS or name in NUMERIC_SETTINGS:
+            continue
+        if name in ("mean", "std") and cfg.weights:
+            continue  # fine-tuning takes them from the weights' preprocessing on every start
+        now = getattr(cfg, name)
+        if name in FILLED_BY_THE_RUN and now == FILLED_BY_THE_RUN[name]:
+            setattr(cfg, name, before)
+            continue
+        if comparable(name, before) != comparable(name, now):
+            differences[name] = (before, now)
+    refused = [name for name in differences if name not in allow_change]
+    if refused:
+        changed = " and ".join(describe_change(name, *differences[name]) for name in refused)
+        raise VitlabError(f"cannot resume {run_folder_of(cfg.resume)}: this command changes the run's {changed}; "
+                          f"drop those settings to continue the run as recorded, or add --allow-change "
+                          f"{','.join(refused)} (config.yaml then records the change)")
+    return differences
+
+
+def comparable(name: str, value: Any) -> Any:
+    """A value in one form for comparison: tuples as lists, a class list written "a,b" as ["a", "b"]."""
+    if isinstance(value, tuple | list):
+        return [comparable(name, v) for v in value]
+    if name == "classes" and isinstance(value, str):
+        return [part.strip() for part in value.split(",")]
+    if name == "classes" and value is not None:
+        return str(value)
+    return value
+
+
+def describe_change(name: str, before: Any, now: Any) -> str:
+    """`batch_size 16 -> 32`; for model_args only the keys that differ: `model_args.dim 32 -> 48`."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        keys = sorted(k for k in set(before) | set(now) if before.get(k, "unset") != now.get(k, "unset"))
+        return ", ".join(f"{name}.{k} {before.get(k, 'unset')} -> {now.get(k, 'unset')}" for k in keys)
+    return f"{name} {before} -> {now}"
+
+
+def load_model_state(model: nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """The checkpoint's weights into the model this command built; one line (not torch's list of every
+    mismatched tensor) when they do not fit, e.g. a checkpoint file resumed under another model."""
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError:
+        raise VitlabError(f"checkpoint {path} does not fit the model this command builds (another model or "
+                          f"model_args than the run's); resume with the run's model settings") from None
+
+
+def check_world_size(state: dict[str, Any], world: int, allow_change: tuple[str, ...],
+                     changes: dict[str, tuple[Any, Any]]) -> None:
+    """A checkpoint from N processes resumed on M: refused unless allowed (then recorded as a change)."""
+    before = state.get("world_size")
+    if before is not None and before != world:
+        refuse_change("world_size", before, world, allow_change)
+        changes["world_size"] = (before, world)
+
+
+def print_numerics(cfg: TrainConfig, precision: str, world: int) -> None:
+    print(f"vitlab: numerics (recorded; --resume restores them): threads {cfg.threads}, precision {precision}, "
+          f"deterministic {'on' if cfg.deterministic else 'off'}, {world} process{'es' if world > 1 else ''}",
+          flush=True)
+
+
+def record_changes(run: RunDir, cfg: TrainConfig, changes: dict[str, tuple[Any, Any]], step: int) -> None:
+    """Allowed changes on resume: config.yaml gets the new values, metrics.jsonl a record of when."""
+    if not changes:
+        return
+    run.save_config(dataclasses.replace(cfg, resume=None))
+    run.log({"type": "change", "step": step, "changed": {k: list(v) for k, v in changes.items()}})
+    if run.enabled:
+        text = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())
+        print(f"vitlab: resuming with changed settings ({text}), recorded in config.yaml and metrics.jsonl; the run "
+              "will not match an uninterrupted one", file=sys.stderr, flush=True)
+
+
+
+def resume_command(cfg: TrainConfig, run_path: Path) -> str:
+    command = "finetune" if cfg.weights else "train"
+    return f"vitlab {command} --resume {shlex.quote(str(run_path))}"
+

@@ -1,0 +1,245 @@
+"""Setting a run up: the process (threads' allocator, seeds, deterministic kernels), the model and its
+transforms, the batch arithmetic, the precision and the optimizer - each a function usable alone."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+from vitlab.train import distributed as D
+from vitlab.train.config import TrainConfig
+from vitlab.train.optim import build_optimizer, build_scheduler
+from vitlab.train.precision import cpu_bf16_supported, resolve_precision
+
+
+def tune_cpu_allocator() -> bool:
+    """Keep freed training buffers in glibc's heap instead of returning them to the OS after each step.
+
+    By default glibc serves blocks >= 128 KiB with mmap and unmaps them on free, so every step page-faults
+    its activations in again: measured on the 2-core dev machine, 274k page faults and 0.70 s system time
+    per 40 steps, vs 3k and 0.01 s with the thresholds raised (+36% images per CPU-second, docs/training.md).
+    Linux/glibc only; VITLAB_NO_MALLOPT=1 turns it off.
+    """
+    if os.environ.get("VITLAB_NO_MALLOPT") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30))
+    except (OSError, AttributeError):
+        return False
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def set_deterministic(enabled: bool) -> None:
+    """Same seed -> bit-identical run: deterministic kernels only (and cuBLAS's fixed workspace)."""
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
+def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
+    """Augmentation seed of one micro-batch: a pure function of the position, so a resumed run
+    draws the same crops, flips and mixes as the uninterrupted one."""
+    return (seed * 1_000_003 + step * 9_973 + micro * 131 + rank * 17 + 7) % (2**62)
+
+
+def load_splits(cfg: TrainConfig, progress: bool):
+    from vitlab.data import load_data
+
+    return load_data(cfg.data, classes=cfg.classes, per_class=cfg.per_class, val_fraction=cfg.val_fraction,
+                     seed=cfg.seed, progress=progress)
+
+
+SMALL_VIT = dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4)
+
+
+def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any]:
+    """Fine-tuning: the checkpoint with a new zero head (and resampled position embeddings);
+    from scratch: a registry model sized for the data. Returns (model, preprocess or None)."""
+    num_classes = data.num_classes
+    if cfg.weights:
+        from vitlab.weights import load_with_meta
+
+        model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size)
+        return model, meta.get("preprocess")
+    from vitlab.models.registry import create_model
+
+    size = cfg.image_size or data.train.image_size[0]
+    args = dict(cfg.model_args)
+    if cfg.model == "custom" and not args:  # small-data.md 2.3's small ViT instead of a ViT-B-sized "custom"
+        args = dict(SMALL_VIT)
+        cfg.model_args = dict(SMALL_VIT)  # the saved config.yaml names the model that was built
+    if cfg.drop_path is not None:
+        args["drop_path"] = cfg.drop_path
+    if cfg.dropout is not None:
+        args["dropout"] = cfg.dropout
+    args.setdefault("in_chans", data.channels)
+    model = create_model(cfg.model, num_classes=num_classes, image_size=size, seed=cfg.seed, **args)
+    return model, None
+
+
+def prepare_given_model(model: nn.Module, num_classes: int, cfg: TrainConfig) -> nn.Module:
+    """A model handed in by the caller: give it a zero head when its classes do not match."""
+    config = getattr(model, "config", None)
+    if config is not None and config.num_classes != num_classes and hasattr(model, "reset_classifier"):
+        model.reset_classifier(num_classes)
+    return model
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def set_train_mode(model: nn.Module, batchnorm: str = "train") -> None:
+    """`model.train()`, then BatchNorm layers back to eval for batchnorm="frozen": their running
+    statistics stay the checkpoint's while their affine weight and bias still receive gradients."""
+    model.train()
+    if batchnorm == "frozen":
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+
+
+def convert_sync_batchnorm(model: nn.Module, batchnorm: str, info: D.DistInfo, device: torch.device) -> nn.Module:
+    """batchnorm="sync": SyncBatchNorm before the DDP wrap, as torchvision's --sync-bn. It needs several
+    CUDA processes (SyncBatchNorm rejects CPU tensors); elsewhere plain BN runs and one line says so."""
+    if batchnorm != "sync" or not has_batchnorm(model):
+        return model
+    if info.enabled and info.world_size > 1 and device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if info.is_main:
+        print("vitlab train: batchnorm=sync needs several CUDA processes (torchrun on GPUs); running plain "
+              "BatchNorm (statistics of each process's micro-batch)", file=sys.stderr)
+    return model
+
+
+
+def init_head(model: nn.Module, cfg: TrainConfig) -> None:
+    """--head-bias-init, and fine-tuning's zero head (paper B.1.1: also when the classes match)."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Linear):
+        return
+    with torch.no_grad():
+        if cfg.head_bias_init is not None:
+            head.bias.fill_(float(cfg.head_bias_init))
+        if cfg.weights and cfg.zero_head:
+            head.weight.zero_()
+            head.bias.zero_()
+
+
+def build_transforms(cfg: TrainConfig, model: nn.Module, data, preprocess, device: torch.device):
+    """The train and eval transforms for this model and data: (tcfg, train_tf, eval_tf, image_size). Fills in
+    cfg.image_size and, when fine-tuning, cfg.mean / cfg.std from the weights' preprocessing (recorded)."""
+    from vitlab.data.transforms import TransformConfig, build_eval_transform, build_train_transform
+
+    mcfg = getattr(model, "config", None)
+    image_size = tuple(mcfg.image_size) if mcfg is not None else (cfg.image_size or data.train.image_size[0],) * 2
+    in_chans = mcfg.in_chans if mcfg is not None else data.channels
+    mean, std = cfg.mean, cfg.std
+    if preprocess is not None:  # fine-tuning keeps the normalisation the weights were trained with
+        mean, std = tuple(preprocess.mean), tuple(preprocess.std)
+        cfg.mean, cfg.std = list(mean), list(std)
+    if cfg.image_size is None:
+        cfg.image_size = int(image_size[0])
+    overrides = dict(mean=mean, std=std, inception_crop=cfg.inception_crop, crop_scale=tuple(cfg.crop_scale),
+                     random_erasing=cfg.random_erasing, random_shift=cfg.random_shift, mixup=cfg.mixup, cutmix=cfg.cutmix,
+                     randaugment=tuple(cfg.randaugment) if cfg.randaugment else None)
+    if cfg.hflip is not None:
+        overrides["hflip"] = cfg.hflip
+    tcfg = TransformConfig.for_source(cfg.data, image_size, in_chans, **overrides)
+    return tcfg, build_train_transform(tcfg).to(device), build_eval_transform(tcfg).to(device), image_size
+
+
+# ------------------------------------------------------------------------------ batch arithmetic
+@dataclass(frozen=True)
+class BatchPlan:
+    """global batch = micro x processes x accumulation; the steps of the run and of an epoch."""
+
+    micro: int
+    world: int
+    accum: int
+    batches_per_epoch: int  # micro-batches of one process
+    steps_per_epoch: int
+    total_steps: int
+    num_epochs: int
+    warmup: int
+
+
+def split_batch(batch_size: int, micro_batch: int | None, world: int) -> tuple[int, int]:
+    """(micro, accumulation) with micro x world x accumulation == batch_size, or a one-line refusal."""
+    micro = micro_batch or max(1, batch_size // world)
+    accum = max(1, batch_size // (micro * world))
+    if micro * world * accum != batch_size:
+        raise VitlabError(f"batch_size {batch_size} is not micro_batch {micro} x {world} processes x an integer "
+                          f"number of accumulation steps; pick a batch_size divisible by {micro * world}")
+    return micro, accum
+
+
+def plan_steps(cfg: TrainConfig, micro: int, world: int, accum: int, batches_per_epoch: int,
+               n_train: int) -> BatchPlan:
+    """Steps per epoch, total steps (--steps, else --epochs), epochs and warm-up steps."""
+    steps_per_epoch = batches_per_epoch // accum
+    if steps_per_epoch == 0:
+        raise VitlabError(f"batch_size {cfg.batch_size} is larger than the training set ({n_train} images); "
+                          "lower --batch-size")
+    total_steps = cfg.steps if cfg.steps > 0 else max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    num_epochs = math.ceil(total_steps / steps_per_epoch)
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_epochs * steps_per_epoch)
+    return BatchPlan(micro, world, accum, batches_per_epoch, steps_per_epoch, total_steps, num_epochs,
+                     min(int(warmup), total_steps))
+
+
+# ------------------------------------------------------------------------- precision, optimizer
+def run_precision(cfg: TrainConfig, device: torch.device, model: nn.Module, info: D.DistInfo) -> str:
+    """The precision this run computes in. "auto" on a CPU is a timing: rank 0 decides for all, so that every
+    process computes alike; bf16 on a CPU without it falls back to fp32 (one line says so)."""
+    precision = D.broadcast_object(resolve_precision(cfg.precision, device, model) if info.is_main else None, info)
+    if precision in ("bf16", "bf16-stem") and device.type == "cpu" and not cpu_bf16_supported():
+        if info.is_main:
+            print("vitlab train: this CPU has no bf16 support; using fp32", file=sys.stderr)
+        precision = "fp32"
+    return precision
+
+
+def plain_name(name: str) -> str:
+    """Parameter name without the DDP / FSDP / compile wrapper prefixes."""
+    for prefix in ("_orig_mod.", "module.", "_fsdp_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def param_groups(model: nn.Module, mask: dict[str, bool], weight_decay: float) -> list[dict[str, Any]]:
+    """Trainable parameters in two groups: weight decay where `mask` says so, none elsewhere (empty ones dropped)."""
+    named = {plain_name(n): p for n, p in model.named_parameters() if p.requires_grad}
+    groups = [{"params": [p for n, p in named.items() if mask.get(n, False)], "weight_decay": weight_decay},
+              {"params": [p for n, p in named.items() if not mask.get(n, False)], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimization(cfg: TrainConfig, model: nn.Module, mask: dict[str, bool], plan: BatchPlan, precision: str,
+                       device: torch.device):
+    """(optimizer, scheduler, scaler) for the (wrapped) model."""
+    optimizer = build_optimizer(param_groups(model, mask, cfg.weight_decay), cfg.optimizer, cfg.lr, cfg.weight_decay,
+                                tuple(cfg.betas), cfg.momentum)
+    scheduler = build_scheduler(optimizer, plan.total_steps, plan.warmup, cfg.decay, cfg.lr, cfg.lr_end)
+    scaler = torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+    return optimizer, scheduler, scaler

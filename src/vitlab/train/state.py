@@ -1,0 +1,141 @@
+"""A run's state: its progress (step, epoch, history, timings), the checkpoint dictionary built from it, and
+the model / optimizer / RNG state in and out of a checkpoint (FSDP's sharded state gathered in full)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from vitlab.train import distributed as D
+from vitlab.train.checkpoint import rng_state, set_rng_state
+
+
+@dataclass
+class Progress:
+    """Where a run is and what it has done: the part of a checkpoint that is not tensors.
+
+    `train_time_s` / `train_images` / `wall_time_s` of earlier segments (before a resume) are kept apart
+    from this segment's `train_time` / `train_images`, as the checkpoint and summary.json add them up."""
+
+    global_step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_val: float | None = None
+    epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss x n, correct, n (this process)
+    train_time_prev: float = 0.0
+    images_prev: int = 0
+    wall_prev: float = 0.0
+    train_time: float = 0.0
+    train_images: int = 0
+    last_saved_step: int = -1
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Progress:
+        p = cls(global_step=state["global_step"], epoch=state["epoch"], step_in_epoch=state["step_in_epoch"],
+                history=list(state.get("history", [])), best_val=state.get("best_val"),
+                train_time_prev=state.get("train_time_s", 0.0), images_prev=state.get("train_images", 0),
+                wall_prev=state.get("wall_time_s", 0.0))  # the earlier segments' wall time
+        if "epoch_sums" in state:
+            p.epoch_sums = list(state["epoch_sums"])
+        return p
+
+    def to_state(self) -> dict[str, Any]:
+        """The checkpoint's progress entries (the wall time is added by the caller, who knows the clock)."""
+        return {"global_step": self.global_step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                "history": self.history, "best_val": self.best_val, "epoch_sums": list(self.epoch_sums),
+                "train_time_s": self.total_train_time, "train_images": self.total_images}
+
+    def add_step(self, loss: float, correct: float, seen: float, seconds: float) -> None:
+        """Count one optimizer step (the all-reduced sums of every process)."""
+        self.global_step += 1
+        self.step_in_epoch += 1
+        self.epoch_sums[0] += loss
+        self.epoch_sums[1] += correct
+        self.epoch_sums[2] += seen
+        self.train_time += seconds
+        self.train_images += int(seen)
+
+    def epoch_means(self) -> tuple[float | None, float | None]:
+        loss, correct, n = self.epoch_sums
+        return (loss / max(n, 1), correct / max(n, 1)) if n else (None, None)
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.step_in_epoch = 0
+        self.epoch_sums = [0.0, 0.0, 0.0]
+
+    def improves(self, metric: float | None) -> bool:
+        """A new best validation metric: remembered, and True."""
+        better = metric is not None and (self.best_val is None or metric > self.best_val)
+        if better:
+            self.best_val = metric
+        return better
+
+    @property
+    def total_train_time(self) -> float:
+        return self.train_time_prev + self.train_time
+
+    @property
+    def total_images(self) -> int:
+        return self.images_prev + self.train_images
+
+
+def gathered_rng_states(info: D.DistInfo) -> list[Any]:
+    """Every process's RNG state, in rank order (a collective under torchrun)."""
+    rngs = [rng_state()]
+    if info.enabled:
+        import torch.distributed as dist
+
+        all_rngs: list[Any] = [None] * info.world_size
+        dist.all_gather_object(all_rngs, rngs[0])
+        rngs = all_rngs
+    return rngs
+
+
+def rng_of_rank(rngs: Any, rank: int) -> Any:
+    """This process's RNG state from a checkpoint's list (rank 0's when the run had fewer processes)."""
+    if isinstance(rngs, list):
+        return rngs[rank] if rank < len(rngs) else rngs[0]
+    return rngs
+
+
+def restore_rng(rngs: Any, rank: int) -> None:
+    set_rng_state(rng_of_rank(rngs, rank))
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # older torch
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu().clone() for k, v in D.unwrap(model).state_dict().items()}
+
+
+def full_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        return
+    optimizer.load_state_dict(state)
+

@@ -1,0 +1,194 @@
+"""The training loop's parts, each alone (issue 17 item 8): batch arithmetic, progress and checkpoint state,
+RNG round trips, stop signals, the step and the checkpoint of a TrainingRun - without a whole training."""
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+from vitlab.train import loop, resolve_config
+from vitlab.train.checkpoint import rng_state
+from vitlab.train.distributed import DistInfo
+from vitlab.train.setup import param_groups, plain_name, plan_steps, split_batch, step_seed
+from vitlab.train.signals import StopSignals
+from vitlab.train.state import Progress, gathered_rng_states, restore_rng, rng_of_rank
+
+
+def cfg_of(**kw):
+    base = dict(data="tiny", model="custom", batch_size=16, epochs=2, warmup_steps=1, threads=1, quiet=True,
+                model_args=dict(dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2), inception_crop=False)
+    base.update(kw)
+    return resolve_config("small-data", overrides=base)
+
+
+# ---------------------------------------------------------------------------------- batch arithmetic
+def test_split_batch_divides_the_global_batch():
+    assert split_batch(64, None, 1) == (64, 1)
+    assert split_batch(64, 16, 1) == (16, 4)
+    assert split_batch(64, None, 4) == (16, 1)
+    assert split_batch(64, 8, 4) == (8, 2)
+    with pytest.raises(VitlabError, match="divisible by 24"):
+        split_batch(64, 12, 2)
+
+
+def test_plan_steps_from_epochs_steps_and_warmup():
+    plan = plan_steps(cfg_of(epochs=2.5, warmup_steps=None, warmup_epochs=1.0), micro=8, world=1, accum=2,
+                      batches_per_epoch=13, n_train=104)
+    assert (plan.steps_per_epoch, plan.total_steps, plan.num_epochs, plan.warmup) == (6, 15, 3, 6)
+    plan = plan_steps(cfg_of(steps=4, warmup_steps=10), micro=16, world=1, accum=1, batches_per_epoch=3, n_train=48)
+    assert (plan.total_steps, plan.num_epochs, plan.warmup) == (4, 2, 4)  # warm-up no longer than the run
+    with pytest.raises(VitlabError, match="larger than the training set"):
+        plan_steps(cfg_of(batch_size=64), micro=64, world=1, accum=1, batches_per_epoch=0, n_train=40)
+
+
+def test_step_seed_is_a_pure_function_of_the_position():
+    assert step_seed(0, 3, 1, 0) == step_seed(0, 3, 1, 0)
+    seeds = {step_seed(0, s, m, r) for s in range(5) for m in range(3) for r in range(2)}
+    assert len(seeds) == 30
+
+
+def test_param_groups_split_decay_and_drop_empty_groups():
+    model = nn.Sequential(nn.Linear(2, 3), nn.LayerNorm(3))
+    mask = {"0.weight": True}
+    groups = param_groups(model, mask, 0.1)
+    assert [len(g["params"]) for g in groups] == [1, 3] and [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert len(param_groups(model, {}, 0.1)) == 1
+    assert plain_name("_orig_mod.module.blocks.0.w") == "blocks.0.w"
+
+
+# --------------------------------------------------------------------------------- progress / state
+def test_progress_counts_steps_and_epochs():
+    p = Progress()
+    p.add_step(loss=8.0, correct=3.0, seen=16.0, seconds=0.5)
+    p.add_step(loss=4.0, correct=5.0, seen=16.0, seconds=0.25)
+    assert (p.global_step, p.step_in_epoch, p.train_images, p.train_time) == (2, 2, 32, 0.75)
+    assert p.epoch_means() == (12.0 / 32, 8.0 / 32)
+    assert p.improves(0.5) and not p.improves(0.4) and p.improves(0.6) and p.best_val == 0.6
+    assert not p.improves(None)
+    p.next_epoch()
+    assert (p.epoch, p.step_in_epoch, p.epoch_sums, p.epoch_means()) == (1, 0, [0.0, 0.0, 0.0], (None, None))
+
+
+def test_progress_round_trips_through_a_checkpoint_and_adds_up_segments():
+    p = Progress(global_step=7, epoch=2, step_in_epoch=1, history=[{"epoch": 1}], best_val=0.5,
+                 epoch_sums=[1.0, 2.0, 3.0], train_time_prev=10.0, images_prev=100, wall_prev=20.0,
+                 train_time=1.5, train_images=16)
+    state = p.to_state()
+    assert state["train_time_s"] == 11.5 and state["train_images"] == 116
+    state["wall_time_s"] = 33.0
+    q = Progress.from_state(state)
+    assert (q.global_step, q.epoch, q.step_in_epoch, q.history, q.best_val, q.epoch_sums) == \
+        (7, 2, 1, [{"epoch": 1}], 0.5, [1.0, 2.0, 3.0])
+    assert (q.train_time_prev, q.images_prev, q.wall_prev, q.train_time, q.train_images) == (11.5, 116, 33.0, 0.0, 0)
+    assert q.history is not state["history"]  # a resumed run appends to its own list
+    old = Progress.from_state({"global_step": 3, "epoch": 1, "step_in_epoch": 0, "rng": None})  # an older checkpoint
+    assert old.epoch_sums == [0.0, 0.0, 0.0] and old.history == [] and old.best_val is None
+
+
+def test_rng_state_round_trip_and_rank_choice():
+    torch.manual_seed(5)
+    rngs = gathered_rng_states(DistInfo())
+    a = torch.rand(4)
+    restore_rng(rngs, rank=0)
+    assert torch.equal(torch.rand(4), a)
+    assert rng_of_rank(["r0", "r1"], 1) == "r1" and rng_of_rank(["r0"], 3) == "r0" and rng_of_rank("s", 2) == "s"
+    assert isinstance(rng_state(), dict)
+
+
+# ------------------------------------------------------------------------------------- stop signals
+def test_stop_signals_first_asks_second_quits(capfd):
+    stop = StopSignals()
+    before = signal.getsignal(signal.SIGINT)
+    stop.listen()
+    try:
+        assert not stop.requested()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == "SIGINT" and stop.requested()
+        assert "finishing this step" in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) is before  # the second signal gave the handlers back
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_stop_votes_decide_under_several_processes():
+    stop = StopSignals()
+    assert stop.requested(1.0) and not stop.requested(0.0)
+    stop.received = "SIGTERM"
+    assert stop.requested() and not stop.requested(0.0)  # the processes agree: none stops alone
+
+
+# ------------------------------------------------------------------------ a TrainingRun's parts
+def tiny_run(tmp_path, **kw):
+    """A TrainingRun set up on tiny data (no step taken)."""
+    from test_train_lifecycle import tiny_data
+
+    cfg = cfg_of(out_dir=str(tmp_path), name="run", deterministic=True, ckpt_every=0, **kw)
+    run = loop.TrainingRun(cfg, torch.device("cpu"), DistInfo(), t_start=0.0)
+    run.setup(None, tiny_data())
+    return run
+
+
+def test_one_step_updates_weights_and_counts(tmp_path):
+    run = tiny_run(tmp_path, micro_batch=8, warmup_steps=0)  # (warm-up step 0 has lr 0)
+    assert (run.plan.micro, run.plan.accum, run.plan.steps_per_epoch, run.plan.total_steps) == (8, 2, 3, 6)
+    before = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
+    out = run.step(iter(run.train_loader(0, 0)))
+    assert out.seen == 16 and 0 <= out.correct <= 16 and out.loss > 0 and out.stop_votes == 0
+    assert out.loss == pytest.approx(out.loss_sum / 16)
+    assert any(not torch.equal(before[k], v) for k, v in run.raw_model.state_dict().items())
+    assert run.progress.global_step == 0  # run_epoch counts the step
+
+
+def test_checkpoint_state_resumes_into_a_fresh_run(tmp_path):
+    run = tiny_run(tmp_path)
+    run.run_epoch()
+    run.end_epoch()  # epoch 1 of 2: evaluated and checkpointed
+    state = torch.load(run.ckpts.latest(), weights_only=False)
+    assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (3, 1, 0) and len(state["history"]) == 1
+    fresh = tiny_run(tmp_path / "other")
+    fresh.restore(state)
+    fresh.raw_model.load_state_dict(state["model"])
+    assert fresh.progress.global_step == 3 and fresh.progress.history == state["history"]
+    assert fresh.scheduler.state_dict() == run.scheduler.state_dict()
+    a = run.step(iter(run.train_loader(1, 0)))
+    restore_rng(state["rng"], 0)
+    b = fresh.step(iter(fresh.train_loader(1, 0)))
+    assert a.loss == b.loss
+    for (k, x), y in zip(run.raw_model.state_dict().items(), fresh.raw_model.state_dict().values()):
+        assert torch.equal(x, y), k
+
+
+def test_a_stop_request_checkpoints_once_and_interrupts(tmp_path):
+    run = tiny_run(tmp_path)
+    run.stop.received = "SIGINT"
+    with pytest.raises(KeyboardInterrupt):
+        run.run_epoch()  # stops after the first step, mid-epoch
+    assert run.progress.global_step == 1 and run.progress.last_saved_step == 1
+    assert run.ckpts.latest().name == "step-0000001.pt"
+    with pytest.raises(KeyboardInterrupt):
+        run.interrupt()  # already checkpointed at this step: not written again
+    assert len(list(run.ckpts.folder.glob("step-*.pt"))) == 1
+
+
+def test_a_non_finite_loss_stops_before_a_checkpoint(tmp_path, monkeypatch):
+    run = tiny_run(tmp_path)
+    monkeypatch.setattr(run, "accumulate", lambda loader: (torch.tensor(float("nan")), torch.tensor(0.0), 16))
+    with pytest.raises(VitlabError, match="loss became nan at step 0"):
+        run.step(iter(run.train_loader(0, 0)))
+    assert not list(run.ckpts.folder.glob("*.pt"))
+
+
+def test_stop_interrupted_names_the_resume_command(tmp_path, capsys):
+    ns = SimpleNamespace(enabled=True, path=tmp_path / "run")
+    ckpts = SimpleNamespace(latest=lambda: tmp_path / "run" / "checkpoints" / "step-0000004.pt")
+    with pytest.raises(KeyboardInterrupt):
+        loop.stop_interrupted(cfg_of(), ns, ckpts, "SIGTERM", 4, None)
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM after step 4" in err and f"vitlab train --resume {tmp_path / 'run'}" in err
