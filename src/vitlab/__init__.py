@@ -3,12 +3,28 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from vitlab.errors import VitlabError
-from vitlab.models import ResNetConfig, VisionTransformer, ViTConfig, create_model, get_config, model_names
 
 try:
     __version__ = version("vitlab")
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
+
+# Imported on first use (PEP 562), so that `import vitlab` and the `vitlab` command start without torch.
+_FROM_MODELS = ("ResNetConfig", "ViTConfig", "VisionTransformer", "create_model", "get_config", "model_names")
+
+
+def __getattr__(name: str):
+    if name in _FROM_MODELS:
+        import vitlab.models
+
+        value = getattr(vitlab.models, name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FROM_MODELS))
 
 
 def load(path, num_classes=None, image_size=None, **kwargs):

@@ -32,9 +32,6 @@ import torch.nn as nn
 
 from vitlab.errors import VitlabError
 
-THREADS_HELP = ("CPU threads for torch (default: automatic - one per core on an idle machine, "
-                "1 when the load average is already >= the number of cores)")
-
 # Measured on the AMD EPYC with benchmarks/train.py, 1 thread: width 64 (the Fashion-MNIST ViT) fp32 496 vs bf16
 # 231 images/s; ViT-Ti/16 at 224 px (width 192) fp32 6.0 vs bf16 12.3 images/s (docs/training.md).
 CPU_BF16_MIN_WIDTH = 192

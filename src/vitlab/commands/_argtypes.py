@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 import math
 
+# The help of --threads, which `vitlab.runtime.setup_runtime` decides (defined here: runtime imports torch).
+THREADS_HELP = ("CPU threads for torch (default: automatic - one per core on an idle machine, "
+                "1 when the load average is already >= the number of cores)")
+
 
 def _number(text: str, kind: type) -> float:
     try:

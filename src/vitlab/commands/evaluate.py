@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vitlab.commands._argtypes import fraction, non_negative_float, positive_float, positive_int
+from vitlab.commands._argtypes import THREADS_HELP, fraction, non_negative_float, positive_float, positive_int
 from vitlab.commands._load_args import add_load_arguments
 from vitlab.errors import VitlabError
 
@@ -85,8 +85,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_runtime_args(p: argparse.ArgumentParser) -> None:
     """--device and --threads, shared by evaluate and compare (decided by `vitlab.runtime.setup_runtime`)."""
-    from vitlab.runtime import THREADS_HELP
-
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default auto)")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.commands._argtypes import positive_int
-from vitlab.runtime import THREADS_HELP
+from vitlab.commands._argtypes import THREADS_HELP, positive_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:

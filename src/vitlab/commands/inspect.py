@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from vitlab.commands._argtypes import positive_int
+from vitlab.commands._argtypes import THREADS_HELP, positive_int
 from vitlab.errors import VitlabError
-from vitlab.runtime import THREADS_HELP, setup_runtime
+
+if TYPE_CHECKING:
+    import torch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,6 +100,8 @@ def image_files(paths: list[str]) -> list[Path]:
 
 
 def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, list[str]]:
+    import torch
+
     """Normalised (N, C, H, W) images and a label per image (file name or class name)."""
     from vitlab.data.images import open_image
 
@@ -127,6 +130,7 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.inspect import check_inspectable, inspect_model
+    from vitlab.runtime import setup_runtime
 
     if args.num_images < 0 or args.rollout_images < 0 or args.batch_size < 1:
         raise VitlabError("--num-images and --rollout-images must be >= 0 and --batch-size >= 1")

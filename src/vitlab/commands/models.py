@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the named models (layers, width, MLP, heads, parameters, GFLOPs)")
@@ -20,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def rows(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
+    import torch
+
     from vitlab.models.registry import analytic_macs, count_parameters, create_model, model_names
 
     out = []

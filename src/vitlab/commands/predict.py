@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vitlab.commands._argtypes import positive_int
+from vitlab.commands._argtypes import THREADS_HELP, positive_int
 from vitlab.commands._load_args import add_load_arguments
-from vitlab.runtime import THREADS_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
