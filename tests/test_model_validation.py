@@ -7,8 +7,8 @@ import torch
 
 import vitlab
 from test_weights_hybrid import hybrid_arrays  # the official hybrid layout, any root width
+from vitlab import limits
 from vitlab.errors import VitlabError
-from vitlab.models import limits
 from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.registry import count_parameters, create_model, get_config, model_names
 

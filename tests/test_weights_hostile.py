@@ -445,7 +445,7 @@ def test_predict_refuses_a_hostile_preprocessing_in_one_line(tmp_path, capsys):
 
 
 def test_limits_are_documented():
-    from vitlab.models import limits
+    from vitlab import limits
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "weights.md").read_text()
     for value in (limits.MAX_DEPTH, limits.MAX_WIDTH, limits.MAX_MLP_DIM, limits.MAX_IMAGE_SIZE):

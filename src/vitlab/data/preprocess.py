@@ -15,11 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
+from vitlab.limits import MAX_IMAGE_SIZE  # the model configs' limit: a larger side is a corrupted record
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area")
-# The largest image side a preprocessing may ask for, the same as the model configs' limit
-# (models/limits.py, not imported: data sits below models): larger is a corrupted record, not a model.
-MAX_SIDE = 4096
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -53,9 +51,9 @@ def _check_statistics(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
 
 def _check_sizes(image_size: tuple[int, int], resize: int | None) -> None:
     sides = list(image_size) + ([resize] if resize is not None else [])
-    if not all(1 <= side <= MAX_SIDE for side in sides):
+    if not all(1 <= side <= MAX_IMAGE_SIZE for side in sides):
         raise VitlabError(f"the preprocessing's image_size {list(image_size)} / resize {resize} is outside "
-                          f"1-{MAX_SIDE} px; the stored preprocessing is broken (fix 'image_size' in config.json)")
+                          f"1-{MAX_IMAGE_SIZE} px; the stored preprocessing is broken (fix 'image_size' in config.json)")
 
 
 def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear") -> torch.Tensor:

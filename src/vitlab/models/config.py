@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vitlab.errors import VitlabError
-from vitlab.models.limits import (
+from vitlab.limits import (
     MAX_CONV_STEM,
     MAX_DEPTH,
     MAX_IMAGE_SIZE,
@@ -199,7 +199,7 @@ class ViTConfig:
         self.grid_for(self.image_size)  # raises when the size does not fit the stride
 
     def _check_sizes(self) -> None:
-        """Typed, bounded sizes (models/limits.py), so that no config can ask for an absurd model."""
+        """Typed, bounded sizes (limits.py), so that no config can ask for an absurd model."""
         _set(self, "image_size", check_size_pair("image_size", self.image_size, MAX_IMAGE_SIZE))
         _set(self, "patch_size", check_int("patch_size", self.patch_size, 1, MAX_IMAGE_SIZE))
         _set(self, "in_chans", check_int("in_chans", self.in_chans, 1, MAX_IN_CHANS))

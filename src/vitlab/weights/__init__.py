@@ -125,7 +125,6 @@ def read_checkpoint(path: str | Path, size_hint: Any = None, **overrides: Any) -
 
 
 def _read_format(p: Path, fmt: str, size_hint: Any, overrides: dict) -> tuple[Any, dict[str, torch.Tensor], dict]:
-    path = p
     if fmt == "native":
         from vitlab.weights import native
 
@@ -161,7 +160,7 @@ def _read_format(p: Path, fmt: str, size_hint: Any, overrides: dict) -> tuple[An
         meta = {**meta, **timm.meta_from(record, config)}
     meta = dict(meta)
     meta["format"] = meta.get("format", fmt)
-    meta["source"] = str(path)
+    meta["source"] = str(p)
     if meta.get("preprocess") is None:
         meta["preprocess"] = default_preprocess(config)
     return config, sd, meta

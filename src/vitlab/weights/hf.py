@@ -229,7 +229,7 @@ def _read_hf_vit(sd: dict[str, torch.Tensor], hf_cfg: dict, overrides: dict[str,
         name="hf-vit", image_size=image_size, patch_size=patch, in_chans=in_chans, dim=dim, depth=depth,
         heads=heads, mlp_dim=mlp_dim, classifier="token", num_classes=num_classes,
         representation_size=sd["pooler.dense.weight"].shape[0] if has_pooler else None,
-        # numbers go to ViTConfig as written: it checks their types and ranges (models/limits.py)
+        # numbers go to ViTConfig as written: it checks their types and ranges (limits.py)
         layer_norm_eps=hf_cfg.get("layer_norm_eps", 1e-12), gelu=_GELUS[act],
         qkv_bias=bool(hf_cfg.get("qkv_bias", True)),
         dropout=hf_cfg.get("hidden_dropout_prob", 0.0),

@@ -1,7 +1,7 @@
 """What the checkpoint readers check before they allocate: the shapes a config implies against the
 tensors in a file, stored preprocessing against the model, and the sizes of the small JSON files.
 
-The model-config maxima (depth, width, image size, ...) live in `vitlab.models.limits`, next to the
+The model-config maxima (depth, width, image size, ...) live in `vitlab.limits`, next to the
 config they bound; docs/weights.md ("Limits") lists them all.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from vitlab.errors import VitlabError
-from vitlab.models.limits import (  # noqa: F401 (re-exported: the readers' one place for bounds)
+from vitlab.limits import (  # noqa: F401 (re-exported: the readers' one place for bounds)
     LIMITS_DOC,
     MAX_DEPTH,
     MAX_IMAGE_SIZE,

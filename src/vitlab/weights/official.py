@@ -172,7 +172,7 @@ def _infer(a: dict[str, Any], overrides: dict[str, Any]) -> ViTConfig:
     else:
         config["image_size"] = 224  # big_vision's default; pass image_size= for another grid
     config.update(overrides)
-    return ViTConfig(**config)  # validated: typed and bounded (models/limits.py)
+    return ViTConfig(**config)  # validated: typed and bounded (limits.py)
 
 
 def infer_config(arrays: Arrays, **overrides) -> ViTConfig:

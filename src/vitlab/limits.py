@@ -1,4 +1,5 @@
-"""The documented maxima of a model config and the typed checks that enforce them.
+"""The documented maxima of a model config and the typed checks that enforce them (below models, weights
+and data, which all read them).
 
 The maxima sit far above the largest published models (ViT-H/14: depth 32, width 1280, MLP 5120;
 big_vision's ViT-e: width 1792, MLP 15360; BiT-R152x4: stem width 256, 8192 output channels), so
