@@ -138,19 +138,20 @@ def _data_image_size(data) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.commands._load_args import load_overrides
-    from vitlab.evaluate.loading import check_model_spec, fit_image_size, load_for_eval
+    from vitlab.evaluate.loading import fit_image_size, load_for_eval, weights_path
     from vitlab.evaluate.runner import evaluate_model, rows_markdown, write_report
     from vitlab.runtime import setup_runtime
 
     quiet = args.quiet
     # decided before loading: loading and the data's decoding already compute with torch's threads
     runtime = setup_runtime(args.device, args.threads)
-    if Path(args.model).expanduser().exists():
+    # the one rule of every command (vitlab.weights.resolve_model): weights, run folder, pretrained name,
+    # hf:ID or official name -> weights; a registry name -> None; anything else fails here, before the data
+    if weights_path(args.model) is not None:
         overrides, image_size = load_overrides(args)
         loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
         data = load_splits(args, loaded.run_config)
     else:  # a model name: build it for the data's classes, channels and (by default) image size
-        check_model_spec(args.model)  # a mistyped path fails here, before the data is asked for or loaded
         data = load_splits(args)
         loaded = load_for_eval(args.model, num_classes=data.num_classes,
                                image_size=args.image_size or fit_image_size(args.model, _data_image_size(data)),

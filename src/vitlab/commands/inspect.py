@@ -48,11 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_model_path(path: str) -> str:
-    """A training run folder holds its final model in RUN/model/; anything else is passed through."""
-    p = Path(path)
-    if p.is_dir() and not (p / "config.json").is_file() and (p / "model" / "config.json").is_file():
-        return str(p / "model")
-    return path
+    """What MODEL names, by the rule every command shares (`vitlab.weights.resolve_weights`): a weights file or
+    folder, a run folder (its RUN/model/), a pretrained name, hf:ORG/NAME or an official name."""
+    from vitlab.weights import resolve_weights
+
+    return str(resolve_weights(path))
 
 
 def load_model(path: str, image_size: int | None = None):

@@ -1,16 +1,72 @@
-"""`vitlab models`: the table of named models with their parameter counts and compute.
+"""`vitlab models`: the table of named models with their parameter counts and compute; `--pretrained`: the
+published checkpoints (`vitlab.weights.pretrained`).
 
 ResNet names say the family: `resnet-N` is the standard torchvision / Hugging Face BatchNorm ResNet,
 `bit-rNxW` the pre-activation BiT, `bit-rNxW-postact` the ViT code's post-activation units.
+
+Both tables start without torch: the default table (224 px, 1000 classes) is `TABLE` below, written from the
+built models and checked against them by tests/test_models_table.py (regenerate with `rows_built()`); other
+`--image-size` / `--num-classes` values build every model on the meta device (about 3 s, torch).
 """
 
 from __future__ import annotations
 
 import argparse
 
+COLUMNS = ("family", "layers", "width", "mlp", "heads", "patch", "params", "macs")
+# name -> (family, layers, width, mlp, heads, stride, parameters, multiply-accumulates) at 224 px, 1000 classes
+TABLE: dict[str, tuple] = {
+    "vit-ti/8": ("vit", 12, 192, 768, 3, 8, 5719720, 7035764736),
+    "vit-ti/14": ("vit", 12, 192, 768, 3, 14, 5694376, 1697710080),
+    "vit-ti/16": ("vit", 12, 192, 768, 3, 16, 5717416, 1253683200),
+    "vit-ti/32": ("vit", 12, 192, 768, 3, 32, 6131560, 306034176),
+    "vit-s/8": ("vit", 12, 384, 1536, 6, 8, 22055272, 22405742592),
+    "vit-s/14": ("vit", 12, 384, 1536, 6, 14, 22004584, 6123945984),
+    "vit-s/16": ("vit", 12, 384, 1536, 6, 16, 22050664, 4598882304),
+    "vit-s/32": ("vit", 12, 384, 1536, 6, 32, 22878952, 1142909952),
+    "vit-b/8": ("vit", 12, 768, 3072, 12, 8, 86576872, 78148337664),
+    "vit-b/14": ("vit", 12, 768, 3072, 12, 14, 86475496, 23161995264),
+    "vit-b/16": ("vit", 12, 768, 3072, 12, 16, 86567656, 17563828224),
+    "vit-b/32": ("vit", 12, 768, 3072, 12, 32, 88224232, 4409186304),
+    "vit-l/8": ("vit", 24, 1024, 4096, 16, 8, 304338920, 267505917952),
+    "vit-l/14": ("vit", 24, 1024, 4096, 16, 14, 304203752, 81013006336),
+    "vit-l/16": ("vit", 24, 1024, 4096, 16, 16, 304326632, 61554712576),
+    "vit-l/32": ("vit", 24, 1024, 4096, 16, 32, 306535400, 15377539072),
+    "vit-h/8": ("vit", 32, 1280, 5120, 16, 8, 632214760, 544554403840),
+    "vit-h/14": ("vit", 32, 1280, 5120, 16, 14, 632045800, 167295109120),
+    "vit-h/16": ("vit", 32, 1280, 5120, 16, 16, 632199400, 127314872320),
+    "vit-h/32": ("vit", 32, 1280, 5120, 16, 32, 634960360, 31856035840),
+    "vit-b/16-gap": ("vit", 12, 768, 3072, 12, 16, 86566120, 17471649792),
+    "r50+vit-b/16": ("vit-hybrid", 12, 768, 3072, 12, 16, 98659112, 21535358976),
+    "r26+vit-b/32": ("vit-hybrid", 12, 768, 3072, 12, 32, 101383976, 6710859776),
+    "r26+vit-s/32": ("vit-hybrid", 12, 384, 1536, 6, 32, 36431912, 3463851008),
+    "r50+vit-l/32": ("vit-hybrid", 24, 1024, 4096, 16, 32, 328994856, 19413295104),
+    "r+vit-ti/16": ("vit-hybrid", 12, 192, 768, 3, 32, 6337704, 433681920),
+    "resnet-18": ("resnet-bn", 18, 64, '-', '-', '-', 11689512, 1814073344),
+    "resnet-26": ("resnet-bn", 26, 64, '-', '-', '-', 15995176, 2342256640),
+    "resnet-34": ("resnet-bn", 34, 64, '-', '-', '-', 21797672, 3663761408),
+    "resnet-50": ("resnet-bn", 50, 64, '-', '-', '-', 25557032, 4089184256),
+    "resnet-101": ("resnet-bn", 101, 64, '-', '-', '-', 44549160, 7801405440),
+    "resnet-152": ("resnet-bn", 152, 64, '-', '-', '-', 60192808, 11513626624),
+    "bit-r26x1": ("bit-preact", 26, 64, '-', '-', '-', 15987496, 2342256640),
+    "bit-r50x1": ("bit-preact", 50, 64, '-', '-', '-', 25549352, 4089184256),
+    "bit-r50x3": ("bit-preact", 50, 192, '-', '-', '-', 217319080, 36082286592),
+    "bit-r101x1": ("bit-preact", 101, 64, '-', '-', '-', 44541480, 7801405440),
+    "bit-r101x3": ("bit-preact", 101, 192, '-', '-', '-', 387934888, 69492277248),
+    "bit-r152x2": ("bit-preact", 152, 128, '-', '-', '-', 236335208, 45814382592),
+    "bit-r152x4": ("bit-preact", 152, 256, '-', '-', '-', 936533224, 182777282560),
+    "bit-r26x1-postact": ("bit-postact", 26, 64, '-', '-', '-', 15995176, 2342256640),
+    "bit-r50x1-postact": ("bit-postact", 50, 64, '-', '-', '-', 25557032, 4089184256),
+    "bit-r101x1-postact": ("bit-postact", 101, 64, '-', '-', '-', 44549160, 7801405440),
+    "bit-r152x1-postact": ("bit-postact", 152, 64, '-', '-', '-', 60192808, 11513626624),
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="list the named models (layers, width, MLP, heads, parameters, GFLOPs)")
+    p = sub.add_parser("models", help="list the named models (layers, width, MLP, heads, parameters, GFLOPs), "
+                                      "or with --pretrained the published checkpoints")
+    p.add_argument("--pretrained", action="store_true",
+                   help="list the published checkpoints (name, model, resolution, labels, size, licence, source)")
     p.add_argument("--image-size", type=int, default=224, help="input size for the compute column (default 224)")
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--format", choices=["table", "csv"], default="table")
@@ -18,6 +74,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def rows(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
+    """One dict per registry model; the committed TABLE at the defaults, else built on the meta device."""
+    if (image_size, num_classes) != (224, 1000):
+        return rows_built(image_size, num_classes)
+    return [{"name": name, **dict(zip(COLUMNS, values)), "gmacs": values[-1] / 1e9, "gflops": 2 * values[-1] / 1e9}
+            for name, values in TABLE.items()]
+
+
+def rows_built(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
+    """The same rows computed from the models themselves (shapes only: built on the meta device)."""
     import torch
 
     from vitlab.models.registry import analytic_macs, count_parameters, create_model, model_names
@@ -39,6 +104,7 @@ def rows(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
             "heads": cfg.heads if vit else "-",
             "patch": cfg.stride if vit else "-",
             "params": count_parameters(model),
+            "macs": macs,
             "gmacs": macs / 1e9,
             "gflops": 2 * macs / 1e9,
         })
@@ -52,7 +118,39 @@ def family(cfg) -> str:
     return {"standard": "resnet-bn", "bit": "bit-preact", "bit-post": "bit-postact"}[cfg.resnet.kind]
 
 
+def _print_table(head: list[str], cells: list[list], left: tuple[int, ...] = (0,)) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *cells)]
+    for row in [head, *cells]:
+        print("  ".join(str(x).ljust(w) if i in left else str(x).rjust(w)
+                        for i, (x, w) in enumerate(zip(row, widths))).rstrip())
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def run_pretrained(fmt: str) -> int:
+    """`vitlab models --pretrained`: every published checkpoint, one line each."""
+    from vitlab.weights.pretrained import PRETRAINED
+
+    cols = ["name", "model", "resolution", "labels", "size", "integrity", "licence", "source"]
+    cells = [[e.name, e.model, e.image_size, e.labels, _size(e.size), e.integrity, e.licence,
+              f"hf:{e.path}" if e.source == "hf" else e.url] for e in PRETRAINED.values()]
+    if fmt == "csv":
+        print(",".join(cols))
+        for row in cells:
+            print(",".join(str(x) for x in row))
+        return 0
+    _print_table(cols, cells, left=(0, 1, 3, 5, 6, 7))
+    print("Use: vitlab predict NAME IMAGE, --weights NAME, vitlab.create_model(MODEL, pretrained=TAG or True). "
+          "Cache: $VITLAB_CACHE (default ~/.cache/vitlab); VITLAB_OFFLINE=1 = cache only. Inputs: mean = std = 0.5. "
+          "Google publishes no hashes: 'unverified' files are checked by length and the .npz CRC-32s.")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.pretrained:
+        return run_pretrained(args.format)
     table = rows(args.image_size, args.num_classes)
     cols = ["name", "family", "layers", "width", "mlp", "heads", "patch", "params", "gmacs", "gflops"]
     if args.format == "csv":
@@ -64,10 +162,7 @@ def run(args: argparse.Namespace) -> int:
             f"GFLOPs@{args.image_size}"]
     cells = [[r["name"], r["family"], r["layers"], r["width"], r["mlp"], r["heads"], r["patch"], f"{r['params']:,}",
               f"{r['gmacs']:.2f}", f"{r['gflops']:.2f}"] for r in table]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *cells)]
-    print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths))))
-    for row in cells:
-        print("  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    _print_table(head, cells)
     print("GFLOPs = 2 x multiply-accumulates; torchvision and timm tables quote GMACs as 'GFLOPS'.")
     print("resnet-N is the standard BatchNorm ResNet (torchvision / Hugging Face v1.5); bit-rNxW the pre-activation "
           "BiT; bit-rNxW-postact the ViT code's post-activation units (the old BiT 'resnet-N' names).")

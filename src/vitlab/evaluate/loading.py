@@ -98,39 +98,25 @@ def fit_image_size(spec: str, side: int | None) -> int | None:
 
 
 def check_model_spec(spec: str) -> None:
-    """Fail before any data is loaded when `spec` is neither a path that exists, a hub checkpoint, nor a
-    model name: `vitlab evaluate runs/typo` must say that the folder is missing, not ask for --data."""
-    if weights_path(spec) is not None:
-        return
-    from vitlab.models import get_config
-
-    name, _ = parse_model_spec(spec)
-    try:
-        get_config(name)  # the name alone: its overrides are checked when the model is built
-    except VitlabError:
-        raise VitlabError(f"{spec!r} does not exist (no weights file, folder or run folder there) and is not a "
-                          "model name; check the path, or run `vitlab models` for the names") from None
-
-
-def _unfinished_run(p: Path) -> bool:
-    """A run folder that holds checkpoints but no final model/ (interrupted, or save_model false)."""
-    return p.is_dir() and (p / "config.yaml").is_file() and (p / "checkpoints").is_dir() and not (p / "model").is_dir()
+    """Fail before any data is loaded when `spec` is neither a path that exists, a pretrained or hub
+    checkpoint, nor a model name: `vitlab evaluate runs/typo` must say that the folder is missing, not ask
+    for --data. The rule and its messages are `vitlab.weights.resolve_model`'s, shared by every command."""
+    weights_path(spec)
 
 
 def weights_path(spec: str | None) -> Path | None:
-    """The local file/folder `spec` names, or None for a registry name. Existing paths pass through;
-    `hf:ORG/NAME` and official checkpoint names (ViT-B_16.npz, imagenet21k/...) go through
-    `vitlab.weights.hub.resolve` exactly as in finetune/predict/convert (cache, else download, else a
-    one-line error saying where to put the file)."""
+    """The local file/folder `spec` names, or None for a registry name (`vitlab.weights.resolve_model`:
+    paths, run folders, pretrained names, `hf:ORG/NAME`, official names, downloaded into the cache). A run
+    folder is returned as itself (its model/ is read by `load_for_eval`, which also reads its config)."""
     if not spec:
         return None
-    p = Path(spec).expanduser()
-    if p.exists():
-        return p
-    from vitlab.weights import hub
+    from vitlab.weights import resolve_model
 
-    resolved = hub.resolve(spec)
-    return Path(resolved) if str(resolved) != str(spec) else None
+    resolved = resolve_model(spec)
+    if resolved is None:
+        return None
+    p = Path(spec).expanduser()
+    return p if p.exists() else resolved
 
 
 def load_for_eval(
@@ -154,9 +140,6 @@ def load_for_eval(
         if is_run_folder(p):
             target, source = p / "model", "run"
             run_config = read_run_config(p)
-        elif _unfinished_run(p):
-            raise VitlabError(f"run folder {p} has no model/ yet (the run did not finish); finish it with "
-                              f"`vitlab train --resume {p}`, then evaluate it")
         model, meta = load_with_meta(target, image_size=image_size, **(overrides or {}))
         pre = meta.get("preprocess")
         if pre is None or isinstance(pre, dict):
@@ -167,7 +150,6 @@ def load_for_eval(
     from vitlab.models import create_model
     from vitlab.models.registry import normalize_name
 
-    check_model_spec(spec)
     name, overrides = parse_model_spec(spec)
     overrides.setdefault("in_chans", in_chans or 3)
     # a known name: an error now is about its arguments (dim=30 with heads=4 ...) and says so itself

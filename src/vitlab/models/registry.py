@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -197,9 +198,10 @@ def build_model(config: ViTConfig) -> nn.Module:
 
 def create_model(
     name: str = "vit-b/16",
-    num_classes: int = 1000,
-    image_size: int | tuple[int, int] = 224,
+    num_classes: int | None = None,
+    image_size: int | tuple[int, int] | None = None,
     seed: int | None = None,
+    pretrained: bool | str | Path = False,
     **overrides: Any,
 ) -> nn.Module:
     """Build a named model, e.g. `create_model("vit-b/16", num_classes=10, image_size=384)`.
@@ -207,13 +209,52 @@ def create_model(
     Small custom models by overrides: `create_model("custom", dim=64, depth=6, heads=4,
     mlp_dim=128, patch_size=4, image_size=28, in_chans=1, num_classes=10)`.
     With `seed`, the initial weights are the same on every call.
+
+    `pretrained` (like timm): True = the model's default published checkpoint, a tag
+    ("augreg-in21k-ft-in1k-224") or full name ("vit-b/16.augreg-in21k-ft-in1k-224"), or a weights path.
+    The checkpoint's head and size are kept unless `num_classes` (a new zero head) or `image_size`
+    (resampled position embeddings) are given; `vitlab models --pretrained` lists the checkpoints.
+    Defaults without weights: 1000 classes at 224 px.
     """
-    config = get_config(name, num_classes=num_classes, image_size=image_size, **overrides)
+    if pretrained is not False and pretrained is not None:
+        return _create_pretrained(name, pretrained, num_classes, image_size, overrides)
+    config = get_config(name, num_classes=1000 if num_classes is None else num_classes,
+                        image_size=224 if image_size is None else image_size, **overrides)
     if seed is None:
         return build_model(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build_model(config)
+
+
+def _create_pretrained(name: str, pretrained: bool | str | Path, num_classes: int | None,
+                       image_size: int | tuple[int, int] | None, overrides: dict[str, Any]) -> nn.Module:
+    """`create_model(name, pretrained=...)`: the checkpoint through `vitlab.load`, checked to be a `name`."""
+    from vitlab.weights import load
+    from vitlab.weights.pretrained import for_model
+
+    model_name = normalize_name(name)
+    get_config(model_name)  # an unknown name fails as usual
+    if isinstance(pretrained, Path) or (isinstance(pretrained, str) and Path(pretrained).expanduser().exists()):
+        source, label = pretrained, str(pretrained)
+    else:
+        entry = for_model(model_name, pretrained)
+        source, label = entry.name, entry.name
+    model = load(source, num_classes=num_classes, image_size=image_size, **overrides)
+    _check_same_architecture(model.config, get_config(model_name), label, model_name)
+    return model
+
+
+def _check_same_architecture(found: ViTConfig, want: ViTConfig, source: str, name: str) -> None:
+    """The loaded weights must be the named architecture (width, depth, heads, patch, ResNet stages)."""
+    fields = ("arch", "dim", "depth", "heads", "patch_size")
+    diff = [f"{f} {getattr(found, f)} != {getattr(want, f)}" for f in fields if getattr(found, f) != getattr(want, f)]
+    if (found.resnet is None) != (want.resnet is None) or (
+            found.resnet is not None and tuple(found.resnet.layers) != tuple(want.resnet.layers)):
+        diff.append("ResNet stages differ")
+    if diff:
+        raise VitlabError(f"{source} does not hold a {name} ({'; '.join(diff)}); pass the model name that fits "
+                          "the weights, or load them with vitlab.load()")
 
 
 def count_parameters(model: nn.Module) -> int:

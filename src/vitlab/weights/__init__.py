@@ -7,19 +7,28 @@ folders, torchvision state dicts, the native vitlab folder. Formats out: native,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING, Any
 
 from vitlab.errors import VitlabError
-from vitlab.models.registry import build_model
-from vitlab.weights.native import default_preprocess, save_native
 
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+# torch is imported where a model is built, so that `vitlab.weights.pretrained` / `vitlab models --pretrained`
+# (and the resolution of names) start without it.
 __all__ = [
     "adapt", "detect_format", "load", "load_state_dict_strict", "load_with_meta", "read_checkpoint",
-    "save_native", "save_hf", "save_timm",
+    "resolve_model", "resolve_weights", "save_native", "save_hf", "save_timm",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("save_native", "default_preprocess"):
+        from vitlab.weights import native
+
+        return getattr(native, name)
+    raise AttributeError(f"module 'vitlab.weights' has no attribute {name!r}")
 
 
 def _first(items: list[str], n: int = 3) -> str:
@@ -29,6 +38,8 @@ def _first(items: list[str], n: int = 3) -> str:
 def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Load with one clear error naming the first missing/unexpected keys and shape mismatches, and
     refusing integer tensors for float parameters and NaN/inf weights (such a model only prints nan)."""
+    import torch
+
     from vitlab.weights.limits import shape_problems
 
     expected = model.state_dict()
@@ -92,12 +103,83 @@ def detect_format(path: str | Path) -> str:
 
 
 def run_model_folder(path: str | Path) -> str | Path:
-    """A training run folder stands for the model it saved (`RUN/model`); anything else is returned as is."""
-    from vitlab.weights import native
-
-    p = Path(path)
-    if p.is_dir() and not native.is_native(p) and native.is_native(p / "model"):
+    """A training run folder stands for the model it saved (`RUN/model`); anything else is returned as is.
+    A run folder without `model/` (unfinished, or `save_model: false`) fails in one line saying what to do."""
+    p = Path(path).expanduser()
+    if not p.is_dir() or (p / "config.json").is_file():
+        return path
+    if (p / "model" / "config.json").is_file():
         return p / "model"
+    if (p / "config.yaml").is_file() and ((p / "checkpoints").is_dir() or (p / "metrics.jsonl").is_file()):
+        ckpts = sorted((p / "checkpoints").glob("*.pt")) if (p / "checkpoints").is_dir() else []
+        last = f" (its last checkpoint: {ckpts[-1].name})" if ckpts else ""
+        raise VitlabError(f"run folder {p} has no model/ yet{last}: the run did not finish or was started with "
+                          f"save_model false; finish it with `vitlab train --resume {p}`, then pass {p} (or {p}/model)")
+    return path
+
+
+def _registry_name(spec: str) -> str | None:
+    """The registry name `spec` builds (overrides as in `custom(dim=32)` allowed), or None."""
+    from vitlab.models.registry import get_config
+
+    name = spec.partition("(")[0].strip()
+    if not name:
+        return None
+    try:
+        get_config(name)
+    except VitlabError:
+        return None
+    return name
+
+
+def resolve_model(spec: str | Path) -> Path | None:
+    """The one rule every command uses for what a user names as a model. In order: an existing weights file,
+    model folder or run folder (-> RUN/model); a pretrained name (`vit-b/16.augreg-in21k-ft-in1k-224`),
+    `hf:ORG/NAME`, an official bucket name or URL (downloaded into the cache); None for a registry name
+    (`vit-b/16`, `custom(dim=32)`: random initialisation). Anything else fails in one line."""
+    from vitlab.weights import hub
+
+    text = str(spec)
+    if not text.strip():
+        raise VitlabError("no model given; pass a weights file or folder, a run folder, a pretrained name "
+                          "(`vitlab models --pretrained`) or a model name (`vitlab models`)")
+    p = Path(text).expanduser()
+    if p.exists():
+        return Path(run_model_folder(p))
+    resolved = hub.resolve(text)
+    if str(resolved) != text:
+        return Path(run_model_folder(resolved))
+    if _registry_name(text) is not None:
+        return None
+    raise VitlabError(_not_found(text))
+
+
+def _not_found(text: str) -> str:
+    from vitlab.weights.pretrained import names
+
+    hint = ""
+    parent = Path(text).expanduser().parent
+    if parent.name == "model" and (parent.parent / "config.yaml").is_file():
+        hint = f"; {parent.parent} is a run folder: pass it itself"
+    model = text.partition(".")[0]
+    if "." in text and (tags := names(model.lower())):
+        hint = f"; {model} has these checkpoints: {', '.join(tags[:4])}{' ...' if len(tags) > 4 else ''}"
+    return (f"no such file or folder: {text} (it does not exist: no weights file, model folder or run folder "
+            f"there, and it is not a pretrained checkpoint or model name{hint}); check the path, or see "
+            "`vitlab models --pretrained` / `vitlab models`")
+
+
+def resolve_weights(spec: str | Path) -> Path:
+    """Like `resolve_model`, for callers that need weights: a bare registry name fails with its checkpoints."""
+    path = resolve_model(spec)
+    if path is None:
+        from vitlab.weights.pretrained import names
+
+        text = str(spec)
+        tags = names(text.strip().lower())
+        offer = f"a pretrained checkpoint such as {tags[0]}" if tags else "a weights file or folder"
+        raise VitlabError(f"{text!r} is a model name (random weights), not weights: pass {offer} "
+                          "(`vitlab models --pretrained` lists them) or a weights file, model folder or run folder")
     return path
 
 
@@ -110,9 +192,7 @@ def read_checkpoint(path: str | Path, size_hint: Any = None, **overrides: Any) -
     `size_hint`: the image size the caller will use; a timm/torchvision file whose position table has
     exactly that grid's slots is read at that size (how non-square files load with `load(..., image_size=)`).
     """
-    from vitlab.weights import hub
-
-    path = run_model_folder(hub.resolve(path))
+    path = resolve_weights(path)
     fmt = detect_format(path)
     try:
         return _read_format(Path(path), fmt, size_hint, overrides)
@@ -162,6 +242,8 @@ def _read_format(p: Path, fmt: str, size_hint: Any, overrides: dict) -> tuple[An
     meta["format"] = meta.get("format", fmt)
     meta["source"] = str(p)
     if meta.get("preprocess") is None:
+        from vitlab.weights.native import default_preprocess
+
         meta["preprocess"] = default_preprocess(config)
     return config, sd, meta
 
@@ -218,6 +300,8 @@ def load_with_meta(
 
     # every format's stored preprocessing (timm folders too) must fit the model before anything runs on it
     validate_preprocess(meta.get("preprocess"), config, str(meta["source"]))
+    from vitlab.models.registry import build_model
+
     model = build_model(config)
     load_state_dict_strict(model, sd, str(meta["source"]))
     old_head = getattr(model, "head", None)
