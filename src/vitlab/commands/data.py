@@ -1,4 +1,5 @@
-"""`vitlab data`: inspect a data source (classes, counts, sizes, unreadable files, sample grid) or download one."""
+"""`vitlab data`: inspect a data source (classes, counts, sizes, unreadable files, sample grid), download one,
+or write one as tar shards."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("name", choices=["fashion-mnist", "mnist", "cifar10", "cifar100"])
     d.add_argument("--dir", help="target folder (default $VITLAB_DATA/NAME or ~/.cache/vitlab/datasets/NAME)")
     d.set_defaults(func=run_download)
+    w = dsub.add_parser("shard", help="write any data source as WebDataset tar shards (PNG + .cls) and classes.txt")
+    w.add_argument("source", help="any --data source: fashion-mnist, cifar10:PATH, a folder, a CSV, hf:PATH, shards")
+    w.add_argument("out", help="folder for SPLIT-000000.tar, ... and classes.txt")
+    w.add_argument("--shard-size", type=int, default=10000, help="images per shard (default 10000)")
+    w.add_argument("--storage-size", type=int, help="store file images at this square size (default: median "
+                                                    "shorter side, at most 256)")
+    w.add_argument("--force", action="store_true", help="replace shards already in OUT")
+    w.add_argument("--quiet", action="store_true", help="no progress bar")
+    w.set_defaults(func=run_shard)
     p.set_defaults(func=lambda args: p.print_help() or 0)
 
 
@@ -57,6 +67,20 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         print(format_table(info))
     print(f"wrote {grid} and {out / 'summary.json'}")
+    return 0
+
+
+def run_shard(args: argparse.Namespace) -> int:
+    from vitlab.data import read_source, skipped_summary
+    from vitlab.data.shards import write_shards
+
+    splits = read_source(args.source, args.storage_size, progress=not args.quiet)  # the source's own splits
+    counts = write_shards(splits, args.out, args.shard_size, force=args.force, progress=not args.quiet)
+    parts = ", ".join(f"{k} {n} images in {s} shard{'s' if s != 1 else ''}" for k, (n, s) in counts.items())
+    print(f"{splits.name}: wrote {parts} to {args.out} (classes in {Path(args.out) / 'classes.txt'}); "
+          f"use --data {args.out}")
+    if splits.skipped:
+        print(skipped_summary(splits.skipped))
     return 0
 
 

@@ -1,7 +1,9 @@
 """`load_data(source, ...)`: one entry point for every source, giving seeded, stratified `DataSplits`.
 
 Sources: `fashion-mnist[:DIR]`, `mnist[:DIR]`, `cifar10[:PATH]`, `cifar100[:PATH]`,
-`cifar100-coarse[:PATH]`, `digits`, `bundled`, a folder of class subfolders, or a CSV of path,label.
+`cifar100-coarse[:PATH]`, `digits`, `bundled`, a folder of class subfolders, a CSV of path,label,
+tar shards in the WebDataset layout (a folder of .tar, `DIR/train-{000000..000009}.tar`, a glob) and
+Hugging Face datasets (`hf:DIR` for save_to_disk or Parquet, `hf:imagefolder:DIR`; see hf_datasets.py).
 """
 
 from __future__ import annotations
@@ -62,6 +64,17 @@ def read_source(source: str, storage_size: int | None = None, progress: bool = T
         from vitlab.data.builtin import load_bundled
 
         return load_bundled()
+    from vitlab.data.hf_datasets import is_hf_source
+    from vitlab.data.shards import looks_like_shards
+
+    if is_hf_source(path):
+        from vitlab.data.hf_datasets import load_hf
+
+        return load_hf(path, storage_size, progress)
+    if looks_like_shards(path):
+        from vitlab.data.shards import load_shards
+
+        return load_shards(path, storage_size, progress)
     p = Path(path).expanduser()
     from vitlab.data.files import load_csv, load_folder
 
@@ -83,8 +96,10 @@ def read_source(source: str, storage_size: int | None = None, progress: bool = T
     if p.is_file() and p.suffix.lower() in (".csv", ".tsv", ".txt"):
         return load_csv(p, storage_size, progress)
     if p.exists():
-        raise VitlabError(f"cannot use {p} as data: give a folder of class subfolders or a CSV of path,label")
-    raise VitlabError(f"unknown data source {source!r}: not a folder or CSV file, nor one of {', '.join(NAMED_SOURCES)}")
+        raise VitlabError(f"cannot use {p} as data: give a folder of class subfolders, a CSV of path,label, "
+                          "tar shards or a Hugging Face dataset (hf:PATH)")
+    raise VitlabError(f"unknown data source {source!r}: not a folder, CSV file, shard spec or hf:PATH, "
+                      f"nor one of {', '.join(NAMED_SOURCES)}")
 
 
 def _select_classes(splits: DataSplits, classes) -> DataSplits:

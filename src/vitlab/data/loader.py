@@ -1,7 +1,8 @@
 """Batches of uint8 images whose order is a pure function of (seed, epoch), resumable and DDP-sharded.
 
 In-memory data sets are batched by indexing one tensor (no per-item Python work, no workers); file
-data sets stream through a torch DataLoader with worker processes decoding in parallel.
+data sets stream through a torch DataLoader with worker processes decoding in parallel; tar shards
+stream shard by shard when training (vitlab.data.shards.ShardStreamLoader: its own order rules).
 """
 
 from __future__ import annotations
@@ -151,6 +152,13 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int =
     (`.total_batches` = batches in the whole epoch for this rank). `size`: bring images to
     size x size (shorter side + centre crop) before batching; None keeps the stored size.
     """
+    from vitlab.data.shards import ShardDataset, ShardStreamLoader
+
+    if isinstance(dataset, ShardDataset) and shuffle:  # training on shards: stream them (see ShardStreamLoader)
+        ds = dataset if size is None or size == dataset.size else dataset.with_size(size)
+        workers = default_workers() if num_workers is None else int(num_workers)
+        return ShardStreamLoader(ds, batch_size, seed=seed, epoch=epoch, skip_batches=skip_batches,
+                                 drop_last=drop_last, rank=rank, world_size=world_size, num_workers=workers)
     n = len(dataset)
     all_batches = batch_indices(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, skip_batches=0,
                                 drop_last=drop_last, rank=rank, world_size=world_size)

@@ -1,0 +1,580 @@
+"""Tar shards in the WebDataset layout as a data source, read and written; training streams them.
+
+A shard is a plain .tar whose members are grouped by key: `000123.png` + `000123.cls` (or `.jpg`,
+`.webp`, ..., and `.json` holding a "label"). The stdlib `tarfile` reads them: one up-front pass over the
+headers gives every sample's byte range and label (bad samples are skipped and listed there, like bad
+files in folders), so evaluation can read samples by offset and training can stream whole shards
+forward; the `webdataset` package is not needed (its pipeline hides counts, which DDP needs equal).
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import re
+import tarfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from vitlab.data.dataset import DataSplits, FileImageDataset
+from vitlab.data.images import (
+    IMAGE_EXTENSIONS,
+    BadImageError,
+    check_image_size,
+    normalise_mode,
+    pil_to_tensor,
+    resize_shorter_center_crop,
+)
+from vitlab.errors import VitlabError
+
+IMAGE_EXTS = tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS)
+LABEL_EXTS = ("cls", "cls2", "class", "label", "target")  # the class index (or name) as text
+SPLIT_NAMES = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test", "testing")}
+CLASS_FILES = ("classes.txt", "classes.json")
+MAX_SAMPLE_BYTES = 64 * 1024**2  # an image member larger than this is an "oversized sample"
+MAX_LABEL_BYTES = 64 * 1024  # a label or .json member larger than this is a bad label
+DEFAULT_SHUFFLE_BUFFER = 2000  # samples held per streaming worker to mix neighbouring shards' samples
+
+
+@dataclass(frozen=True)
+class ShardSample:
+    """Where one sample's image lies: the shard, its key, the byte offset and length of the image member."""
+
+    shard: str
+    key: str
+    offset: int
+    nbytes: int
+
+    @property
+    def name(self) -> str:
+        """How the sample is named in skipped-file lists: SHARD/KEY."""
+        return f"{self.shard}/{self.key}"
+
+
+# ------------------------------------------------------------------------------------------ specs
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def expand_braces(spec: str) -> list[str]:
+    """`train-{000000..000003}.tar` -> the four names (zero-padded like the first bound); several ranges nest."""
+    m = _RANGE.search(spec)
+    if not m:
+        return [spec]
+    lo, hi = int(m.group(1)), int(m.group(2))
+    if hi < lo or hi - lo > 10_000_000:
+        raise VitlabError(f"bad shard range {m.group(0)} in {spec}: write {{FIRST..LAST}} with FIRST <= LAST")
+    width = len(m.group(1))
+    out: list[str] = []
+    for i in range(lo, hi + 1):
+        out.extend(expand_braces(spec[: m.start()] + str(i).zfill(width) + spec[m.end():]))
+    return out
+
+
+def looks_like_shards(source: str) -> bool:
+    """A shard spec: names a .tar (or a {a..b} range / glob of them), or a folder holding .tar files."""
+    if ".tar" in source.lower() and (_RANGE.search(source) or glob.has_magic(source) or Path(source).is_file()):
+        return True
+    p = Path(source).expanduser()
+    return p.is_dir() and any(f.suffix.lower() == ".tar" for f in p.iterdir() if f.is_file())
+
+
+def split_of(name: str) -> str:
+    """The split a shard belongs to by its file name prefix (`val-000001.tar` -> "val"); else "train"."""
+    head = re.split(r"[-_.]", Path(name).name.lower(), maxsplit=1)[0]
+    return next((s for s, names in SPLIT_NAMES.items() if head in names), "train")
+
+
+def resolve_shards(source: str) -> tuple[dict[str, list[str]], Path]:
+    """{split: shard paths} and the folder holding them. A folder splits by file-name prefix; a spec is train."""
+    p = Path(source).expanduser()
+    if p.is_dir():
+        files = sorted(str(f) for f in p.iterdir() if f.is_file() and f.suffix.lower() == ".tar")
+        groups: dict[str, list[str]] = {}
+        for f in files:
+            groups.setdefault(split_of(f), []).append(f)
+        return groups, p
+    names = []
+    for part in expand_braces(str(p)):
+        names.extend(sorted(glob.glob(part)) if glob.has_magic(part) else [part])
+    missing = [n for n in names if not Path(n).is_file()]
+    if missing or not names:
+        first = missing[0] if missing else source
+        raise VitlabError(f"shard {first} not found ({len(missing)} of {len(names)} missing); check the --data spec")
+    return {"train": names}, Path(names[0]).parent
+
+
+def read_class_file(folder: Path) -> list[str] | None:
+    """Class names from classes.txt (one per line) or classes.json (a list, or {name: index}) in `folder`."""
+    txt, js = folder / "classes.txt", folder / "classes.json"
+    try:
+        if txt.is_file():
+            return [line.rstrip("\r") for line in txt.read_text(encoding="utf-8").split("\n") if line.strip()]
+        if js.is_file():
+            data = json.loads(js.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                return [name for name, _ in sorted(data.items(), key=lambda kv: int(kv[1]))]
+            return [str(x) for x in data]
+    except (OSError, ValueError, TypeError) as exc:
+        raise VitlabError(f"cannot read the class names in {folder} ({exc}); fix or remove the classes file") from None
+    return None
+
+
+# ------------------------------------------------------------------------------------ scanning
+def _read_member(tar: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    fh = tar.extractfile(info)
+    return fh.read() if fh is not None else b""
+
+
+def _label_of(raw: bytes, ext: str):
+    """An int or a str label from a label member or a .json member; raises ValueError."""
+    text = raw.decode("utf-8").strip()
+    if ext == "json":
+        obj = json.loads(text)
+        for k in ("label", "cls", "class", "target", "class_name"):
+            if isinstance(obj, dict) and k in obj and isinstance(obj[k], (int, str)):
+                return obj[k]
+        raise ValueError("no label in the .json member")
+    return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+
+def _group(tar: tarfile.TarFile) -> dict[str, dict[str, tarfile.TarInfo]]:
+    """Members by sample key (`dir/000123.seg.png` -> key `dir/000123`, extension `seg.png`)."""
+    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
+    for info in tar:
+        if not info.isfile():
+            continue
+        folder, _, base = info.name.rpartition("/")
+        if base.startswith(".") or "." not in base:
+            continue
+        stem, ext = base.split(".", 1)
+        groups.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext.lower()] = info
+    return groups
+
+
+def scan_shard(path: str) -> tuple[list[ShardSample], list, list[tuple[str, str]]]:
+    """One pass over a shard's headers: (samples, their raw labels, skipped (name, reason))."""
+    samples, labels, skipped = [], [], []
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for key, members in _group(tar).items():
+                name = f"{path}/{key}"
+                image = next((members[e] for e in members if e.rsplit(".", 1)[-1] in IMAGE_EXTS), None)
+                label_ext = next((e for e in (*LABEL_EXTS, "json") if e in members), None)
+                if image is None:
+                    skipped.append((name, "missing image (no image member in the sample)"))
+                elif label_ext is None:
+                    skipped.append((name, "missing label (no .cls or .json member)"))
+                elif image.size > MAX_SAMPLE_BYTES or image.size == 0:
+                    skipped.append((name, f"oversized or empty sample ({image.size} bytes, limit {MAX_SAMPLE_BYTES})"))
+                elif members[label_ext].size > MAX_LABEL_BYTES:
+                    skipped.append((name, f"bad label (.{label_ext} member of {members[label_ext].size} bytes)"))
+                else:
+                    try:
+                        label = _label_of(_read_member(tar, members[label_ext]), label_ext)
+                    except (ValueError, UnicodeDecodeError) as exc:
+                        skipped.append((name, f"bad label ({str(exc).splitlines()[0][:80]})"))
+                        continue
+                    samples.append(ShardSample(path, key, image.offset_data, image.size))
+                    labels.append(label)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        # a damaged shard: the samples read before the damage are kept, the rest are listed as one entry
+        skipped.append((path, f"corrupt shard ({str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__}; "
+                              f"{len(samples)} samples before it kept)"))
+    return samples, labels, skipped
+
+
+def decode_image_bytes(data: bytes, name: str, mode: str | None) -> Image.Image:
+    """Decode an image held in memory like images.open_image decodes a file; bad data is a BadImageError."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            check_image_size(name, *img.size)
+            img.load()
+            img = ImageOps.exif_transpose(img) or img
+            out = normalise_mode(img, mode)
+            out.load()
+            return out
+    except VitlabError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise BadImageError("image too large", name, "possible decompression bomb") from None
+    except UnidentifiedImageError:
+        raise BadImageError("not an image", name, "Pillow cannot identify it") from None
+    except Exception as exc:  # truncated or corrupt data: skip the sample
+        text = str(exc).strip().splitlines()
+        raise BadImageError("corrupt or truncated image", name, text[0] if text else type(exc).__name__) from None
+
+
+def read_bytes(sample: ShardSample, fh=None) -> bytes:
+    """The image member's bytes (from an open file handle of its shard when given)."""
+    if fh is None:
+        with open(sample.shard, "rb") as f:
+            f.seek(sample.offset)
+            return f.read(sample.nbytes)
+    fh.seek(sample.offset)
+    return fh.read(sample.nbytes)
+
+
+# ------------------------------------------------------------------------------------- dataset
+class ShardDataset(FileImageDataset):
+    """Samples in tar shards, decoded on access like image files (same failures, substitution and sizes).
+
+    `load(i)` reads one sample by its byte offset (evaluation, `materialize`, `verify`); training with
+    shuffling streams whole shards instead (`ShardStreamLoader`, chosen by `make_loader`).
+    """
+
+    def __init__(self, samples: Sequence[ShardSample], labels, class_names: Sequence[str], channels: int, size: int,
+                 name: str = "", *, substitute: bool = False, failures: list[tuple[str, str]] | None = None):
+        self.samples = list(samples)
+        super().__init__([s.name for s in self.samples], labels, class_names, channels, size, name,
+                         substitute=substitute, failures=failures)
+
+    def decode(self, data: bytes, i: int) -> torch.Tensor:
+        img = decode_image_bytes(data, self.paths[i], "L" if self.channels == 1 else "RGB")
+        return pil_to_tensor(resize_shorter_center_crop(img, self.size))
+
+    def load(self, i: int) -> torch.Tensor:
+        """Decode sample i to uint8 (C, size, size); raises BadImageError."""
+        try:
+            data = read_bytes(self.samples[i])
+        except OSError as exc:
+            raise BadImageError("unreadable file", self.paths[i], exc.strerror or str(exc)) from None
+        return self.decode(data, i)
+
+    def _copy(self, idx, labels, class_names, size: int, failures) -> ShardDataset:
+        return ShardDataset([self.samples[i] for i in idx], labels, class_names, self.channels, size, self.name,
+                            substitute=self.substitute, failures=failures)
+
+    def shard_runs(self) -> list[np.ndarray]:
+        """Item indices grouped by shard (shards in first-seen order, items by offset): the streaming units."""
+        runs: dict[str, list[int]] = {}
+        for i, s in enumerate(self.samples):
+            runs.setdefault(s.shard, []).append(i)
+        return [np.array(sorted(v, key=lambda i: self.samples[i].offset), dtype=np.int64) for v in runs.values()]
+
+
+def _class_names(raw_labels: list, given: list[str] | None) -> tuple[list[str], dict]:
+    """Class names and a raw-label -> index map: the classes file, else the labels (ints, or sorted names)."""
+    if given is not None:
+        index = {name: i for i, name in enumerate(given)}
+        index.update({i: i for i in range(len(given))})
+        return given, index
+    ints = {x for x in raw_labels if isinstance(x, int)}
+    strs = sorted({x for x in raw_labels if isinstance(x, str)})
+    if ints and strs:
+        raise VitlabError("the shards mix class numbers and class names; add a classes.txt beside them "
+                          "(one name per line, in class-number order)")
+    if strs:
+        return strs, {name: i for i, name in enumerate(strs)}
+    top = max(ints, default=-1)
+    return [str(i) for i in range(top + 1)], {i: i for i in range(top + 1)}
+
+
+def _peek(samples: list[ShardSample], n: int = 32) -> list[tuple[int, int, str]]:
+    """(w, h, mode) of the first `n` readable samples: for the channel count and the storage size."""
+    out = []
+    for s in samples[: n * 2]:
+        try:
+            with Image.open(io.BytesIO(read_bytes(s))) as img:
+                out.append((*img.size, img.mode))
+        except Exception:  # noqa: BLE001 - a bad sample is found and listed when decoded
+            continue
+        if len(out) >= n:
+            break
+    return out
+
+
+def load_shards(source: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
+    """Read a shard spec or folder: one pass over every shard's headers; nothing decoded but a few headers."""
+    from tqdm.auto import tqdm
+
+    from vitlab.data.files import GREY_MODES, choose_storage_size
+
+    groups, folder = resolve_shards(source)
+    all_shards = [s for v in groups.values() for s in v]
+    found: dict[str, tuple[list, list]] = {}
+    skipped: list[tuple[str, str]] = []
+    for path in tqdm(all_shards, desc="reading shard headers", unit="shard", disable=not progress or len(all_shards) < 20,
+                     leave=False):
+        samples, labels, bad = scan_shard(path)
+        found[path] = (samples, labels)
+        skipped.extend(bad)
+    raw = [x for s, _ in found.values() for x in _]
+    names, index = _class_names(raw, read_class_file(folder))
+    first = [s for samples, _ in found.values() for s in samples[:32]][:64]
+    peek = _peek(first)
+    channels = 1 if peek and all(m in GREY_MODES for _, _, m in peek) else 3
+    size = choose_storage_size([(w, h) for w, h, _ in peek], storage_size)
+    label = f"shards:{folder.name or folder}"
+    parts = {}
+    for split, shards in groups.items():
+        keep, ys = [], []
+        for path in shards:
+            for s, y in zip(*found[path]):
+                if y in index and not isinstance(y, bool):
+                    keep.append(s)
+                    ys.append(index[y])
+                else:
+                    skipped.append((s.name, f"bad label ({y!r} is not one of the {len(names)} classes)"))
+        parts[split] = ShardDataset(keep, ys, names, channels, size, f"{label}/{split}") if keep else None
+    if parts.get("train") is None:
+        raise VitlabError(f"no usable training sample in {source} ({len(skipped)} skipped); name training shards "
+                          "train-*.tar (or no split prefix) and check them with `vitlab data inspect`")
+    return DataSplits(parts.get("train"), parts.get("val"), parts.get("test"), names, skipped, label, channels)
+
+
+# ------------------------------------------------------------------------------------ streaming
+def stream_plan(runs: list[np.ndarray], *, seed: int, epoch: int, rank: int, world_size: int, workers: int,
+                worker: int) -> np.ndarray:
+    """The item indices one worker of one rank reads this epoch, in reading order.
+
+    Shards are put in a seeded per-epoch order and their samples laid end to end; each rank takes an equal
+    contiguous range of floor(N / world_size) (the last N mod world_size samples of the epoch's order are
+    left out, never repeated), and each DataLoader worker an equal-as-possible contiguous part of its rank's
+    range. So no sample is read twice, each reader opens only the shards its range crosses, and any
+    number of shards works (fewer shards than ranks x workers just means ranges inside one shard).
+    """
+    from vitlab.data.loader import epoch_order
+
+    order = epoch_order(len(runs), True, seed, epoch).tolist()
+    seq = np.concatenate([runs[k] for k in order]) if runs else np.zeros(0, dtype=np.int64)
+    per_rank = len(seq) // world_size
+    mine = seq[rank * per_rank:(rank + 1) * per_rank]
+    return np.array_split(mine, workers)[worker]
+
+
+class ShardStream(torch.utils.data.IterableDataset):
+    """Worker side of streamed training: reads its plan's samples shard by shard, mixes them in a seeded
+    shuffle buffer and yields chunks of (images, labels, failures). A sample that fails to decode is
+    replaced by a random other sample of the buffer (so every rank yields the same count) and reported."""
+
+    def __init__(self, ds: ShardDataset, *, seed: int, epoch: int, rank: int, world_size: int, workers: int,
+                 buffer: int, chunk: int):
+        self.ds, self.seed, self.epoch, self.rank, self.world = ds, seed, epoch, rank, world_size
+        self.workers, self.buffer, self.chunk = max(1, workers), max(1, buffer), chunk
+
+    def _decoded(self, items: np.ndarray) -> Iterator[tuple[torch.Tensor | None, int, tuple[str, str] | None]]:
+        handle, current = None, None
+        try:
+            for i in items.tolist():
+                s = self.ds.samples[i]
+                if s.shard != current:
+                    if handle is not None:
+                        handle.close()
+                    handle, current = open(s.shard, "rb"), s.shard
+                try:
+                    yield self.ds.decode(read_bytes(s, handle), i), int(self.ds.labels[i]), None
+                except BadImageError as exc:
+                    yield None, -1, (exc.path, exc.reason)
+        finally:
+            if handle is not None:
+                handle.close()
+
+    def samples(self, worker: int) -> Iterator[tuple[torch.Tensor, int, list]]:
+        """(image, label, failures met since the last yield) in this worker's shuffled order."""
+        items = stream_plan(self.ds.shard_runs(), seed=self.seed, epoch=self.epoch, rank=self.rank,
+                            world_size=self.world, workers=self.workers, worker=worker)
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker, 7])
+        buf: list[tuple[torch.Tensor, int]] = []
+        owed, bad, last = 0, [], None
+        for x, y, failure in self._decoded(items):
+            if failure is not None:
+                owed, bad = owed + 1, [*bad, failure]
+                continue
+            buf.append((x, y))
+            last = (x, y)
+            if len(buf) >= self.buffer:
+                j = int(rng.integers(len(buf)))
+                buf[j], buf[-1] = buf[-1], buf[j]
+                yield (*buf.pop(), bad)
+                bad = []
+        if owed and last is None:
+            raise VitlabError(f"{self.ds.name}: every sample this reader was given failed to decode ({owed}, "
+                              f"first: {bad[0][0]}); check the shards")
+        tail = [buf[j] for j in rng.permutation(len(buf)).tolist()]
+        tail += [buf[j] if buf else last for j in rng.integers(0, max(1, len(buf)), owed).tolist()]
+        for x, y in tail:  # the buffer drained, then one substitute per failed sample
+            yield x, y, bad
+            bad = []
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        xs, ys, bad = [], [], []
+        for x, y, failures in self.samples(worker):
+            xs.append(x)
+            ys.append(y)
+            bad.extend(failures)
+            if len(xs) == self.chunk:
+                yield torch.stack(xs), torch.tensor(ys, dtype=torch.int64), bad
+                xs, ys, bad = [], [], []
+        if xs or bad:
+            yield (torch.stack(xs) if xs else None), torch.tensor(ys, dtype=torch.int64), bad
+
+
+def shuffle_buffer() -> int:
+    """Samples in each streaming worker's shuffle buffer (VITLAB_SHUFFLE_BUFFER overrides the default)."""
+    env = os.environ.get("VITLAB_SHUFFLE_BUFFER")
+    return max(1, int(env)) if env else DEFAULT_SHUFFLE_BUFFER
+
+
+class ShardStreamLoader:
+    """Training batches streamed from shards: exactly `total_batches` batches of `batch_size` per rank.
+
+    Workers' chunks arrive in DataLoader's fixed round-robin order and are cut into batches here, so the
+    order is a pure function of (seed, epoch, world size, workers, shuffle buffer). Resuming mid-epoch
+    reads and drops the first `skip_batches` batches (same order as the uninterrupted run).
+    """
+
+    def __init__(self, dataset: ShardDataset, batch_size: int, *, seed: int, epoch: int, skip_batches: int,
+                 drop_last: bool, rank: int, world_size: int, num_workers: int, buffer: int | None = None):
+        self.dataset, self.batch_size, self.skip = dataset, batch_size, max(0, int(skip_batches))
+        n = len(dataset) // world_size
+        self.per_rank = n
+        self.total_batches = n // batch_size if drop_last else -(-n // batch_size)
+        self.num_workers = max(0, min(int(num_workers), n))
+        self.stream = ShardStream(dataset, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                                  workers=max(1, self.num_workers), buffer=buffer or shuffle_buffer(),
+                                  chunk=max(1, min(batch_size, 64)))
+
+    def __len__(self) -> int:
+        return max(0, self.total_batches - self.skip)
+
+    def _chunks(self):
+        from torch.utils.data import DataLoader
+
+        from vitlab.data.loader import _worker_init
+
+        if self.num_workers == 0:
+            yield from self.stream
+            return
+        yield from DataLoader(self.stream, batch_size=None, num_workers=self.num_workers, worker_init_fn=_worker_init,
+                              prefetch_factor=4, persistent_workers=False)
+
+    def __iter__(self):
+        known = {p for p, _ in self.dataset.failures}
+        xs, ys, made = [], [], 0
+        held = 0
+        for x, y, bad in self._chunks():
+            for path, reason in bad:
+                if path not in known:
+                    known.add(path)
+                    self.dataset.failures.append((path, reason))
+            if x is None:
+                continue
+            xs.append(x)
+            ys.append(y)
+            held += len(y)
+            while held >= self.batch_size and made < self.total_batches:
+                bx, by = torch.cat(xs), torch.cat(ys)
+                xs, ys = [bx[self.batch_size:]], [by[self.batch_size:]]
+                held -= self.batch_size
+                if made >= self.skip:
+                    yield bx[: self.batch_size], by[: self.batch_size]
+                made += 1
+        if held and made < self.total_batches and made >= self.skip:
+            yield torch.cat(xs), torch.cat(ys)
+
+
+# --------------------------------------------------------------------------------------- writing
+def _png(x: torch.Tensor) -> bytes:
+    from vitlab.data.images import tensor_to_pil
+
+    out = io.BytesIO()
+    tensor_to_pil(x).save(out, format="PNG", compress_level=6)
+    return out.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o444, 0  # fixed metadata: the same data gives the same bytes
+    tar.addfile(info, io.BytesIO(data))
+
+
+class ShardWriter:
+    """Writes one split as OUT/{split}-000000.tar, ... of `shard_size` samples (key.png + key.cls each);
+    each shard is written under a temporary name and renamed when complete."""
+
+    def __init__(self, out: Path, split: str, shard_size: int):
+        self.out, self.split, self.shard_size = out, split, shard_size
+        self.count, self.shards, self.tar, self.tmp = 0, [], None, None
+
+    def _open(self) -> None:
+        path = self.out / f"{self.split}-{len(self.shards):06d}.tar"
+        self.tmp = path.with_suffix(".tar.partial")
+        self.tar = tarfile.open(self.tmp, "w", format=tarfile.USTAR_FORMAT)
+        self.shards.append(path)
+
+    def _close(self) -> None:
+        if self.tar is not None:
+            self.tar.close()
+            os.replace(self.tmp, self.shards[-1])
+            self.tar = None
+
+    def add(self, image: torch.Tensor, label: int) -> None:
+        if self.count % self.shard_size == 0:
+            self._close()
+            self._open()
+        key = f"{self.count:09d}"
+        _add(self.tar, f"{key}.png", _png(image))
+        _add(self.tar, f"{key}.cls", str(int(label)).encode())
+        self.count += 1
+
+    def close(self) -> None:
+        self._close()
+
+
+def existing_shards(out: Path) -> list[Path]:
+    """Shards a previous `vitlab data shard` left in `out` (SPLIT-NNNNNN.tar)."""
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir() if re.fullmatch(r"(train|val|test)-\d{6}\.tar(\.partial)?", p.name))
+
+
+def write_shards(splits: DataSplits, out: str | os.PathLike, shard_size: int, *, force: bool = False,
+                 progress: bool = True) -> dict[str, tuple[int, int]]:
+    """Write every split of `splits` as PNG shards plus classes.txt; {split: (samples, shards)}.
+
+    Samples keep the source's order (so loading the shards gives the same splits and batches as the source);
+    images that fail to decode are skipped and added to `splits.skipped`. Refuses to overwrite shards
+    unless `force` (then the old SPLIT-NNNNNN.tar files are removed first).
+    """
+    from tqdm.auto import tqdm
+
+    if shard_size < 1:
+        raise VitlabError(f"--shard-size must be at least 1, got {shard_size}")
+    out = Path(out)
+    old = existing_shards(out)
+    if old and not force:
+        raise VitlabError(f"{out} already holds {len(old)} shards ({old[0].name}, ...); pick another folder or "
+                          "pass --force to replace them")
+    if any("\n" in n or "\r" in n for n in splits.class_names):
+        raise VitlabError("a class name contains a line break; rename the class before writing shards")
+    out.mkdir(parents=True, exist_ok=True)
+    for p in old:
+        p.unlink()
+    (out / "classes.txt").write_text("".join(f"{n}\n" for n in splits.class_names), encoding="utf-8")
+    total = sum(len(v) for v in splits.splits().values())
+    result = {}
+    with tqdm(total=total, desc=f"writing shards to {out}", unit="img", disable=not progress, leave=False) as bar:
+        for split, ds in splits.splits().items():
+            writer = ShardWriter(out, split, shard_size)
+            try:
+                for i in range(len(ds)):
+                    try:
+                        x = ds.load(i) if isinstance(ds, FileImageDataset) else ds.images[i]
+                    except BadImageError as exc:
+                        splits.skipped.append((exc.path, exc.reason))
+                    else:
+                        writer.add(x, int(ds.labels[i]))
+                    bar.update(1)
+            finally:
+                writer.close()
+            result[split] = (writer.count, len(writer.shards))
+    return result
