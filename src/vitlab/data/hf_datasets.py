@@ -55,9 +55,11 @@ def is_hf_source(source: str) -> bool:
     return source.lower().endswith(".parquet") and bool(_parquet_files(source))
 
 
-def _open(spec: str):
+def _open(spec: str, progress: bool = True):
     """(DatasetDict or Dataset, a short name) for a spec."""
     ds = _datasets()
+    if not progress:
+        ds.disable_progress_bars()  # the library's own bars (Arrow conversion of Parquet / image folders)
     rest = spec[3:] if spec.startswith("hf:") else spec
     kind, _, tail = rest.partition(":")
     if kind in ("imagefolder", "parquet") and tail:
@@ -66,7 +68,7 @@ def _open(spec: str):
         kind = "parquet" if not Path(rest).expanduser().is_dir() or not any(
             (Path(rest).expanduser() / m).is_file() for m in _DISK_MARKERS) else "disk"
     path = Path(rest).expanduser()
-    name = path.name or str(path)
+    name = (path.parent if glob.has_magic(path.name) else path).name or str(path)
     try:
         if kind == "imagefolder":
             if not path.is_dir():
@@ -165,7 +167,7 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
     from vitlab.data.files import GREY_MODES, choose_storage_size
 
     datasets = _datasets()
-    obj, name = _open(spec)
+    obj, name = _open(spec, progress)
     parts = dict(obj) if isinstance(obj, datasets.DatasetDict) else {"train": obj}
     tables, unknown = {}, []
     for key, table in parts.items():
