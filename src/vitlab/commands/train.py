@@ -56,6 +56,8 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--keep-last", "keep_last", int, "step checkpoints to keep (best.pt is kept apart)"),
     ("--log-every", "log_every", int, "steps between metrics.jsonl step records"),
     ("--eval-every", "eval_every", int, "epochs between validations"),
+    ("--logger", "logger", str, "run trackers beside metrics.jsonl: none (default) | tensorboard (RUN/tensorboard/) | "
+                                "wandb (respects WANDB_MODE=offline) | a comma list, e.g. tensorboard,wandb"),
 ]
 _SWITCHES = [
     ("--deterministic", "deterministic", "deterministic algorithms (bit-identical reruns and resumes)"),
@@ -149,6 +151,8 @@ def print_summary(result, quiet: bool = False) -> None:
     lines.append(f"wall time {result.wall_time_s:.0f} s, {result.images_per_s:.0f} training images/s")
     lines.append(f"run folder: {result.run_dir}  (summary.json, metrics.jsonl, loss.png, accuracy.png, "
                  f"confusion_matrix.png, model/)")
+    if "tensorboard" in str(getattr(result.config, "logger", "")):
+        lines.append(f"watch it: tensorboard --logdir {result.run_dir / 'tensorboard'}")
     for line in lines:
         print(f"vitlab: {line}", file=sys.stdout)
 

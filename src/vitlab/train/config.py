@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from vitlab.errors import VitlabError
+from vitlab.train.loggers import parse_logger
 from vitlab.values import (  # noqa: F401 - typed values moved below train/ (values.py); re-exported here
     NotOfType,
     as_per_channel,
@@ -102,6 +103,8 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 1  # epochs
     quiet: bool = False
+    # run trackers beside metrics.jsonl (always written): none, tensorboard, wandb or a comma list (loggers.py)
+    logger: str = "none"
     resume: str | None = None
     save_model: bool = True
 
@@ -205,6 +208,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         except NotOfType:
             raise VitlabError(f"{name} must be a finite number or one per channel (e.g. 0.5 or [0.5,0.5,0.5]), "
                               f"got {shown(value)} ({source})") from None
+    if name == "logger":  # "tensorboard,wandb" or a YAML list, kept as canonical text
+        return parse_logger(value)
     if name == "classes":  # names or indices: the data package checks them against the data's classes
         return None if is_null(value) else value
     hint = _TYPES[name]

@@ -36,6 +36,7 @@ from vitlab.train.checkpoint import (
 )
 from vitlab.train.config import TrainConfig, validate
 from vitlab.train.evaluation import predict_split, split_metrics
+from vitlab.train.loggers import Trackers, check_installed, open_trackers
 from vitlab.train.optim import decay_mask
 from vitlab.train.outputs import TrainResult, epoch_line, gather_stream_failures, write_outputs
 from vitlab.train.precision import autocast_context, set_stem_precision
@@ -93,6 +94,7 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
     `force_unlock`: take over the run folder's lock even when another machine holds it.
     """
     validate(cfg)
+    check_installed(cfg.logger)  # a missing tracker package stops here, not mid-run
     t_start = time.perf_counter()
     allow_change = tuple(allow_change)
     changes = check_resume(cfg, allow_change) if cfg.resume else {}
@@ -104,6 +106,7 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
         tune_cpu_allocator()
     info = D.init_distributed(device, cfg.dist_timeout)
     stop, lock = StopSignals(), RunLock()
+    run: TrainingRun | None = None
     try:
         # every process computes with rank 0's thread count, which the run records
         cfg.threads = int(D.broadcast_object(cfg.threads, info))
@@ -111,12 +114,16 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
         run = TrainingRun(cfg, device, info, t_start, stop, allow_change, changes)
         run.setup(model, data, lock, force_unlock)
         run.run_epochs()
-        return run.finish()
+        result = run.finish()
+        run.trackers.close(ok=True)
+        return result
     except RuntimeError as exc:
         if D.is_peer_failure(exc, info):  # one line on every live process instead of gloo's trace
             raise D.PeerFailure(peer_failure_message(cfg, info), abandoned=exc) from None
         raise
     finally:
+        if run is not None:
+            run.trackers.close(ok=False)  # a run that stopped early (closed already when it finished)
         stop.restore()
         lock.release()
         D.shutdown(info)
@@ -219,6 +226,7 @@ class TrainingRun:
         self.allow_change = tuple(allow_change)
         self.changes = dict(changes or {})
         self.progress = Progress()
+        self.trackers = Trackers()  # --logger: TensorBoard / wandb beside metrics.jsonl (rank 0), opened in setup
         self.bar: Any = None
         self.step_delay = float(os.environ.get("VITLAB_TEST_STEP_SLEEP", "0"))  # tests: leave time to kill a run
         self.last_log = (time.perf_counter(), 0)  # time and images (this segment) of the last step record
@@ -237,6 +245,8 @@ class TrainingRun:
         state = self.open_run_folder(lock or RunLock(), force_unlock)
         self.setup_optimization()
         self.start(state)
+        self.trackers = open_trackers(cfg.logger, self.run.path, cfg.to_dict(),
+                                      self.progress.global_step if state is not None else None, self.main)
         self.announce(resumed=state is not None)
 
     def setup_model(self, model: nn.Module | None, data) -> None:
@@ -500,13 +510,18 @@ class TrainingRun:
             now = time.perf_counter()
             ips = (p.train_images - self.last_log[1]) / max(now - self.last_log[0], 1e-9)
             self.last_log = (now, p.train_images)
-            self.run.log({"type": "step", "step": p.global_step, "epoch": p.epoch,
+            self.log({"type": "step", "step": p.global_step, "epoch": p.epoch,
                           "epoch_float": p.epoch + p.step_in_epoch / plan.steps_per_epoch, "loss": out.loss,
                           "lr": out.lr, "grad_norm": out.grad_norm, "images_per_s": ips})
             if self.bar is not None:
                 self.bar.set_postfix(epoch=p.epoch + 1, loss=f"{out.loss:.4f}", lr=f"{out.lr:.2e}", img_s=f"{ips:.0f}")
         if self.bar is not None:
             self.bar.update(1)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One record into metrics.jsonl and, as scalars, into the trackers."""
+        self.run.log(record)
+        self.trackers.record(record)
 
     # ---------------------------------------------------------------------------- epoch end
     def end_epoch(self) -> None:
@@ -521,7 +536,7 @@ class TrainingRun:
         if self.data.val is not None and ((p.epoch + 1) % max(1, cfg.eval_every) == 0 or is_last):
             metric = self.validate(record)
         p.history.append({k: v for k, v in record.items() if k != "type"})
-        self.run.log(record)
+        self.log(record)
         if self.show and self.bar is not None:
             self.bar.write(epoch_line(record, self.plan.num_epochs))
         elif self.main and cfg.quiet:
@@ -564,9 +579,11 @@ class TrainingRun:
             line = write_skipped(data, self.run.path)  # again: training files that failed to decode while streaming
             if data.all_skipped():
                 print(f"vitlab: {line}", flush=True)
-            write_outputs(self.run, self.cfg, result, self.raw_model, self.wrapped, self.class_names, self.tcfg,
-                          split_name, self.n_params, self.precision, self.device, info.world_size,
-                          self.plan.total_steps, fsdp_state)
+            figures = write_outputs(self.run, self.cfg, result, self.raw_model, self.wrapped, self.class_names,
+                                    self.tcfg, split_name, self.n_params, self.precision, self.device,
+                                    info.world_size, self.plan.total_steps, fsdp_state)
+            self.trackers.final(result.test_metrics, split_name, p.global_step)
+            self.trackers.figures(figures, p.global_step)
         D.barrier(info)
         set_stem_precision(self.raw_model, "fp32")  # the returned model computes in fp32 again
         return result

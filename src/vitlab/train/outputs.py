@@ -61,15 +61,17 @@ def epoch_line(r: dict[str, Any], num_epochs: int) -> str:
 
 def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model: nn.Module, wrapped: nn.Module,
                    class_names: list[str], tcfg, split_name: str, n_params: int, precision: str,
-                   device: torch.device, world: int, total_steps: int, fsdp_state: dict | None = None) -> None:
+                   device: torch.device, world: int, total_steps: int, fsdp_state: dict | None = None) -> list[Path]:
+    """The run folder's plots, model and summary.json; returns the figures written (for the trackers)."""
     from vitlab.train.plots import plot_curves
 
-    plot_curves(run.path)
+    figures = plot_curves(run.path)
     tm = result.test_metrics
     if tm is not None:
         from vitlab.evaluate.plots import plot_confusion_matrix
 
-        plot_confusion_matrix(tm["confusion_matrix"], class_names, run.path / "confusion_matrix.png",
+        figures.append(run.path / "confusion_matrix.png")
+        plot_confusion_matrix(tm["confusion_matrix"], class_names, figures[-1],
                               title=f"{split_name} confusion matrix (accuracy {tm['accuracy']:.4f})")
     if cfg.save_model:
         from vitlab.weights import save_native
@@ -99,6 +101,7 @@ def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model:
         "history": result.history, "test_metrics": tm,
     }
     run.write_json("summary.json", summary)
+    return figures
 
 
 def cpu_copy(model: nn.Module) -> nn.Module:

@@ -23,7 +23,8 @@ NUMERIC_SETTINGS = ("threads", "precision", "deterministic", "world_size")
 # Settings that do not change what is trained (where it is written, how often it is logged or checked, how
 # long a collective may wait): they may differ on resume. Every other field must match the record.
 NEUTRAL_SETTINGS = ("out_dir", "name", "resume", "quiet", "log_every", "ckpt_every", "keep_last", "eval_every",
-                    "eval_batch_size", "save_model", "device", "grad_checkpointing", "compile", "dist_timeout")
+                    "eval_batch_size", "save_model", "device", "grad_checkpointing", "compile", "dist_timeout",
+                    "logger")
 # Filled in by the run when not given, then recorded: a resume that leaves them unset continues with the
 # record (a study rebuilding its settings from scratch passes them unset).
 FILLED_BY_THE_RUN: dict[str, Any] = {"image_size": None, "model_args": {}}
