@@ -57,9 +57,8 @@ def run_model(
 
     `preprocess` has `.batch(uint8 (B,C,H,W)) -> float (B,C,h,w)` (`vitlab.data.Preprocess`).
     """
-    from tqdm.auto import tqdm
-
     from vitlab.data import make_loader
+    from vitlab.progress import progress_bar
 
     dev = resolve_device(device)
     model = model.to(dev).eval()
@@ -72,7 +71,7 @@ def run_model(
     else:  # any other map-style data set of (image, label), images possibly of different sizes
         loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate)
     labels, logits, feats = [], [], []
-    for images, y in tqdm(loader, desc=desc, disable=not progress, leave=False):
+    for images, y in progress_bar(loader, desc=desc, unit="batch", enabled=progress):
         x = _to_input(images, preprocess, dev) if isinstance(images, list) else preprocess.batch(images.to(dev))
         y = torch.as_tensor(y).long()
         tokens = model.forward_features(x)

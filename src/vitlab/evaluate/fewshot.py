@@ -88,6 +88,7 @@ def fewshot_eval(
     seeds: int = DEFAULT_SEEDS,
     l2_reg: float = DEFAULT_L2,
     train_index: np.ndarray | None = None,
+    progress: bool = False,
 ) -> dict:
     """Accuracy for each shot count and seed, plus mean and std over seeds.
 
@@ -95,8 +96,10 @@ def fewshot_eval(
     only of the rows `train_index` (e.g. `needed_indices(...)`, to extract far fewer features).
     Returns {"shots", "seeds", "l2_reg", "results": [{"shots", "accuracy_per_seed", "mean",
     "std", "complete"}]}; `complete` is False when some class has fewer than k examples (it then
-    contributes all it has).
+    contributes all it has). `progress` shows a bar over the (shots, seed) ridge fits.
     """
+    from vitlab.progress import progress_bar
+
     train_x, test_x = np.asarray(train_x, np.float64), np.asarray(test_x, np.float64)
     train_y, test_y = np.asarray(train_y, np.int64), np.asarray(test_y, np.int64)
     rows = np.arange(len(train_y)) if train_index is None else np.asarray(train_index, np.int64)
@@ -107,9 +110,11 @@ def fewshot_eval(
     counts = np.bincount(train_y, minlength=num_classes)
     perms = [class_permutations(train_y, num_classes, s) for s in range(seeds)]
     results = []
+    bar = progress_bar(total=len(shots) * seeds, desc="few-shot ridge: shots x seeds", unit="fit", enabled=progress)
     for k in shots:
         accs = []
         for s in range(seeds):
+            bar.set_postfix_str(f"{k}-shot seed {s}", refresh=False)
             idx = np.concatenate([p[:k] for p in perms[s]])
             pos = lookup[idx]
             if (pos < 0).any():
@@ -117,6 +122,7 @@ def fewshot_eval(
                                   "pass the rows of needed_indices(...)")
             clf = fit_ridge(train_x[pos], train_y[idx], num_classes, l2_reg)
             accs.append(float((clf.predict(test_x) == test_y).mean()))
+            bar.update()
         results.append({
             "shots": int(k),
             "accuracy_per_seed": accs,
@@ -124,4 +130,5 @@ def fewshot_eval(
             "std": float(np.std(accs)),
             "complete": bool(counts.min() >= k),
         })
+    bar.close()
     return {"shots": [int(k) for k in shots], "seeds": int(seeds), "l2_reg": float(l2_reg), "results": results}

@@ -22,14 +22,23 @@ def knn_scores(
     k: int = 20,
     temperature: float = 0.07,
     chunk: int = 1024,
+    progress: bool = False,
 ) -> torch.Tensor:
-    """(N_test, K) class scores: sums of exp(cos / T) over the k nearest training examples."""
+    """(N_test, K) class scores: sums of exp(cos / T) over the k nearest training examples.
+
+    The (N_test, N_train) similarity matrix is computed `chunk` test rows at a time (bounded memory); with
+    `progress` a bar on stderr counts those chunks.
+    """
+    from vitlab.progress import progress_bar
+
     tr = F.normalize(torch.as_tensor(np.asarray(train_x) if not isinstance(train_x, torch.Tensor) else train_x).float(), dim=1)
     te = F.normalize(torch.as_tensor(np.asarray(test_x) if not isinstance(test_x, torch.Tensor) else test_x).float(), dim=1)
     labels = torch.as_tensor(np.asarray(train_y) if not isinstance(train_y, torch.Tensor) else train_y).long()
     k = min(k, tr.shape[0])
     out = []
-    for start in range(0, te.shape[0], chunk):
+    starts = range(0, te.shape[0], chunk)
+    for start in progress_bar(starts, desc=f"kNN: test rows x {tr.shape[0]} train, chunks of {chunk}", unit="chunk",
+                              enabled=progress):
         sim = te[start:start + chunk] @ tr.T
         top_sim, top_idx = sim.topk(k, dim=1)
         weights = (top_sim / temperature).exp()

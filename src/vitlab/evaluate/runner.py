@@ -242,7 +242,7 @@ def evaluate_model(
                 _require_finite(fs_x, "features")
                 fs_rows = need
             res = fs.fewshot_eval(fs_x, ytr_all, test_x, test_y, k, frozen.shots, frozen.fewshot_seeds,
-                                  frozen.l2_reg, train_index=fs_rows)
+                                  frozen.l2_reg, train_index=fs_rows, progress=progress)
             result.fewshot = res
             for r in res["results"]:
                 fake = {"accuracy_ci95": [None, None], "accuracy": r["mean"], "macro_f1": None,
@@ -254,7 +254,8 @@ def evaluate_model(
             if frozen.knn:
                 from vitlab.evaluate.knn import knn_scores
 
-                ks = knn_scores(tr.features, tr.labels, test_x, k, frozen.knn_k, frozen.knn_temperature)
+                ks = knn_scores(tr.features, tr.labels, test_x, k, frozen.knn_k, frozen.knn_temperature,
+                                progress=progress)
                 mk = classification_metrics(test_y, ks.argmax(1).numpy(), k, class_names, logits=ks)
                 result.knn = {"k": frozen.knn_k, "temperature": frozen.knn_temperature, "n_train": len(tr.labels), **mk}
                 result.rows.append(_row("knn", f"kNN k={frozen.knn_k} T={frozen.knn_temperature:g} (frozen)", mk,
@@ -268,7 +269,7 @@ def evaluate_model(
                                   want_logits=False, want_features=True, progress=progress, desc=f"{name}: val features")
                     val_x, val_y = v.features, v.labels
                     _require_finite(val_x, "features")
-                probe = fit_probe(tr.features, tr.labels, k, val_x, val_y, seed=seed)
+                probe = fit_probe(tr.features, tr.labels, k, val_x, val_y, seed=seed, progress=progress)
                 ps = probe.scores(test_x)
                 mp = classification_metrics(test_y, ps.argmax(1), k, class_names, logits=torch.from_numpy(ps))
                 result.probe = {"C": probe.C, "C_chosen_on": "val" if val_x is not None else "default",
