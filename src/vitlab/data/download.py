@@ -1,16 +1,16 @@
 """Where standard data sets live on disk, and the real download code (public addresses + MD5) for them.
 
 Nothing is downloaded implicitly: `vitlab data download NAME` (or `download(name)`) fetches and checks
-the files; without a network the error says what to fetch and where to put it.
+the files; without a network the error says what to fetch and where to put it. The transfer itself is
+`vitlab.weights.download.fetch` (resumed `.part` files, checksums, VITLAB_OFFLINE=1), shared with the weights;
+VITLAB_DATA_URL replaces the mirrors with one base URL (a local mirror, the tests' server).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tarfile
-import urllib.request
 from pathlib import Path
 
 from vitlab.errors import VitlabError
@@ -70,11 +70,17 @@ def search_dirs(name: str) -> list[Path]:
 
 
 def md5sum(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
+    """The hex MD5 of a file (the published checksums of these data sets are MD5)."""
+    from vitlab.weights.download import md5sum as _md5
+
+    return _md5(path)
+
+
+def mirrors(name: str) -> list[str]:
+    """The base URLs tried for a data set: $VITLAB_DATA_URL/NAME/ alone when set, else the public mirrors."""
+    if base := os.environ.get("VITLAB_DATA_URL"):
+        return [f"{base.rstrip('/')}/{name}/"]
+    return list(RESOURCES[name]["mirrors"])
 
 
 def missing_message(name: str, searched: list[Path] | None = None) -> str:
@@ -106,43 +112,34 @@ def _safe_extract(archive: Path, dest: Path) -> None:
 
 
 def download(name: str, root: str | os.PathLike | None = None, progress: bool = True, timeout: float = 30.0) -> Path:
-    """Download a named data set into `root` (default data_home()/name), check MD5s, extract archives."""
+    """Download a named data set into `root` (default data_home()/name), check MD5s, extract archives.
+
+    A file already there with the right MD5 is kept; an interrupted download resumes from its `.part` file."""
     if name not in RESOURCES:
         raise VitlabError(f"no download known for {name!r}; choose one of {', '.join(RESOURCES)}")
-    from tqdm.auto import tqdm
+    from vitlab.weights.download import fetch, offline
 
     res = RESOURCES[name]
     dest = Path(root) if root else data_home() / name
     dest.mkdir(parents=True, exist_ok=True)
     for fname, md5 in res["files"].items():
         target = dest / fname
-        if target.exists() and md5sum(target) == md5:
-            continue
+        if target.exists():
+            if md5sum(target) == md5:
+                continue
+            target.unlink()  # damaged or a different file: fetch it again
         errors = []
-        for mirror in res["mirrors"]:
-            url = mirror + fname
-            tmp = target.with_suffix(target.suffix + ".part")
+        for mirror in mirrors(name):
             try:
-                req = urllib.request.Request(url, headers={"User-Agent": "vitlab"})
-                with urllib.request.urlopen(req, timeout=timeout) as resp, open(tmp, "wb") as out:
-                    total = int(resp.headers.get("Content-Length") or 0) or None
-                    with tqdm(total=total, unit="B", unit_scale=True, desc=fname, disable=not progress) as bar:
-                        for block in iter(lambda r=resp: r.read(1 << 16), b""):
-                            out.write(block)
-                            bar.update(len(block))
-                got = md5sum(tmp)
-                if got != md5:
-                    tmp.unlink(missing_ok=True)
-                    errors.append(f"{url}: MD5 {got} != {md5}")
-                    continue
-                tmp.replace(target)
+                fetch(mirror + fname, target, md5=md5, progress=progress, timeout=timeout)
                 break
-            except OSError as exc:
-                tmp.unlink(missing_ok=True)
-                errors.append(f"{url}: {getattr(exc, 'reason', None) or exc}")
+            except VitlabError as exc:
+                errors.append(str(exc))
+                if offline():
+                    raise
         else:
             raise VitlabError(f"could not download {fname} ({'; '.join(errors)}); "
-                              f"without a network, copy it from {res['mirrors'][0]}{fname} into {dest}")
+                              f"without a network, copy it from {mirrors(name)[0]}{fname} into {dest}")
         if res.get("extract"):
             _safe_extract(target, dest)
     return dest
