@@ -13,7 +13,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from vitlab.inspect.filters import FilterPCA, tile_for_display  # noqa: E402
-from vitlab.inspect.posemb import similarity_mosaic  # noqa: E402
+from vitlab.inspect.posemb import similarity_limits, similarity_mosaic  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:
@@ -38,29 +38,37 @@ def plot_filters(pca: FilterPCA, path: str | Path, title: str | None = None, col
             ax.imshow(tile[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         else:
             ax.imshow(np.clip(tile[..., :3], 0, 1), interpolation="nearest")
-        ax.set_title(f"{100 * pca.explained_variance_ratio[i]:.1f}%", fontsize=6, pad=1)
+        ax.set_title(f"{100 * pca.explained_variance_ratio[i]:.1f}%", fontsize=8, pad=1)
     fig.suptitle(title or f"Embedding filters (first {k} principal components)", fontsize=9)
     return _save(fig, path)
 
 
 def plot_posemb_similarity(sim: np.ndarray, path: str | Path, title: str | None = None) -> Path:
-    """Tiles of cosine similarity on the patch grid, colour scale -1..1 (Fig. 7 centre / Fig. 10)."""
+    """Tiles of cosine similarity on the patch grid (Fig. 7 centre / Fig. 10), viridis as the paper.
+
+    The colour scale is the figure's own robust off-diagonal range (`similarity_limits`), not -1..1: a
+    fixed sin-cos table has all similarities near 1 and would otherwise be one flat colour.
+    """
     h, w, th, tw = sim.shape
     mosaic = similarity_mosaic(sim, gap=1)
-    size = min(9.0, max(3.5, 0.45 * max(h, w) + 1.5))
+    size = min(9.0, max(4.5, 0.45 * max(h, w) + 1.5))
     fig, ax = plt.subplots(figsize=(size * w / max(h, w) + 1.0, size * h / max(h, w)))
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")
-    im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
+    lo, hi = similarity_limits(sim)
+    im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=lo, vmax=hi, interpolation="nearest")
     step_r, step_c = th + 1, tw + 1
     every = max(1, max(h, w) // 12)
     ax.set_xticks([c * step_c + (tw - 1) / 2 for c in range(0, w, every)], [str(c + 1) for c in range(0, w, every)])
     ax.set_yticks([r * step_r + (th - 1) / 2 for r in range(0, h, every)], [str(r + 1) for r in range(0, h, every)])
-    ax.tick_params(length=0, labelsize=7)
+    ax.tick_params(length=0, labelsize=9)
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.set_xlabel("Input patch column")
     ax.set_ylabel("Input patch row")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, label="Cosine similarity")
+    extend = {(False, False): "neither", (True, False): "min", (False, True): "max", (True, True): "both"}[
+        (bool(np.nanmin(mosaic) < lo), bool(np.nanmax(mosaic) > hi))]
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, extend=extend,
+                 label=f"Cosine similarity (scale {lo:.2f}..{hi:.2f}, this figure's)")
     ax.set_title(title or "Position embedding similarity", fontsize=10)
     return _save(fig, path)
 
@@ -92,7 +100,7 @@ def plot_attention_distance(
         sec = ax.secondary_yaxis("right", functions=(lambda y: y / image_width, lambda f: f * image_width))
         sec.set_ylabel("Fraction of image width")
     if heads <= 16:
-        ax.legend(fontsize=6, ncol=2, loc="lower right", frameon=False)
+        ax.legend(fontsize=8, ncol=2, loc="lower right", framealpha=0.85)
     ax.set_title(title or "Mean attention distance per head", fontsize=10)
     return _save(fig, path)
 
@@ -113,6 +121,33 @@ def _show_image(ax: plt.Axes, image: np.ndarray) -> None:
     ax.set_axis_off()
 
 
+TITLE_PT = 9  # per-image titles and tick labels: readable at the saved size (1 pt = 1/72 inch of the figure)
+_TITLE_CHARS = 16  # a title line wraps after this many characters
+
+
+def rollout_layout(k: int, cols: int, aspect: float, labels: list[str] | None) -> tuple[int, int, float, float, int]:
+    """(blocks, cols, width, height in inches, title lines) for `k` images: the size follows the image count,
+    each column wide enough for a 9 pt title of `_TITLE_CHARS` characters per line."""
+    cols = max(1, min(cols, k))
+    blocks = int(np.ceil(k / cols))
+    lines = max((len(_wrap(t)) for t in labels), default=0) if labels else 0
+    cell_w = 1.75
+    cell_h = cell_w * aspect
+    title_h = lines * TITLE_PT * 1.3 / 72  # inches of title above each input image
+    width = cell_w * cols + 0.2
+    height = blocks * (2 * cell_h + title_h + 0.25) + 0.5
+    return blocks, cols, width, height, lines
+
+
+def _wrap(text: str) -> list[str]:
+    import textwrap
+
+    out: list[str] = []
+    for part in str(text).split("\n"):
+        out.extend(textwrap.wrap(part, _TITLE_CHARS, break_long_words=True) or [""])
+    return out
+
+
 def plot_rollout(
     images: np.ndarray,
     maps: np.ndarray,
@@ -123,24 +158,29 @@ def plot_rollout(
 ) -> Path:
     """Each input image (top) and its rollout map overlaid (below), as in Fig. 6 / Fig. 14.
 
-    `images`: (K, H, W, C) in [0, 1]; `maps`: (K, h, w) on the patch grid.
+    `images`: (K, H, W, C) in [0, 1]; `maps`: (K, h, w) on the patch grid. The figure's size is computed
+    from K so that the per-image titles (`labels`, wrapped, may contain newlines) are 9 pt at the saved size.
     """
     k = len(images)
-    cols = min(cols, k)
-    blocks = int(np.ceil(k / cols))
-    cell_h = 1.5 * images.shape[1] / images.shape[2]
-    fig, axes = plt.subplots(2 * blocks, cols, figsize=(1.5 * cols, 2 * blocks * (cell_h + 0.2) + 0.4), squeeze=False)
+    blocks, cols, width, height, lines = rollout_layout(k, cols, images.shape[1] / images.shape[2], labels)
+    cell_h = 1.75 * images.shape[1] / images.shape[2]
+    title_h = lines * TITLE_PT * 1.3 / 72
+    ratios = [v for _ in range(blocks) for v in (cell_h + title_h, cell_h)]
+    fig, axes = plt.subplots(2 * blocks, cols, figsize=(width, height), squeeze=False,
+                             gridspec_kw={"height_ratios": ratios, "hspace": 0.08, "wspace": 0.06})
     for ax in axes.flat:
         ax.set_axis_off()
     for i in range(k):
         r, c = 2 * (i // cols), i % cols
         img = images[i]
         _show_image(axes[r, c], img)
+        axes[r, c].set_anchor("S")  # the image at the bottom of its slot, the title in the room above
+        axes[r + 1, c].set_anchor("N")
         if labels:
-            axes[r, c].set_title(labels[i], fontsize=6, pad=1)
+            axes[r, c].set_title("\n".join(_wrap(labels[i])), fontsize=TITLE_PT, pad=2, linespacing=1.1)
         _show_image(axes[r + 1, c], img)
         axes[r + 1, c].imshow(upsample_map(maps[i], img.shape[:2]), cmap="jet", alpha=0.5, vmin=0, vmax=1)
-    fig.suptitle(title or "Attention rollout (top: input, bottom: rollout overlay)", fontsize=9)
+    fig.suptitle(title or "Attention rollout (top: input, bottom: rollout overlay)", fontsize=11)
     return _save(fig, path)
 
 
@@ -170,7 +210,7 @@ def plot_attention_maps(
     ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks([hd * (w + gap) + (w - 1) / 2 for hd in range(heads)], [str(i + 1) for i in range(heads)])
     ax.set_yticks([li * (h + gap) + (h - 1) / 2 for li in range(layers)], [str(i + 1) for i in range(layers)])
-    ax.tick_params(length=0, labelsize=6)
+    ax.tick_params(length=0, labelsize=8)
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.set_xlabel("head")

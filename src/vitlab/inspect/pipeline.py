@@ -7,22 +7,23 @@ collects attention in batches under `torch.no_grad`, calls them, and draws the f
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
-from tqdm.auto import tqdm
 
 from vitlab.errors import VitlabError
 from vitlab.inspect import figures
 from vitlab.inspect.distance import attention_distance, uniform_attention_distance
 from vitlab.inspect.filters import FilterPCA, embedding_filter_pca
-from vitlab.inspect.posemb import posemb_similarity
+from vitlab.inspect.posemb import posemb_similarity, scale_text
 from vitlab.inspect.report import Section, write_report
 from vitlab.inspect.rollout import attention_maps, rollout_maps
 from vitlab.inspect.summary import distance_summary, filter_summary, posemb_summary, summary_lines
+from vitlab.progress import progress_bar
 
 FIGURE_NAMES = {
     "filters": "inspect_filters.png",
@@ -50,6 +51,7 @@ class InspectResult:
     grid: tuple[int, int] | None = None  # token grid of the images
     image_width: int | None = None  # pixels
     notes: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (analysis, why), listed in the report
     summary: dict = field(default_factory=dict)  # inspect/summary.py: the Fig. 7 findings as numbers
 
 
@@ -90,7 +92,8 @@ def collect(
     dists, preds, rolls = [], [], []
     raw = None
     starts = range(0, len(images), batch_size)
-    for start in tqdm(starts, desc="attention", unit="batch", disable=not progress, leave=False):
+    for start in progress_bar(starts, desc=f"inspect: attention of {len(images)} images", unit="batch",
+                              enabled=progress):
         x = images[start: start + batch_size].to(device)
         logits, attn = model(x, return_attention=True)
         preds.append(logits.argmax(-1).cpu())
@@ -137,23 +140,37 @@ def inspect_model(
     num_components: int = 28,
     title: str = "vitlab inspect",
     progress: bool = True,
+    extra_sections: Sequence[Section] = (),
+    skipped: Sequence[tuple[str, str]] = (),
 ) -> InspectResult:
     """Run the analyses that apply to `model` and write `out_dir/inspect_*.png`, `report.html`,
     `inspect.npz` and `inspect.json`.
 
     `images` are (N, C, H, W) normalised with `mean`/`std` (used to undo it for display); N is how
     many images the attention distance averages over. `labels` are true labels of the first images.
+    `extra_sections` (e.g. the demo's training curves) open the report; `skipped` lists (analysis, why)
+    pairs the caller left out, shown with the ones skipped here in the report's "Skipped analyses".
     """
     check_inspectable(model)
     cfg = model.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    res = InspectResult(out_dir=out)
-    sections: list[Section] = []
+    res = InspectResult(out_dir=out, skipped=list(skipped))
+    sections: list[Section] = list(extra_sections)
     prefix = model.num_prefix_tokens
+    have_images = images is not None and len(images) > 0
+    steps = ["embedding filters", "position embeddings", *(["attention", "figures"] if have_images else []), "report"]
+    bar = progress_bar(total=len(steps), desc="inspect: analyses", unit="step", enabled=progress)
+
+    def step(name: str) -> None:
+        bar.set_postfix_str(name, refresh=True)
+
     # 1. Embedding filters (plain ViTs only: a hybrid's patch embedding sees CNN features, not pixels).
+    step(steps[0])
     if cfg.is_hybrid:
-        res.notes.append("embedding filters: skipped, the hybrid's patch embedding sees CNN features, not pixels")
+        why = _hybrid_filters_reason(cfg)
+        res.skipped.append(("Embedding filters (paper Fig. 7 left)", why))
+        res.notes.append(f"embedding filters: skipped, {why}")
     else:
         w = model.patch_embed.proj.weight
         res.filter_pca = embedding_filter_pca(w, num_components)
@@ -172,7 +189,9 @@ def inspect_model(
             res.figures["filters"],
         ))
 
+    bar.update()
     # 2. Position-embedding similarity.
+    step(steps[1])
     grid0 = cfg.grid_size
     res.posemb_similarity = posemb_similarity(model.pos_embed, grid0, prefix)
     res.figures["posemb"] = figures.plot_posemb_similarity(
@@ -184,11 +203,15 @@ def inspect_model(
     sections.append(Section(
         "Position-embedding similarity (paper Fig. 7 centre, Fig. 10)",
         f"Tile (r, c) shows the cosine similarity between the {kind} position embedding of the patch at "
-        f"row r, column c and those of all patches; the class-token slot is excluded; colour scale -1..1.",
+        f"row r, column c and those of all patches; the class-token slot is excluded. The colour scale is this "
+        f"figure's own ({scale_text(res.posemb_similarity)}), not -1..1, so the structure shows even when all "
+        "similarities are high, as for a fixed sin-cos table; the colour bar gives the values.",
         res.figures["posemb"],
     ))
+    bar.update()
 
-    if images is not None and len(images):
+    if have_images:
+        step(steps[2])
         stats = collect(model, images, batch_size=batch_size, rollout_images=rollout_images,
                         head_fusion=head_fusion, discard_ratio=discard_ratio, cls=cls, progress=progress)
         grid = tuple(int(g) for g in stats["grid"])
@@ -197,6 +220,8 @@ def inspect_model(
         res.rollout_maps = stats["rollout_maps"]
         res.attention_maps = stats["attention_maps"]
         res.predictions = stats["predictions"]
+        bar.update()
+        step(steps[3])
         width = images.shape[-1]
         n = len(images)
         res.grid, res.image_width = grid, width
@@ -229,7 +254,7 @@ def inspect_model(
             pred = int(res.predictions[i])
             pname = class_names[pred] if class_names and pred < len(class_names) else str(pred)
             true = labels[i] if labels and i < len(labels) else None
-            names.append(f"{true} / pred {pname}" if true is not None else f"pred {pname}")
+            names.append(f"{true}\npred: {pname}" if true is not None else f"pred: {pname}")
         if k:
             res.figures["rollout"] = figures.plot_rollout(
                 disp[:k], res.rollout_maps, out / FIGURE_NAMES["rollout"], labels=names,
@@ -256,9 +281,13 @@ def inspect_model(
             "one tile per layer (rows) and head (columns), each tile scaled to its own maximum.",
             res.figures["attention"],
         ))
+        bar.update()
     else:
-        res.notes.append("attention distance and rollout: skipped, no images given")
+        why = "no images given (pass --images or --data)"
+        res.skipped.append(("Mean attention distance, attention rollout, raw attention", why))
+        res.notes.append(f"attention distance and rollout: skipped, {why}")
 
+    step(steps[-1])
     _save_arrays(res, cfg, cls, head_fusion, discard_ratio)
     summary = [
         f"model: {cfg.name} ({'hybrid ' if cfg.is_hybrid else ''}ViT, dim {cfg.dim}, depth {cfg.depth}, heads {cfg.heads}, "
@@ -267,8 +296,21 @@ def inspect_model(
         *summary_lines(res.summary),
         *res.notes,
     ]
+    if res.skipped:
+        sections.append(Section("Skipped analyses", "What this report leaves out, and why.",
+                                table=[["analysis", "why skipped"], *[list(s) for s in res.skipped]]))
     res.report = write_report(out / "report.html", title, sections, summary)
+    bar.update()
+    bar.close()
     return res
+
+
+def _hybrid_filters_reason(cfg) -> str:
+    """Why a hybrid has no pixel-space embedding filters, naming its CNN."""
+    cnn = (f"a conv stem ({len(cfg.conv_stem)} stride-2 convolutions, {'/'.join(map(str, cfg.conv_stem))} channels)"
+           if cfg.conv_stem else "a BiT ResNet")
+    return (f"the model is a hybrid: its patch embedding ({cfg.patch_size}x{cfg.patch_size}) projects the feature "
+            f"map of {cnn}, not pixels, so it has no pixel filters to show (Fig. 7 left is for plain ViTs)")
 
 
 def _save_arrays(res: InspectResult, cfg, cls: str, head_fusion: str, discard_ratio: float) -> None:

@@ -42,3 +42,28 @@ def similarity_mosaic(sim: np.ndarray, gap: int = 1) -> np.ndarray:
         for c in range(w):
             out[r * (th + gap): r * (th + gap) + th, c * (tw + gap): c * (tw + gap) + tw] = sim[r, c]
     return out
+
+
+def similarity_limits(sim: np.ndarray, lo_pct: float = 1.0, hi_pct: float = 99.0) -> tuple[float, float]:
+    """The colour limits of one similarity figure: robust min..max (percentiles) of the off-diagonal values.
+
+    A fixed -1..1 scale paints a 2-D sin-cos table, whose similarities all lie near 1, one uniform colour;
+    scaling each figure to its own off-diagonal range (self-similarity, always 1, excluded) keeps the
+    structure visible for fixed and learned embeddings alike.
+    """
+    h, w = sim.shape[:2]
+    flat = np.asarray(sim, np.float64).reshape(h * w, h * w)
+    off = flat[~np.eye(h * w, dtype=bool)]
+    off = off[np.isfinite(off)]
+    if off.size == 0:
+        return -1.0, 1.0
+    lo, hi = (float(v) for v in np.percentile(off, [lo_pct, hi_pct]))
+    if hi - lo < 1e-6:  # all equal: a small band around the value
+        lo, hi = lo - 0.05, hi + 0.05
+    return max(lo, -1.0), min(hi, 1.0)
+
+
+def scale_text(sim: np.ndarray) -> str:
+    """The colour scale of `similarity_limits` in words, for titles and captions."""
+    lo, hi = similarity_limits(sim)
+    return f"{lo:.2f}..{hi:.2f}, the 1st..99th percentile of the off-diagonal similarities"

@@ -1,4 +1,4 @@
-"""One self-contained HTML report: every figure embedded as base64 PNG, no external files."""
+"""One self-contained HTML report: every figure embedded as base64 PNG (and, on request, linked to its file)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ body { font-family: system-ui, -apple-system, sans-serif; max-width: 1100px; mar
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }
 img { max-width: 100%; } table { border-collapse: collapse; font-size: 0.85em; }
 td, th { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
-.note { color: #555; font-size: 0.9em; } code { background: #f4f4f4; padding: 0 3px; }
+td.text { text-align: left; } .note { color: #555; font-size: 0.9em; } code { background: #f4f4f4; padding: 0 3px; }
 """
 
 
@@ -25,6 +25,7 @@ class Section:
     image: Path | None = None
     table: list[list[str]] | None = None  # first row = header
     notes: list[str] = field(default_factory=list)
+    link: str | None = None  # a relative URL of the figure's own file, shown under the embedded copy
 
 
 def _img_tag(path: Path, alt: str) -> str:
@@ -32,11 +33,21 @@ def _img_tag(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
+def _cell(value: object) -> str:
+    """A table cell: numbers right-aligned (the style's default), text left-aligned."""
+    text = str(value)
+    try:
+        float(text)
+        return f"<td>{html.escape(text)}</td>"
+    except ValueError:
+        return f"<td class='text'>{html.escape(text)}</td>"
+
+
 def _table(rows: list[list[str]]) -> str:
     head, *body = rows
     out = ["<table><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in head) + "</tr>"]
     for row in body:
-        out.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>")
+        out.append("<tr>" + "".join(_cell(c) for c in row) + "</tr>")
     return "\n".join(out) + "</table>"
 
 
@@ -55,6 +66,8 @@ def write_report(path: str | Path, title: str, sections: list[Section], summary:
             parts.append(f"<p>{html.escape(s.text)}</p>")
         if s.image is not None:
             parts.append(_img_tag(s.image, s.title))
+        if s.link:
+            parts.append(f"<p class='note'>File: <a href=\"{html.escape(s.link)}\">{html.escape(s.link)}</a></p>")
         if s.table:
             parts.append(_table(s.table))
         for note in s.notes:
