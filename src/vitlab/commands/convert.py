@@ -117,6 +117,12 @@ def run(args: argparse.Namespace) -> int:
               f"{c.num_classes} classes, {count_parameters(model):,} parameters)")
         if args.to == "timm":
             print(timm_note(model.config, out))
+        if args.to == "hf" and c.arch == "vit":
+            from vitlab.weights.hf import channels_note
+
+            note = channels_note(c)
+            if note:
+                print(f"note: {note} (also in {Path(out) / 'README.md'})")
     return 0
 
 

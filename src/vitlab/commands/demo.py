@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_config("demo", overrides=overrides)
     print("vitlab demo: training a small Vision Transformer on the bundled Fashion-MNIST subset (offline)")
     result = train(cfg)
-    figures = [] if args.no_inspect else _attention_figures(result)
+    figures = [] if args.no_inspect else _attention_figures(result, args.quiet)
     tm = result.test_metrics or {}
     run_dir = result.run_dir
     print()
@@ -44,13 +44,33 @@ def run(args: argparse.Namespace) -> int:
     print(f"  run folder     {run_dir}")
     print(f"  look at        {run_dir / 'accuracy.png'}, {run_dir / 'loss.png'}, {run_dir / 'confusion_matrix.png'}")
     if figures:
-        print(f"                 {figures[0].parent / 'report.html'} (attention maps, rollout, position embeddings)")
+        print(f"                 {figures[0].parent / 'report.html'} (curves, confusion matrix, attention maps, "
+              "rollout, position embeddings; what was skipped and why)")
     print(f"  the model      vitlab predict {run_dir / 'model'} IMAGE.png")
     return 0
 
 
-def _attention_figures(result) -> list:
-    """Attention figures from the inspection package (vitlab.inspect), on a few test images; optional."""
+def _run_sections(result) -> list:
+    """The run's own figures (curves, confusion matrix) as report sections, embedded and linked."""
+    from vitlab.inspect.report import Section
+
+    tm = result.test_metrics or {}
+    run_dir = result.run_dir
+    figures = [
+        ("Training curves: accuracy", "accuracy.png",
+         "Training and validation accuracy per epoch of this demo run (the run's metrics.jsonl)."),
+        ("Training curves: loss", "loss.png", "Training and validation loss per epoch of this demo run."),
+        ("Confusion matrix (held-out test images)", "confusion_matrix.png",
+         f"Rows: true class, columns: predicted; test accuracy {tm.get('accuracy', float('nan')):.4f} on "
+         f"{tm.get('n', 0)} images."),
+    ]
+    return [Section(title, text, run_dir / name, link=f"../{name}")
+            for title, name, text in figures if (run_dir / name).is_file()]
+
+
+def _attention_figures(result, quiet: bool = False) -> list:
+    """The demo's report.html: the run's curves and confusion matrix, then the inspection figures
+    (vitlab.inspect) on a few test images, and the analyses that were skipped, with why; optional."""
     try:
         from vitlab.inspect.pipeline import inspect_model
     except Exception:
@@ -73,7 +93,8 @@ def _attention_figures(result) -> list:
         images = build_eval_transform(tcfg)(x)
         out = result.run_dir / "inspect"
         inspect_model(model, images, out, mean=tcfg.mean, std=tcfg.std, labels=labels,
-                      class_names=list(data.class_names), progress=False, title="vitlab demo: inside the ViT")
+                      class_names=list(data.class_names), progress=not quiet, title="vitlab demo: inside the ViT",
+                      extra_sections=_run_sections(result))
         return sorted(out.glob("*.png"))
     except Exception as exc:  # figures are a bonus: never fail the demo over them
         print(f"vitlab demo: attention figures skipped ({type(exc).__name__}: {exc})", file=sys.stderr)

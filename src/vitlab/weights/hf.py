@@ -416,13 +416,43 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     pre = preprocess.to_dict() if hasattr(preprocess, "to_dict") else (preprocess or hf_default_preprocess(model.config))
     resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
     h, w = pre.get("image_size", model.config.image_size)
+    c = model.config.in_chans
     proc = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": resample,
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-            "image_mean": list(pre.get("mean", [0.5] * 3)), "image_std": list(pre.get("std", [0.5] * 3))}
+            "image_mean": _per_channel(pre.get("mean", 0.5), c, "mean"),
+            "image_std": _per_channel(pre.get("std", 0.5), c, "std")}
     # ViTImageProcessor has no centre crop: a stored resize+crop becomes a plain resize to the crop size.
     proc["size"] = {"height": int(h), "width": int(w)}
     (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
+    note = channels_note(model.config)
+    if note:
+        (folder / "README.md").write_text(f"# {model.config.name} (exported by vitlab)\n\n{note}\n")
     return folder
+
+
+def _per_channel(values: Any, channels: int, what: str) -> list[float]:
+    """One normalisation value per input channel, as ViTImageProcessor checks (`image_mean` of length C)."""
+    vals = [float(v) for v in (values if isinstance(values, (list, tuple)) else [values])]
+    if len(set(vals)) == 1:  # one value for all channels (also a 3-value default on a 1-channel model)
+        return vals[:1] * channels
+    if len(vals) != channels:
+        raise VitlabError(f"the preprocessing has {len(vals)} {what} values for a {channels}-channel model; "
+                          "give one per channel (or one for all)")
+    return vals
+
+
+def channels_note(config: Any) -> str | None:
+    """What a user of the export must know when the model does not take RGB: ViTImageProcessor does not
+    convert colour images, so it must be given images with the model's channel count."""
+    c = int(config.in_chans)
+    if c == 3:
+        return None
+    if c == 1:
+        return ("This model takes 1-channel (grayscale) images: call ViTImageProcessor with grayscale input, "
+                "e.g. `processor(Image.open(path).convert('L'), return_tensors='pt')`. An RGB image fails in "
+                "the processor with 'mean must have 3 elements' (image_mean/image_std have one value).")
+    return (f"This model takes {c}-channel images: call ViTImageProcessor with {c}-channel arrays (H, W, {c}); "
+            "RGB images fail in the processor (image_mean/image_std have one value per model channel).")
 
 
 # ------------------------------------------------------------------ ResNetForImageClassification
