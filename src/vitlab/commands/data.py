@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = dsub.add_parser("inspect", help="classes, counts per class and split, image sizes, unreadable files, "
                                         "and a PNG grid of samples per class")
     q.add_argument("source", help="fashion-mnist, mnist[:DIR], cifar10:PATH, cifar100:PATH, digits, bundled, "
-                                  "a folder of class subfolders, or a CSV of path,label")
+                                  "a folder of class subfolders, a CSV of path,label, tar shards "
+                                  "('DIR/train-{000000..000009}.tar' or a folder of .tar), or hf:PATH")
     q.add_argument("--classes", help='keep these classes, in this order: "Sandal,Sneaker,Ankle boot"')
     q.add_argument("--per-class", type=int, help="keep N training images per class (seeded)")
     q.add_argument("--val-fraction", type=float, default=0.1)
