@@ -1,7 +1,10 @@
-"""`vitlab --help` starts at once: building the parser imports none of the heavy libraries."""
+"""`vitlab --help` starts at once: building the parser imports none of the heavy libraries; `vitlab models`
+and `vitlab models --pretrained` print their tables without importing torch (issue 18 item 5)."""
 
 import subprocess
 import sys
+
+import pytest
 
 HEAVY = ["torch", "numpy", "matplotlib", "PIL", "safetensors", "sklearn"]
 
@@ -11,6 +14,17 @@ def test_parser_does_not_import_heavy_libraries():
             f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "", f"building the parser imported {out.strip()}"
+
+
+@pytest.mark.parametrize("argv", [["models"], ["models", "--pretrained"]])
+def test_models_tables_do_not_import_heavy_libraries(argv):
+    code = ("import sys, contextlib, io, vitlab.cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            f"    rc = vitlab.cli.main({argv!r})\n"
+            "assert rc == 0 and out.getvalue().count(chr(10)) > 40, out.getvalue()\n"
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "", f"`vitlab {' '.join(argv)}` imported {out.strip()}"
 
 
 def test_lazy_names_still_resolve():
