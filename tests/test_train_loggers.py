@@ -13,7 +13,7 @@ import torch
 from vitlab.data.dataset import DataSplits, ImageDataset
 from vitlab.errors import VitlabError
 from vitlab.train import loop, resolve_config, train
-from vitlab.train.loggers import WANDB_ID_FILE, parse_logger
+from vitlab.train.loggers import WANDB_ID_FILE, open_trackers, parse_logger, scalars_of
 from vitlab.train.run_dir import read_metrics
 
 CLASSES = ["a", "b", "c"]
@@ -129,6 +129,20 @@ def test_logger_values_are_canonical_and_typos_are_one_line():
         resolve_config("small-data", overrides={"logger": "tensorbord"})
 
 
+def test_records_become_tagged_scalars_and_only_rank_0_tracks(tmp_path):
+    step = {"type": "step", "step": 7, "epoch": 0, "epoch_float": 0.5, "loss": 2.5, "lr": 1e-3, "grad_norm": None,
+            "images_per_s": 100.0}
+    assert scalars_of(step) == {"train/loss": 2.5, "train/lr": 1e-3, "train/images_per_s": 100.0, "train/epoch": 0.5}
+    epoch = {"type": "epoch", "epoch": 1, "step": 7, "train_loss": 2.0, "train_acc": 0.5, "lr": 1e-4, "time_s": 3.0,
+             "val_loss": 1.5, "val_acc": 0.6, "val_macro_f1": 0.55, "val_top5": 0.9}
+    assert scalars_of(epoch) == {"epoch/train_loss": 2.0, "epoch/train_acc": 0.5, "epoch/lr": 1e-4,
+                                 "epoch/time_s": 3.0, "val/loss": 1.5, "val/acc": 0.6, "val/macro_f1": 0.55,
+                                 "val/top5": 0.9}
+    assert scalars_of({"type": "change", "step": 7, "changed": {"threads": [2, 1]}}) == {}
+    assert open_trackers("tensorboard,wandb", tmp_path, {}, None, main=False).trackers == []
+    assert list(tmp_path.iterdir()) == []  # other ranks open nothing
+
+
 @pytest.mark.parametrize("name", ["tensorboard", "wandb"])
 def test_a_missing_package_is_named_before_the_run_starts(tmp_path, monkeypatch, name):
     monkeypatch.setitem(sys.modules, name, None)  # importlib.util.find_spec now reports it missing
@@ -148,6 +162,7 @@ def test_tensorboard_events_hold_the_metrics_and_the_figures(tmp_path):
     assert len(acc.Scalars("train/loss")) == STEPS
     assert [e.step for e in acc.Scalars("val/acc")] == [3, 6]
     assert acc.Scalars("test/accuracy")[0].value == pytest.approx(result.test_metrics["accuracy"])
+    assert "config/text_summary" in acc.Tags()["tensors"]  # the resolved config as text
 
 
 def test_tensorboard_resume_continues_the_events_without_repeating_steps(tmp_path, monkeypatch):

@@ -553,6 +553,8 @@ class TrainingRun:
         set_train_mode(self.forward_model, self.cfg.batchnorm)  # predict_split restored train() on every layer
         vm = split_metrics(logits, labels, self.class_names)
         record.update(val_loss=vm["loss"], val_acc=vm["accuracy"], val_macro_f1=vm["macro_f1"])
+        if "top5" in vm:  # more than 5 classes (timm's eval top-5)
+            record["val_top5"] = vm["top5"]
         return vm["accuracy"]
 
     def predict(self, split) -> tuple[torch.Tensor, torch.Tensor]:
