@@ -16,6 +16,7 @@ import os
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ MAX_LABEL_BYTES = 64 * 1024  # a label or .json member larger than this is a bad
 DEFAULT_SHUFFLE_BUFFER = 2000  # samples held per streaming worker to mix neighbouring shards' samples
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardSample:
     """Where one sample's image lies: the shard, its key, the byte offset and length of the image member."""
 
@@ -234,6 +235,7 @@ class ShardDataset(FileImageDataset):
         self.samples = list(samples)
         super().__init__([s.name for s in self.samples], labels, class_names, channels, size, name,
                          substitute=substitute, failures=failures)
+        self._runs: list[np.ndarray] | None = None
 
     def decode(self, data: bytes, i: int) -> torch.Tensor:
         img = decode_image_bytes(data, self.paths[i], "L" if self.channels == 1 else "RGB")
@@ -253,10 +255,13 @@ class ShardDataset(FileImageDataset):
 
     def shard_runs(self) -> list[np.ndarray]:
         """Item indices grouped by shard (shards in first-seen order, items by offset): the streaming units."""
-        runs: dict[str, list[int]] = {}
-        for i, s in enumerate(self.samples):
-            runs.setdefault(s.shard, []).append(i)
-        return [np.array(sorted(v, key=lambda i: self.samples[i].offset), dtype=np.int64) for v in runs.values()]
+        if self._runs is None:
+            n, ids = len(self.samples), {}
+            shard = np.fromiter((ids.setdefault(s.shard, len(ids)) for s in self.samples), np.int64, n)
+            offset = np.fromiter((s.offset for s in self.samples), np.int64, n)
+            order = np.lexsort((offset, shard))
+            self._runs = np.split(order, np.flatnonzero(np.diff(shard[order])) + 1) if n else []
+        return self._runs
 
 
 def _class_names(raw_labels: list, given: list[str] | None) -> tuple[list[str], dict]:
@@ -300,11 +305,13 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
     all_shards = [s for v in groups.values() for s in v]
     found: dict[str, tuple[list, list]] = {}
     skipped: list[tuple[str, str]] = []
-    for path in tqdm(all_shards, desc="reading shard headers", unit="shard", disable=not progress or len(all_shards) < 20,
-                     leave=False):
-        samples, labels, bad = scan_shard(path)
-        found[path] = (samples, labels)
-        skipped.extend(bad)
+    with ThreadPoolExecutor(min(8, (os.cpu_count() or 2) * 2)) as pool:  # header reads wait on storage
+        scans = pool.map(scan_shard, all_shards)
+        for path, (samples, labels, bad) in tqdm(zip(all_shards, scans), total=len(all_shards), leave=False,
+                                                 desc="reading shard headers", unit="shard",
+                                                 disable=not progress or len(all_shards) < 20):
+            found[path] = (samples, labels)
+            skipped.extend(bad)
     raw = [x for s, _ in found.values() for x in _]
     names, index = _class_names(raw, read_class_file(folder))
     first = [s for samples, _ in found.values() for s in samples[:32]][:64]
@@ -517,12 +524,13 @@ class ShardWriter:
             os.replace(self.tmp, self.shards[-1])
             self.tar = None
 
-    def add(self, image: torch.Tensor, label: int) -> None:
+    def add(self, png: bytes, label: int) -> None:
+        """Append one sample: PNG bytes and its class index."""
         if self.count % self.shard_size == 0:
             self._close()
             self._open()
         key = f"{self.count:09d}"
-        _add(self.tar, f"{key}.png", _png(image))
+        _add(self.tar, f"{key}.png", png)
         _add(self.tar, f"{key}.cls", str(int(label)).encode())
         self.count += 1
 
@@ -562,18 +570,26 @@ def write_shards(splits: DataSplits, out: str | os.PathLike, shard_size: int, *,
     (out / "classes.txt").write_text("".join(f"{n}\n" for n in splits.class_names), encoding="utf-8")
     total = sum(len(v) for v in splits.splits().values())
     result = {}
-    with tqdm(total=total, desc=f"writing shards to {out}", unit="img", disable=not progress, leave=False) as bar:
+    with tqdm(total=total, desc=f"writing shards to {out}", unit="img", disable=not progress, leave=False) as bar, \
+            ThreadPoolExecutor(min(8, os.cpu_count() or 2)) as pool:  # Pillow and zlib release the GIL
         for split, ds in splits.splits().items():
             writer = ShardWriter(out, split, shard_size)
+
+            def encode(i: int, ds=ds) -> bytes | BadImageError:
+                try:
+                    return _png(ds.load(i) if isinstance(ds, FileImageDataset) else ds.images[i])
+                except BadImageError as exc:
+                    return exc
+
             try:
-                for i in range(len(ds)):
-                    try:
-                        x = ds.load(i) if isinstance(ds, FileImageDataset) else ds.images[i]
-                    except BadImageError as exc:
-                        splits.skipped.append((exc.path, exc.reason))
-                    else:
-                        writer.add(x, int(ds.labels[i]))
-                    bar.update(1)
+                for start in range(0, len(ds), 256):  # in order, a bounded number in flight
+                    stop = min(len(ds), start + 256)
+                    for i, png in zip(range(start, stop), pool.map(encode, range(start, stop))):
+                        if isinstance(png, BadImageError):
+                            splits.skipped.append((png.path, png.reason))
+                        else:
+                            writer.add(png, int(ds.labels[i]))
+                    bar.update(stop - start)
             finally:
                 writer.close()
             result[split] = (writer.count, len(writer.shards))
