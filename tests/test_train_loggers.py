@@ -194,6 +194,8 @@ def wandb_records(run_file: Path) -> list[dict]:
     """The records of an offline run's .wandb log, read by wandb's own reader (`wandb leet inspect --json`)."""
     out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if out.returncode != 0 and "No such command" in out.stderr:
+        pytest.skip("this wandb has no `wandb leet inspect` (wandb >= 0.31 reads its .wandb logs)")
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
