@@ -97,6 +97,8 @@ def test_shard_command_reads_hf_and_missing_library_is_one_line(tmp_path, monkey
     a = load_data(f"hf:{tmp_path / 'd'}", val_fraction=0, test_fraction=0, progress=False)
     b = load_data(str(tmp_path / "shards"), val_fraction=0, test_fraction=0, progress=False)
     assert torch.equal(a.train.images, b.train.images) and b.class_names == NAMES
+    with pytest.raises(VitlabError, match="no .parquet files"):
+        load_data(f"hf:{tmp_path / 'nothing.parquet'}", progress=False)
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(VitlabError, match=r"pip install 'vitlab\[hf\]'"):
         load_data(f"hf:{tmp_path / 'd'}", progress=False)

@@ -100,6 +100,13 @@ def test_specs(tmp_path):
     spec = str(tmp_path / "s" / "train-{000000..000001}.tar")
     assert looks_like_shards(spec) and len(resolve_shards(spec)[0]["train"]) == 2
     assert len(resolve_shards(str(tmp_path / "s" / "train-*.tar"))[0]["train"]) == 3
+    both = resolve_shards(str(tmp_path / "s" / "{train,val}-*.tar"))[0]
+    assert len(both["train"]) == 3 and len(both["val"]) == 1
+    assert list(resolve_shards(str(tmp_path / "s" / "val-*.tar"))[0]) == ["train"]  # no training shard: all train
+    (tmp_path / "folder" / "cat").mkdir(parents=True)
+    (tmp_path / "folder" / "stray.tar").write_bytes(b"")
+    assert not looks_like_shards(str(tmp_path / "folder"))  # class folders with a stray .tar stay a folder
+    assert not looks_like_shards(str(tmp_path / "x.tar.gz"))
     s = load_data(spec, val_fraction=0.0, test_fraction=0.0, progress=False)
     assert len(s.train) == 6 and s.class_names == ["a", "b", "c"] and s.channels == 1
     with pytest.raises(VitlabError, match="not found"):
@@ -242,7 +249,7 @@ from vitlab.data import load_data, make_loader
 dist.init_process_group("gloo")
 s = load_data(sys.argv[1], val_fraction=0, test_fraction=0, in_memory=False, progress=False)
 ids = [int(x[i, 0, 0, 0]) * 256 + int(x[i, 0, 0, 1]) for x, _ in
-       make_loader(s.train, 4, shuffle=True, seed=0, rank=dist.get_rank(), world_size=2, num_workers=1)
+       make_loader(s.train, 4, shuffle=True, seed=0, num_workers=1)  # rank and size from the process group
        for i in range(len(x))]
 parts = [None, None]
 dist.all_gather_object(parts, ids)

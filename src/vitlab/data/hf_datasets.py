@@ -1,7 +1,7 @@
 """Hugging Face `datasets` as a data source: a save_to_disk folder, Parquet files, or an imagefolder.
 
 Spec: `hf:PATH` (a save_to_disk folder, or a .parquet file / glob / folder of them), `hf:parquet:PATH`,
-`hf:imagefolder:DIR`; a save_to_disk folder or a .parquet path is also recognised without `hf:`.
+`hf:imagefolder:DIR`, `hf:OWNER/NAME` (a Hub id, downloaded by `datasets`); a save_to_disk folder or a .parquet path is also recognised without `hf:`.
 The image column is the first `Image` feature (else one named image/img), the label column the first
 `ClassLabel` (its names become the class names; else one named label/labels/target/class). Images are
 read undecoded from Arrow and decoded here, so a bad image is skipped and counted like a bad file.
@@ -11,6 +11,7 @@ read undecoded from Arrow and decoded here, so a bad image is skipped and counte
 from __future__ import annotations
 
 import glob
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,6 +77,8 @@ def _open(spec: str, progress: bool = True):
             return ds.load_dataset("imagefolder", data_dir=str(path)), name
         if kind == "disk":
             return ds.load_from_disk(str(path)), name
+        if not path.exists() and not rest.lower().endswith(".parquet") and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", rest):
+            return ds.load_dataset(rest), name  # a Hub id (needs a network and the library's cache)
         files = _parquet_files(rest)
         if not files:
             raise VitlabError(f"no .parquet files at {rest}; give a save_to_disk folder, .parquet files or "
@@ -91,7 +94,7 @@ def _open(spec: str, progress: bool = True):
     except Exception as exc:  # noqa: BLE001 - the library's many error types all mean "cannot read this"
         text = str(exc).strip().splitlines()
         raise VitlabError(f"cannot read Hugging Face dataset {spec} ({text[0] if text else type(exc).__name__}); "
-                          "check the path and that it was written by `datasets`") from None
+                          "check the path (a Hub id needs a network) and that `datasets` wrote it") from None
 
 
 def _columns(features) -> tuple[str, str, list[str] | None]:

@@ -61,11 +61,16 @@ class ShardSample:
 
 # ------------------------------------------------------------------------------------------ specs
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_LIST = re.compile(r"\{([^{}]*,[^{}]*)\}")
 
 
 def expand_braces(spec: str) -> list[str]:
-    """`train-{000000..000003}.tar` -> the four names (zero-padded like the first bound); several ranges nest."""
+    """`train-{000000..000003}.tar` -> the four names (zero-padded like the first bound); `{a,b}` lists and
+    several braces expand too (as the `braceexpand` package that webdataset uses)."""
     m = _RANGE.search(spec)
+    lst = _LIST.search(spec)
+    if lst and (not m or lst.start() < m.start()):
+        return [n for alt in lst.group(1).split(",") for n in expand_braces(spec[: lst.start()] + alt + spec[lst.end():])]
     if not m:
         return [spec]
     lo, hi = int(m.group(1)), int(m.group(2))
@@ -79,11 +84,18 @@ def expand_braces(spec: str) -> list[str]:
 
 
 def looks_like_shards(source: str) -> bool:
-    """A shard spec: names a .tar (or a {a..b} range / glob of them), or a folder holding .tar files."""
-    if ".tar" in source.lower() and (_RANGE.search(source) or glob.has_magic(source) or Path(source).is_file()):
+    """A shard spec: names a .tar (or a {a..b} range / glob of them), or a folder of .tar files (with no
+    subfolders, or with a classes.txt / classes.json: a class-folder data set with a stray .tar stays one)."""
+    if re.search(r"\.tar\b(?!\.)", source.lower()) and (
+            Path(source).is_file() or _RANGE.search(source) or _LIST.search(source) or glob.has_magic(source)):
         return True
     p = Path(source).expanduser()
-    return p.is_dir() and any(f.suffix.lower() == ".tar" for f in p.iterdir() if f.is_file())
+    if not p.is_dir():
+        return False
+    entries = [f for f in p.iterdir() if not f.name.startswith(".")]
+    if not any(f.is_file() and f.suffix.lower() == ".tar" for f in entries):
+        return False
+    return not any(f.is_dir() for f in entries) or any((p / c).is_file() for c in CLASS_FILES)
 
 
 def split_of(name: str) -> str:
@@ -93,22 +105,25 @@ def split_of(name: str) -> str:
 
 
 def resolve_shards(source: str) -> tuple[dict[str, list[str]], Path]:
-    """{split: shard paths} and the folder holding them. A folder splits by file-name prefix; a spec is train."""
+    """{split: shard paths} and the folder holding them (of the first shard). Shards go to splits by their
+    name prefix (train-, val-, test-; no prefix: train); when none is a training shard, all are."""
     p = Path(source).expanduser()
     if p.is_dir():
-        files = sorted(str(f) for f in p.iterdir() if f.is_file() and f.suffix.lower() == ".tar")
-        groups: dict[str, list[str]] = {}
-        for f in files:
-            groups.setdefault(split_of(f), []).append(f)
-        return groups, p
-    names = []
-    for part in expand_braces(str(p)):
-        names.extend(sorted(glob.glob(part)) if glob.has_magic(part) else [part])
-    missing = [n for n in names if not Path(n).is_file()]
-    if missing or not names:
-        first = missing[0] if missing else source
-        raise VitlabError(f"shard {first} not found ({len(missing)} of {len(names)} missing); check the --data spec")
-    return {"train": names}, Path(names[0]).parent
+        names = sorted(str(f) for f in p.iterdir() if f.is_file() and f.suffix.lower() == ".tar")
+        folder = p
+    else:
+        names = []
+        for part in expand_braces(str(p)):
+            names.extend(sorted(glob.glob(part)) if glob.has_magic(part) else [part])
+        missing = [n for n in names if not Path(n).is_file()]
+        if missing or not names:
+            first = missing[0] if missing else source
+            raise VitlabError(f"shard {first} not found ({len(missing)} of {len(names)} missing); check the --data spec")
+        folder = Path(names[0]).parent
+    groups: dict[str, list[str]] = {}
+    for f in names:
+        groups.setdefault(split_of(f), []).append(f)
+    return (groups if "train" in groups else {"train": names}), folder
 
 
 def read_class_file(folder: Path) -> list[str] | None:
@@ -435,13 +450,17 @@ class ShardStreamLoader:
     """Training batches streamed from shards: exactly `total_batches` batches of `batch_size` per rank.
 
     Workers' chunks arrive in DataLoader's fixed round-robin order and are cut into batches here, so the
-    order is a pure function of (seed, epoch, world size, workers, shuffle buffer). Resuming mid-epoch
+    order is a pure function of (seed, epoch, world size, workers, shuffle buffer). Called with the default
+    world_size=1 inside an initialised process group, the group's rank and size are used (as webdataset's
+    split_by_node does), so shards are never read twice across processes. Resuming mid-epoch
     reads and drops the first `skip_batches` batches (same order as the uninterrupted run).
     """
 
     def __init__(self, dataset: ShardDataset, batch_size: int, *, seed: int, epoch: int, skip_batches: int,
                  drop_last: bool, rank: int, world_size: int, num_workers: int, buffer: int | None = None):
         self.dataset, self.batch_size, self.skip = dataset, batch_size, max(0, int(skip_batches))
+        if world_size == 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()  # as split_by_node
         n = len(dataset) // world_size
         self.per_rank = n
         self.total_batches = n // batch_size if drop_last else -(-n // batch_size)
