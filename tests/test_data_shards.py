@@ -270,3 +270,17 @@ def test_two_gloo_processes_split_the_shards(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     a, b = json.loads((tmp_path / "ids.json").read_text())
     assert len(a) == len(b) == n // 2 and not set(a) & set(b)
+
+
+def test_streaming_failures_are_listed_or_one_line(tmp_path):
+    write_id_shards(tmp_path / "s", [6, 6])
+    st = load_data(str(tmp_path / "s"), val_fraction=0, test_fraction=0, in_memory=False, progress=False)
+    gone = tmp_path / "s" / "train-000001.tar"
+    gone.rename(tmp_path / "moved.tar")  # a shard lost after indexing: its samples are listed, others stand in
+    batches = list(make_loader(st.train, 4, shuffle=True, seed=0, drop_last=True, num_workers=0))
+    assert len(batches) == 3 and all(len(y) == 4 for _, y in batches)
+    assert len(st.all_skipped()) == 6 and st.all_skipped()[0][1].startswith("unreadable file")
+    (tmp_path / "s" / "train-000000.tar").unlink()  # nothing readable left: one line, from a worker too
+    with pytest.raises(VitlabError, match="every sample this reader was given failed") as err:
+        list(make_loader(st.train, 4, shuffle=True, seed=0, drop_last=True, num_workers=1))
+    assert "\n" not in str(err.value)

@@ -386,12 +386,18 @@ class ShardStream(torch.utils.data.IterableDataset):
         try:
             for i in items.tolist():
                 s = self.ds.samples[i]
-                if s.shard != current:
-                    if handle is not None:
-                        handle.close()
-                    handle, current = open(s.shard, "rb"), s.shard
                 try:
-                    yield self.ds.decode(read_bytes(s, handle), i), int(self.ds.labels[i]), None
+                    if s.shard != current:
+                        if handle is not None:
+                            handle.close()
+                        handle, current = None, s.shard
+                        handle = open(s.shard, "rb")
+                    data = read_bytes(s, handle)
+                except OSError as exc:  # the shard went away or broke after it was indexed
+                    yield None, -1, (s.name, f"unreadable file ({exc.strerror or exc})")
+                    continue
+                try:
+                    yield self.ds.decode(data, i), int(self.ds.labels[i]), None
                 except BadImageError as exc:
                     yield None, -1, (exc.path, exc.reason)
         finally:
@@ -426,18 +432,24 @@ class ShardStream(torch.utils.data.IterableDataset):
             bad = []
 
     def __iter__(self):
+        """Chunks (images or None, labels, failures, error text or None); a VitlabError travels back as
+        text, so the main process raises it as one line instead of a worker's traceback."""
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         xs, ys, bad = [], [], []
-        for x, y, failures in self.samples(worker):
-            xs.append(x)
-            ys.append(y)
-            bad.extend(failures)
-            if len(xs) == self.chunk:
-                yield torch.stack(xs), torch.tensor(ys, dtype=torch.int64), bad
-                xs, ys, bad = [], [], []
+        try:
+            for x, y, failures in self.samples(worker):
+                xs.append(x)
+                ys.append(y)
+                bad.extend(failures)
+                if len(xs) == self.chunk:
+                    yield torch.stack(xs), torch.tensor(ys, dtype=torch.int64), bad, None
+                    xs, ys, bad = [], [], []
+        except VitlabError as exc:
+            yield None, None, bad, str(exc)
+            return
         if xs or bad:
-            yield (torch.stack(xs) if xs else None), torch.tensor(ys, dtype=torch.int64), bad
+            yield (torch.stack(xs) if xs else None), torch.tensor(ys, dtype=torch.int64), bad, None
 
 
 def shuffle_buffer() -> int:
@@ -465,6 +477,7 @@ class ShardStreamLoader:
         self.per_rank = n
         self.total_batches = n // batch_size if drop_last else -(-n // batch_size)
         self.num_workers = max(0, min(int(num_workers), n))
+        dataset.shard_runs()  # computed once here, inherited by the workers
         self.stream = ShardStream(dataset, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
                                   workers=max(1, self.num_workers), buffer=buffer or shuffle_buffer(),
                                   chunk=max(1, min(batch_size, 64)))
@@ -487,11 +500,13 @@ class ShardStreamLoader:
         known = {p for p, _ in self.dataset.failures}
         xs, ys, made = [], [], 0
         held = 0
-        for x, y, bad in self._chunks():
+        for x, y, bad, error in self._chunks():
             for path, reason in bad:
                 if path not in known:
                     known.add(path)
                     self.dataset.failures.append((path, reason))
+            if error:
+                raise VitlabError(error)
             if x is None:
                 continue
             xs.append(x)
