@@ -128,7 +128,7 @@ def traced_peak(fn):
 # ---------------------------------------------------------------- the probe's cases under a cap
 CHILD = r"""
 import json, resource, sys, time
-import vitlab.weights
+import torch, vitlab.weights, vitlab.models  # before the cap: vitlab.weights imports torch only when loading
 status = open("/proc/self/status").read()
 size = int(status.split("VmSize:")[1].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (size + 500 * 2**20, resource.RLIM_INFINITY))

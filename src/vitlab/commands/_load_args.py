@@ -8,6 +8,11 @@ from typing import Any
 
 from vitlab.commands._argtypes import positive_int
 
+# What every command that takes weights accepts (one rule: vitlab.weights.resolve_model).
+WEIGHTS_HELP = ("weights: a file (.npz, .safetensors, .pth/.bin), a model folder (vitlab, Hugging Face, timm), a run "
+                "folder (its RUN/model), a pretrained name (`vitlab models --pretrained`, e.g. "
+                "vit-b/16.augreg-in21k-ft-in1k-224), hf:ORG/NAME or an official file name (ViT-B_16)")
+
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     """`--heads` and `--model-args`, the overrides `vitlab.load(path, **overrides)` takes."""

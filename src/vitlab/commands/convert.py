@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.commands._argtypes import positive_int
-from vitlab.commands._load_args import add_load_arguments, load_overrides, parse_image_size
+from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, load_overrides, parse_image_size
 
 # Suffixes of files; a folder format (native, hf) refuses them as DST, so `x.safetensors --to native`
 # does not silently become a folder named like a file.
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "timm-named state dict (timm; .safetensors with vitlab's config in the header, or "
                     ".pth/.pt/.bin with a NAME.vitlab.json sidecar). DST must not be SRC or inside it.",
     )
-    p.add_argument("src", help="a vitlab or Hugging Face folder, an official .npz, a .safetensors/.pth/.bin, or hf:ORG/NAME")
+    p.add_argument("src", help="what to convert; " + WEIGHTS_HELP)
     p.add_argument("dst", help="output folder (native, hf) or file (timm: .safetensors, .pth, .pt, .bin; "
                                "a folder gets model.safetensors)")
     p.add_argument("--to", choices=["native", "hf", "timm"], default="native", help="output format (default native)")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from vitlab.commands._argtypes import THREADS_HELP, fraction, non_negative_float, positive_float, positive_int
-from vitlab.commands._load_args import add_load_arguments
+from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments
 from vitlab.errors import VitlabError
 
 
@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "model's head does not fit the data's classes it is evaluated zero-shot: through "
                     "--zero-shot-map, or with a fresh untrained head (chance level), labelled as such.",
     )
-    p.add_argument("model", metavar="MODEL", help="weights path, run folder, or model name")
+    p.add_argument("model", metavar="MODEL", help=WEIGHTS_HELP + "; or a model name (random initialisation)")
     add_data_args(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate (default test)")
     p.add_argument("--out", help="folder for the report (default: <run>/eval-<split> or eval-<model>-<split>)")

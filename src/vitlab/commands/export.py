@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
+from vitlab.commands._load_args import WEIGHTS_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export weights to ONNX (checked with ONNX Runtime when installed)")
-    p.add_argument("weights", help="any weights vitlab loads (native folder, official .npz, timm, HF, torchvision)")
+    p.add_argument("weights", help=WEIGHTS_HELP)
     p.add_argument("output", help="the .onnx file to write")
     p.add_argument("--image-size", type=int, nargs="+", default=None, metavar="S",
                    help="input size H [W] (default: the model's); resamples position embeddings")

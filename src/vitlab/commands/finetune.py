@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from vitlab.commands._load_args import WEIGHTS_HELP
 from vitlab.commands.train import (
     _is_main,
     add_train_arguments,
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("finetune", help="fine-tune weights (any format vitlab.load reads) with the paper's recipe",
                        description=__doc__)
     p.add_argument("--weights", required=False, default=None,
-                   help="checkpoint: a vitlab run's model/ folder, an official .npz, timm/HF/torchvision weights")
+                   help="the weights to start from; " + WEIGHTS_HELP)
     add_train_arguments(p, "finetune")
     p.set_defaults(func=run)
 
@@ -30,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     extra = {"weights": args.weights} if args.weights else {}
     cfg = config_from_args(args, "finetune", extra)
     if not cfg.weights:
-        raise VitlabError("vitlab finetune needs --weights PATH (e.g. runs/RUN/model or ViT-B_16.npz)")
+        raise VitlabError("vitlab finetune needs --weights (a run folder, a weights file or folder, or a pretrained "
+                          "name such as vit-b/16.augreg-in21k-ft-in1k-224: `vitlab models --pretrained`)")
     result = train_or_exit(args, cfg)
     if _is_main():
         print_summary(result)

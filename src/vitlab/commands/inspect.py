@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
+from vitlab.commands._load_args import WEIGHTS_HELP
 from vitlab.errors import VitlabError
 
 if TYPE_CHECKING:
@@ -21,8 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write the ViT paper's inspection figures (Fig. 6, 7, 10, 11, 14) as PNGs and one HTML report.",
     )
     p.add_argument("model", metavar="MODEL",
-                   help="weights vitlab can load (native folder, .npz, .safetensors/.pth, Hugging Face folder) "
-                        "or a training run folder (its RUN/model/ is used)")
+                   help=WEIGHTS_HELP)
     p.add_argument("--images", nargs="+", metavar="PATH", help="image files and/or folders (searched recursively)")
     p.add_argument("--data", metavar="SOURCE", help="take the images from a data set, e.g. fashion-mnist, digits, a folder")
     p.add_argument("--split", default="test", choices=["test", "val", "train"], help="split of --data (default test)")

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
-from vitlab.commands._load_args import add_load_arguments
+from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print the top-k classes of each image, preprocessed as stored with the weights "
                     "(or the format's standard: official/timm mean=std=0.5, Hugging Face resize bilinear).",
     )
-    p.add_argument("weights", help="weights: a vitlab or Hugging Face folder, an .npz, .safetensors, .pth/.bin, or hf:ORG/NAME")
+    p.add_argument("weights", help=WEIGHTS_HELP)
     p.add_argument("images", nargs="+", help="image files and/or folders of images")
     p.add_argument("--top-k", type=int, default=5, help="classes to show per image (default 5)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
