@@ -93,6 +93,12 @@ def test_sincos_posemb_is_scaled_to_its_own_range(kept, tmp_path):
     assert "scale" in kept[-1].axes[1].get_ylabel()  # the colour bar says which scale it shows
 
 
+def test_paper_scale_is_available(kept, tmp_path):
+    sim = posemb_similarity(torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1)), (2, 2), 1)
+    figures.plot_posemb_similarity(sim, tmp_path / "p.png", scale="paper")
+    assert _clim(kept[-1]) == (-1.0, 1.0)
+
+
 def test_learned_posemb_uses_the_same_robust_scale(kept, tmp_path):
     e = torch.randn(1, 1 + 25, 32, generator=torch.Generator().manual_seed(0))
     sim = posemb_similarity(e, (5, 5), 1)

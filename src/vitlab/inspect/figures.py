@@ -43,18 +43,19 @@ def plot_filters(pca: FilterPCA, path: str | Path, title: str | None = None, col
     return _save(fig, path)
 
 
-def plot_posemb_similarity(sim: np.ndarray, path: str | Path, title: str | None = None) -> Path:
+def plot_posemb_similarity(sim: np.ndarray, path: str | Path, title: str | None = None, scale: str = "robust") -> Path:
     """Tiles of cosine similarity on the patch grid (Fig. 7 centre / Fig. 10), viridis as the paper.
 
     The colour scale is the figure's own robust off-diagonal range (`similarity_limits`), not -1..1: a
-    fixed sin-cos table has all similarities near 1 and would otherwise be one flat colour.
+    fixed sin-cos table has all similarities near 1 and would otherwise be one flat colour. `scale="paper"`
+    gives the paper's fixed -1..1 instead.
     """
     h, w, th, tw = sim.shape
     mosaic = similarity_mosaic(sim, gap=1)
     size = min(9.0, max(4.5, 0.45 * max(h, w) + 1.5))
     fig, ax = plt.subplots(figsize=(size * w / max(h, w) + 1.0, size * h / max(h, w)))
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")
-    lo, hi = similarity_limits(sim)
+    lo, hi = (-1.0, 1.0) if scale == "paper" else similarity_limits(sim)
     im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=lo, vmax=hi, interpolation="nearest")
     step_r, step_c = th + 1, tw + 1
     every = max(1, max(h, w) // 12)
@@ -68,7 +69,7 @@ def plot_posemb_similarity(sim: np.ndarray, path: str | Path, title: str | None 
     extend = {(False, False): "neither", (True, False): "min", (False, True): "max", (True, True): "both"}[
         (bool(np.nanmin(mosaic) < lo), bool(np.nanmax(mosaic) > hi))]
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, extend=extend,
-                 label=f"Cosine similarity (scale {lo:.2f}..{hi:.2f}, this figure's)")
+                 label="Cosine similarity" + ("" if scale == "paper" else f" (scale {lo:.2f}..{hi:.2f}, this figure's)"))
     ax.set_title(title or "Position embedding similarity", fontsize=10)
     return _save(fig, path)
 
