@@ -149,6 +149,13 @@ def test_fashion_mnist_shards_train_like_the_source(tmp_path, monkeypatch, capsy
     three = _losses(streamed.run_dir)
     assert len(three) == 5 and all(np.isfinite(three)) and three != one
     assert abs(three[0] - one[0]) < 0.5  # the same data and model: a loss of the same size at step 1
+    # ... and a streamed epoch holds exactly the in-memory training images, each once, in another order
+    st = load_data(str(tmp_path / "shards"), seed=3, progress=False)
+    assert isinstance(st.train, ShardDataset)
+    xs = torch.cat([x for x, _ in make_loader(st.train, 64, shuffle=True, seed=3, num_workers=1)])
+    key = lambda t: sorted(bytes(r) for r in t.flatten(1).numpy())  # noqa: E731
+    assert len(xs) == len(a.train) and key(xs) == key(a.train.images)
+    assert not torch.equal(xs, a.train.images)
 
 
 @pytest.mark.parametrize("sizes", [[5], [3, 7], [4, 4, 4, 4, 4, 4, 4, 4, 1], [1] * 13])
