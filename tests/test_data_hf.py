@@ -53,6 +53,14 @@ def test_save_to_disk_and_parquet(tmp_path):
     one = load_data(str(tmp_path / "pq" / "train-00000-of-00001.parquet"), val_fraction=0, test_fraction=0,
                     progress=False)
     assert len(one.train) == 12
+    # a plain binary column of encoded images works too; a column of numbers is one clear line
+    png = [train.cast_column("image", datasets.Image(decode=False))[i]["image"]["bytes"] for i in range(4)]
+    datasets.Dataset.from_dict({"image": png, "label": [0, 1, 0, 1]}).to_parquet(str(tmp_path / "bin.parquet"))
+    b = load_data(str(tmp_path / "bin.parquet"), val_fraction=0, test_fraction=0, progress=False)
+    assert torch.equal(b.train.images, expected[:4])
+    datasets.Dataset.from_dict({"image": [1, 2], "label": [0, 1]}).save_to_disk(str(tmp_path / "ints"))
+    with pytest.raises(VitlabError, match="does not hold images"):
+        load_data(str(tmp_path / "ints"), progress=False)
 
 
 def test_imagefolder_with_a_bad_file_and_rows_without_labels(tmp_path):

@@ -185,7 +185,11 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
     skipped: list[tuple[str, str]] = []
     raw_labels = {}
     for split, table in tables.items():
-        table = table.select_columns([image_col, label_col]).cast_column(image_col, datasets.Image(decode=False))
+        try:  # undecoded: {"bytes", "path"} cells (an Image feature, or a binary or path column cast to one)
+            table = table.select_columns([image_col, label_col]).cast_column(image_col, datasets.Image(decode=False))
+        except Exception as exc:  # noqa: BLE001 - Arrow's cast errors have many types
+            raise VitlabError(f"{spec}: column {image_col!r} ({table.features[image_col]}) does not hold images "
+                              f"({type(exc).__name__}); give a data set with an Image column") from None
         tables[split] = table
         raw_labels[split] = list(table[label_col])
     if names is None:
