@@ -1,0 +1,195 @@
+"""vitlab against every peer, in one process: timm, Hugging Face, ONNX Runtime running timm's export (as exported,
+and fused by ORT's transformer optimizer), and the peers' own int8 (ORT dynamic quantization of their optimized
+exports, the recipe ORT's docs give for transformers), interleaved, with ratios to the best peer.
+
+Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a separate environment
+(docs/benchmarks.md, "Against every peer"):
+
+    python3 -m venv /work/peers && /work/peers/bin/pip install torch==2.14.1 torchvision timm transformers onnxruntime onnx
+    /work/peers/bin/pip install --no-deps -e .
+    /work/peers/bin/python benchmarks/peers.py                                  # Ti/S/B-16, batch 1 and 32
+    /work/peers/bin/python benchmarks/peers.py --models vit-s/16 --batches 32 --rounds 9 --out /tmp/peers.json
+
+Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU); `vitlab onnxruntime` the exact fp32
+ORT engine (`--engine onnxruntime`); `vitlab int8 static|dynamic` what `--int8` builds. Peers run their defaults
+(timm: exact GELU). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
+fp32 peer, int8 rows by the fastest peer of all, int8 included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import vitlab
+from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, build_int8_static
+
+TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
+              "vit-b/16": "vit_base_patch16_224"}
+
+
+def perturbed(model: torch.nn.Module) -> torch.nn.Module:
+    """Non-degenerate weights (zero-initialised heads and biases quantize to nothing): same speed, real ranges."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model.eval()
+
+
+class Torch:
+    def __init__(self, model, bf16: bool = False):
+        self.model, self.bf16 = model.eval(), bf16
+
+    def __call__(self, x):
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        with torch.inference_mode(), ctx:
+            out = self.model(x)
+        return out.logits if hasattr(out, "logits") else out
+
+
+def export_plain(model, path: Path, in_chans: int = 3) -> Path:
+    """A peer's export as its users make it: torch.onnx.export with the TorchScript exporter, dynamic batch."""
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            out = self.m(x)
+            return out.logits if hasattr(out, "logits") else out
+
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Logits(model).eval(), (torch.zeros(1, in_chans, 224, 224),), str(path),
+                          input_names=["images"], output_names=["logits"], opset_version=17, dynamo=False,
+                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+    return path
+
+
+def optimized(path: Path, heads: int, dim: int) -> Path:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    out = path.with_name(path.stem + ".opt.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimize_model(str(path), model_type="vit", num_heads=heads, hidden_size=dim, opt_level=0).save_model_to_file(str(out))
+    return out
+
+
+def hf_model(cfg):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    return ViTForImageClassification(ViTConfig(
+        hidden_size=cfg.dim, num_hidden_layers=cfg.depth, num_attention_heads=cfg.heads,
+        intermediate_size=cfg.mlp_dim, image_size=224, patch_size=cfg.patch_size, num_labels=1000,
+        layer_norm_eps=cfg.layer_norm_eps, attn_implementation="sdpa"))
+
+
+def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool) -> dict[str, tuple[str, object]]:
+    """label -> (kind, engine); kind is 'ours' or 'peer', with '-int8' for int8 rows."""
+    import timm
+
+    ours = perturbed(vitlab.create_model(name, num_classes=1000))
+    cfg = ours.config
+    timm_model = perturbed(timm.create_model(TIMM_NAMES[name], pretrained=False))
+    hf = perturbed(hf_model(cfg))
+    rows: dict[str, tuple[str, object]] = {
+        "vitlab torch": ("ours", Torch(ours)),
+        "timm torch": ("peer", Torch(timm_model)),
+        "HF torch": ("peer", Torch(hf)),
+    }
+    if bf16:
+        rows["vitlab torch bf16"] = ("ours-bf16", Torch(ours, True))
+        rows["timm torch bf16"] = ("peer-bf16", Torch(timm_model, True))
+    fp32 = build_fp32(ours, tmp / "vitlab", (224, 224))
+    rows["vitlab onnxruntime"] = ("ours", OrtEngine(fp32, threads))
+    rng = np.random.RandomState(0)
+    calibration = [rng.randn(16, 3, 224, 224).astype(np.float32) for _ in range(4)]
+    rows["vitlab int8 static"] = ("ours-int8", OrtEngine(build_int8_static(fp32, tmp / "vitlab/int8-static.onnx",
+                                                                           calibration), threads))
+    rows["vitlab int8 dynamic"] = ("ours-int8", OrtEngine(build_int8_dynamic(fp32, tmp / "vitlab/int8-dynamic.onnx"),
+                                                          threads))
+    timm_onnx = export_plain(timm_model, tmp / "timm.onnx")
+    timm_opt = optimized(timm_onnx, cfg.heads, cfg.dim)
+    rows["timm -> ORT"] = ("peer", OrtEngine(timm_onnx, threads))
+    rows["timm -> ORT optimized"] = ("peer", OrtEngine(timm_opt, threads))
+    if peers_int8:
+        rows["timm -> ORT int8 dynamic"] = ("peer-int8", OrtEngine(build_int8_dynamic(timm_opt, tmp / "timm.int8.onnx"),
+                                                                   threads))
+        hf_opt = optimized(export_plain(hf, tmp / "hf.onnx"), cfg.heads, cfg.dim)
+        rows["HF -> ORT int8 dynamic"] = ("peer-int8", OrtEngine(build_int8_dynamic(hf_opt, tmp / "hf.int8.onnx"),
+                                                                 threads))
+    return rows
+
+
+def measure(rows: dict, batch: int, rounds: int) -> dict[str, float]:
+    x = torch.randn(batch, 3, 224, 224)
+    for _, engine in rows.values():
+        engine(x)  # warm-up
+    times = {label: [] for label in rows}
+    labels = list(rows)
+    for r in range(rounds):  # interleaved; the order turns each round so no row always follows the same one
+        shift = r % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            t = time.perf_counter()
+            rows[label][1](x)
+            times[label].append(time.perf_counter() - t)
+    return {label: batch / statistics.median(ts) for label, ts in times.items()}
+
+
+def report(name: str, batch: int, rows: dict, speeds: dict[str, float]) -> list[dict]:
+    kinds = {label: kind for label, (kind, _) in rows.items()}
+    best_fp32 = max(v for k, v in speeds.items() if kinds[k] == "peer")
+    best_any = max(v for k, v in speeds.items() if kinds[k].startswith("peer"))
+    out = []
+    for label, v in sorted(speeds.items(), key=lambda kv: -kv[1]):
+        base = best_any if kinds[label].endswith("int8") else best_fp32
+        out.append({"model": name, "batch": batch, "engine": label, "kind": kinds[label],
+                    "images_per_s": round(v, 2), "vs_best_peer": round(v / base, 3)})
+        print(f"{name:10s} {batch:3d}  {label:26s} {v:8.2f} img/s   x{v / base:.2f} vs best "
+              f"{'peer (int8 incl.)' if kinds[label].endswith('int8') else 'fp32 peer'}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows for vitlab and timm")
+    ap.add_argument("--no-peer-int8", action="store_true", help="leave out the peers' int8 rows (faster set-up)")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import onnxruntime
+    import timm
+    import transformers
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, threads {args.threads}; "
+          f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}, "
+          f"onnxruntime {onnxruntime.__version__}; load average {os.getloadavg()[0]:.2f}")
+    results = []
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8)
+            for batch in (int(b) for b in args.batches.split(",")):
+                results += report(name, batch, rows, measure(rows, batch, args.rounds))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

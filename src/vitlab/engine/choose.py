@@ -1,0 +1,297 @@
+"""`--engine auto`: time the candidate engines once per machine and model shape, keep the choice and the built
+artefacts (ONNX files, Inductor kernels) beside the model, and say what was picked and why.
+
+Only engines that give the eager model's logits (max abs difference <= EXACT_TOL) count as exact; int8 is
+never picked unless asked for (`--int8`), and then only variants whose top-1 agrees with fp32 on held-out
+images at least MIN_AGREEMENT of the time are preferred.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vitlab.engine import ENGINES, INT8_MODES
+from vitlab.errors import VitlabError
+
+EXACT_TOL = 1e-3  # logits; fp32 ORT with fusions differs by ~1e-6, anything near 1e-3 is a different model
+MIN_AGREEMENT = 0.99
+MIN_CALIBRATION = 16  # images; fewer and static int8 falls back to dynamic
+
+
+# ------------------------------------------------------------------------------------------- where
+def fingerprint(model: nn.Module) -> str:
+    """A hash of the config and every weight: artefacts built for other weights are never reused."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(repr(getattr(model, "config", type(model).__name__)).encode())
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _writable(folder: Path) -> bool:
+    return folder.is_dir() and os.access(folder, os.W_OK)
+
+
+def artefact_folder(model: nn.Module, source: str | Path | None = None) -> Path:
+    """Beside the model: MODEL_FOLDER/engines/<hash> for a model folder, FILE.engines/<hash> for a file;
+    the user cache ($VITLAB_CACHE/engines/<hash>) for registry models or read-only places."""
+    from vitlab.weights.hub import cache_dir
+
+    fp = fingerprint(model)
+    if source is not None:
+        p = Path(source)
+        if p.is_dir() and _writable(p):
+            return p / "engines" / fp
+        if p.is_file() and _writable(p.parent):
+            return p.parent / f"{p.name}.engines" / fp
+    return cache_dir() / "engines" / fp
+
+
+def machine_key(threads: int) -> str:
+    """What a timing depends on besides the model: CPU, threads and library versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import onnxruntime
+
+        ort_version = onnxruntime.__version__
+    except ImportError:
+        ort_version = "none"
+    return f"{cpu}|{os.cpu_count()} cpus|{threads} threads|torch {torch.__version__}|ort {ort_version}"
+
+
+# ------------------------------------------------------------------------------------------ timing
+def _interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
+    """images/s per engine, calls interleaved (A B C, C B A, ...) so a busy moment hits all alike."""
+    for engine in engines.values():
+        engine(x)  # warm-up: kernel choice, memory
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    order = list(engines)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            t = time.perf_counter()
+            engines[name](x)
+            times[name].append(time.perf_counter() - t)
+    return {name: x.shape[0] / statistics.median(ts) for name, ts in times.items()}
+
+
+# ------------------------------------------------------------------------------------------ choice
+class _Choices:
+    """choices.json in the artefact folder: machine|shape|mode -> what was picked and the measured speeds."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "choices.json"
+        try:
+            self.data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+
+    def get(self, key: str) -> dict | None:
+        entry = self.data.get(key)
+        return entry if isinstance(entry, dict) and isinstance(entry.get("picked"), str) else None
+
+    def put(self, key: str, entry: dict) -> None:
+        self.data[key] = entry
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+def _say(quiet: bool, command: str, text: str) -> None:
+    if not quiet:
+        print(f"vitlab {command}: engine: {text}", file=sys.stderr)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+class _Builder:
+    """Builds (or reuses from the artefact folder) each candidate engine for one model."""
+
+    def __init__(self, model: nn.Module, folder: Path, image_size: tuple[int, int], threads: int):
+        self.model, self.folder, self.image_size, self.threads = model.eval(), folder, image_size, threads
+
+    def torch(self):
+        from vitlab.engine.torch_engines import TorchEngine
+
+        return TorchEngine(self.model)
+
+    def compiled(self):
+        from vitlab.engine.torch_engines import CompiledEngine
+
+        return CompiledEngine(self.model, self.folder)
+
+    def fp32_path(self) -> Path:
+        from vitlab.engine.ort import build_fp32
+
+        path = self.folder / "fp32.onnx"
+        return path if path.is_file() else build_fp32(self.model, self.folder, self.image_size)
+
+    def onnxruntime(self):
+        from vitlab.engine.ort import OrtEngine
+
+        return OrtEngine(self.fp32_path(), self.threads)
+
+    def int8(self, mode: str, calibration: list[np.ndarray] | None):
+        from vitlab.engine.ort import OrtEngine, build_int8_dynamic, build_int8_static
+
+        path = self.folder / f"int8-{mode}.onnx"
+        if mode == "static":
+            # calibrated artefacts depend on the images: rebuilt when the calibration changes
+            tag = hashlib.blake2b(b"".join(np.ascontiguousarray(c).tobytes() for c in calibration or []),
+                                  digest_size=8).hexdigest()
+            path = self.folder / f"int8-static-{tag}.onnx"
+            if not path.is_file():
+                build_int8_static(self.fp32_path(), path, calibration or [])
+        elif not path.is_file():
+            build_int8_dynamic(self.fp32_path(), path)
+        return OrtEngine(path, self.threads, name=f"onnxruntime-int8-{mode}", exact=False)
+
+
+def _split_calibration(batches: list[np.ndarray] | None) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """Three quarters calibrate, one quarter checks top-1 agreement with fp32 (never the same images)."""
+    if not batches:
+        return [], None
+    images = np.concatenate(batches)
+    if len(images) < MIN_CALIBRATION:
+        return [], images
+    cut = (len(images) * 3) // 4
+    calib = [images[i:i + 16] for i in range(0, cut, 16)]
+    return calib, images[cut:]
+
+
+def prepare_engine(
+    model: nn.Module,
+    engine: str = "auto",
+    *,
+    int8: str | None = None,
+    calibration: list[np.ndarray] | None = None,
+    batch_size: int = 32,
+    image_size: tuple[int, int] | None = None,
+    source: str | Path | None = None,
+    command: str = "predict",
+    quiet: bool = False,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The engine that runs `model` for a command. `engine`: auto|torch|onnxruntime|compiled. `int8`:
+    None (exact fp32 engines only) or auto|static|dynamic (ONNX Runtime; static calibrated on `calibration`,
+    a list of preprocessed image batches). Prints one line saying what runs and why."""
+    if engine not in ENGINES:
+        raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if int8 is not None and int8 not in INT8_MODES:
+        raise VitlabError(f"--int8 {int8!r} is not one of {', '.join(INT8_MODES)}")
+    if int8 is not None and engine in ("torch", "compiled"):
+        raise VitlabError(f"--int8 runs in ONNX Runtime; drop --engine {engine} (or use --engine onnxruntime)")
+    cfg = model.config
+    size = tuple(image_size or cfg.image_size)
+    threads = torch.get_num_threads()
+    folder = artefact_folder(model, source)
+    builder = _Builder(model, folder, size, threads)
+    if int8 is None and engine != "auto":
+        chosen = getattr(builder, engine)()
+        if engine != "torch":
+            _check_exact(chosen, builder.torch(), cfg.in_chans, size)
+        _say(quiet, command, f"{chosen.name} (as asked)")
+        return chosen
+    shape = f"batch {batch_size}|{size[0]}x{size[1]}"
+    if int8 is not None:
+        return _choose_int8(builder, int8, calibration, shape, command, quiet)
+    return _choose_exact(builder, folder, shape, batch_size, command, quiet)
+
+
+def _check_exact(candidate, reference, in_chans: int, size: tuple[int, int]) -> float:
+    x = torch.randn(2, in_chans, *size, generator=torch.Generator().manual_seed(0))
+    diff = _max_diff(candidate(x), reference(x))
+    if not diff <= EXACT_TOL:
+        raise VitlabError(f"engine {candidate.name} does not reproduce the model (logits differ by {diff:.2g}); "
+                          "use --engine torch and report this model")
+    return diff
+
+
+def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, command: str, quiet: bool):
+    choices = _Choices(folder)
+    key = f"{machine_key(builder.threads)}|{shape}|fp32"
+    cached = choices.get(key)
+    if cached and cached["picked"] in ("torch", "onnxruntime", "compiled"):
+        _say(quiet, command, f"{cached['picked']} (auto: chosen before on this machine for {shape.replace('|', ', ')}: "
+             f"{_speeds_text(cached['images_per_s'])}; cached in {folder})")
+        return getattr(builder, cached["picked"])()
+    reference = builder.torch()
+    candidates = {"torch": reference}
+    notes = []
+    try:
+        candidates["onnxruntime"] = builder.onnxruntime()
+        _check_exact(candidates["onnxruntime"], reference, builder.model.config.in_chans, builder.image_size)
+    except VitlabError as exc:
+        candidates.pop("onnxruntime", None)
+        notes.append(f"onnxruntime left out: {exc}")
+    x = torch.randn(batch, builder.model.config.in_chans, *builder.image_size)
+    speeds = _interleaved_speeds(candidates, x)
+    picked = max(speeds, key=speeds.get)
+    choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
+                      "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+    _say(quiet, command, f"{picked} (auto: measured {_speeds_text(speeds)} at {shape.replace('|', ', ')}; "
+         f"cached in {folder})" + "".join(f"; {n}" for n in notes))
+    return candidates[picked]
+
+
+def _speeds_text(speeds: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in sorted(speeds.items(), key=lambda kv: -kv[1])) + " images/s"
+
+
+def _choose_int8(builder: _Builder, mode: str, calibration, shape: str, command: str, quiet: bool):
+    calib, holdout = _split_calibration(calibration)
+    modes = ["static", "dynamic"] if mode == "auto" else [mode]
+    if "static" in modes and not calib:
+        have = 0 if holdout is None else len(holdout)
+        if mode == "static":
+            raise VitlabError(f"--int8 static needs at least {MIN_CALIBRATION} calibration images, got {have} "
+                              "(--calibration DATA); or use --int8 dynamic")
+        modes = ["dynamic"]
+        _say(quiet, command, f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization")
+    engines = {m: builder.int8(m, calib) for m in modes}
+    if len(engines) == 1:
+        only = next(iter(engines.values()))
+        agreement = _agreement(only, builder.torch(), holdout)
+        _say(quiet, command, f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
+                                               f"{agreement[0]:.1%})" if agreement else ""))
+        return only
+    reference = builder.torch()
+    agreements = {m: _agreement(e, reference, holdout) for m, e in engines.items()}
+    x = torch.from_numpy(np.concatenate(calib))[:32]
+    speeds = _interleaved_speeds(engines, x)
+    good = [m for m in engines if agreements[m] and agreements[m][0] >= MIN_AGREEMENT] or list(engines)
+    picked = max(good, key=speeds.get)
+    detail = "; ".join(f"{m} {speeds[m]:.1f} images/s, agreement {agreements[m][0]:.1%}" for m in engines)
+    _say(quiet, command, f"{engines[picked].name} (int8 auto: {detail} on {len(holdout)} held-out images)")
+    return engines[picked]
+
+
+def _agreement(engine, reference, holdout: np.ndarray | None) -> tuple[float, int] | None:
+    """(share of held-out images whose top-1 class matches fp32, how many images)."""
+    if holdout is None or not len(holdout):
+        return None
+    x = torch.from_numpy(holdout)
+    ours = torch.cat([engine(b) for b in x.split(32)]).argmax(1)
+    ref = torch.cat([reference(b) for b in x.split(32)]).argmax(1)
+    return float((ours == ref).float().mean()), len(holdout)

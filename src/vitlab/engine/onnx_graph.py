@@ -1,0 +1,70 @@
+"""ONNX graphs built for ONNX Runtime's transformer fusions (fused Attention, SkipLayerNorm, FastGelu).
+
+ORT's attention fusion only matches separate q, k, v projections and `softmax(q @ k^T / sqrt(d)) @ v`
+(../shared/reference/fast-inference.md, 2.2), so the export swaps each fused-qkv `Attention` for an
+export-only copy written that way. The weights are the same numbers cut into three; the state-dict layout
+of the model itself does not change.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+
+class SplitQKVAttention(nn.Module):
+    """Export-only attention: separate q, k, v projections and an explicit scaled softmax."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        dim = attn.qkv.in_features
+        self.heads, self.head_dim = attn.heads, attn.head_dim
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=attn.qkv.bias is not None) for _ in range(3))
+        with torch.no_grad():
+            for lin, w in zip((self.q, self.k, self.v), attn.qkv.weight.chunk(3, dim=0)):
+                lin.weight.copy_(w)
+            if attn.qkv.bias is not None:
+                for lin, b in zip((self.q, self.k, self.v), attn.qkv.bias.chunk(3, dim=0)):
+                    lin.bias.copy_(b)
+        self.proj = attn.proj
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, None]:
+        b, n, d = x.shape
+        q = self.q(x).reshape(b, n, self.heads, self.head_dim).permute(0, 2, 1, 3)
+        k = self.k(x).reshape(b, n, self.heads, self.head_dim).permute(0, 2, 3, 1)
+        v = self.v(x).reshape(b, n, self.heads, self.head_dim).permute(0, 2, 1, 3)
+        probs = (torch.matmul(q, k) / math.sqrt(self.head_dim)).softmax(dim=-1)
+        out = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(b, n, d)
+        return self.proj(out), None
+
+
+def fusable_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of `model` whose ViT attention blocks use `SplitQKVAttention` (same function, same numbers)."""
+    from vitlab.models.vit import Attention
+
+    twin = copy.deepcopy(model).eval()
+    for module in list(twin.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Attention):
+                setattr(module, name, SplitQKVAttention(child))
+    return twin
+
+
+def export_fusable(model: nn.Module, path: str | Path, image_size: tuple[int, int], opset: int = 17) -> Path:
+    """Write `model` as ONNX (input `images`, output `logits`, dynamic batch) in the fusable form."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    x = torch.zeros(1, cfg.in_chans, *image_size)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            fusable_copy(model), (x,), str(path), input_names=["images"], output_names=["logits"],
+            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}}, opset_version=opset, dynamo=False,
+        )
+    return path

@@ -1,0 +1,170 @@
+"""ONNX Runtime engines: the fp32 graph with the transformer fusions, and int8 (static, calibrated on the
+user's images, or dynamic). Facts behind the choices: ../shared/reference/fast-inference.md, sections 1-2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+
+
+def require_onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise VitlabError("this engine needs onnxruntime and onnx: pip install 'vitlab[onnx]'") from exc
+    return onnxruntime
+
+
+def make_session(path: str | Path, threads: int):
+    """A CPU session with `threads` intra-op threads (the runtime's choice, not one per core)."""
+    ort = require_onnxruntime()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3  # ORT's own warnings (e.g. about optimized-graph portability) are not for users
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+class OrtEngine:
+    """An ONNX file run by ONNX Runtime; takes and returns torch tensors like the other engines."""
+
+    exact = True
+
+    def __init__(self, path: str | Path, threads: int, name: str = "onnxruntime", exact: bool = True):
+        self.path, self.name, self.exact = Path(path), name, exact
+        self.session = make_session(self.path, threads)
+        self.input_name = self.session.get_inputs()[0].name
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        x = np.ascontiguousarray(images.detach().cpu().float().numpy())
+        return torch.from_numpy(self.session.run(None, {self.input_name: x})[0])
+
+
+@contextlib.contextmanager
+def _quiet_tools() -> Iterator[None]:
+    """ORT's quantizer and optimizer talk through warnings and the root logger; users see vitlab's one line."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def is_vit(model: nn.Module) -> bool:
+    from vitlab.models.vit import VisionTransformer
+
+    return isinstance(model, VisionTransformer)
+
+
+def build_fp32(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
+    """`folder/fp32.onnx`: the model exported in the fusable form, then fused by ORT's transformer optimizer
+    (Attention, SkipLayerNormalization, FastGelu/BiasGelu) for a ViT; exported as it is otherwise."""
+    require_onnxruntime()
+    from vitlab.engine.onnx_graph import export_fusable
+
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = export_fusable(model, folder / "raw.onnx", image_size)
+    out = folder / "fp32.onnx"
+    if not is_vit(model):
+        raw.replace(out)
+        return out
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    cfg = model.config
+    with _quiet_tools():
+        fused = optimize_model(str(raw), model_type="vit", num_heads=cfg.heads, hidden_size=cfg.dim, opt_level=0)
+    fused.save_model_to_file(str(out))
+    raw.unlink()
+    return out
+
+
+def fused_operator_counts(path: str | Path) -> dict[str, int]:
+    """How many nodes of each fused kind a graph has (what the optimizer managed to fuse)."""
+    import onnx
+
+    kinds = ("Attention", "QAttention", "SkipLayerNormalization", "FastGelu", "BiasGelu", "Gelu", "LayerNormalization")
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        if node.op_type in kinds:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def _head_nodes(path: Path) -> list[str]:
+    """The classifier's MatMul/Gemm (the last one in the graph): kept in fp32, where one layer's rounding
+    goes straight into the logits and costs almost nothing to avoid."""
+    import onnx
+
+    names = [n.name for n in onnx.load(str(path)).graph.node if n.op_type in ("MatMul", "Gemm")]
+    return names[-1:]
+
+
+def build_int8_dynamic(fp32_path: Path, out: Path) -> Path:
+    """Weights int8 offline, activations quantized per call; fused Attention becomes QAttention."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_tools():
+        quantize_dynamic(str(fp32_path), str(out), weight_type=QuantType.QInt8, nodes_to_exclude=_head_nodes(fp32_path),
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return out
+
+
+class _Batches:
+    """ONNX Runtime's CalibrationDataReader over batches of preprocessed images."""
+
+    def __init__(self, batches: Iterable[np.ndarray], input_name: str = "images"):
+        self._it = iter(batches)
+        self.input_name = input_name
+
+    def get_next(self):
+        x = next(self._it, None)
+        return None if x is None else {self.input_name: np.ascontiguousarray(x, dtype=np.float32)}
+
+
+def build_int8_static(fp32_path: Path, out: Path, calibration: list[np.ndarray]) -> Path:
+    """Activation ranges calibrated on the user's images (QDQ, uint8 activations x int8 weights, as ORT
+    advises for x86); the fused Attention blocks, which the static quantizer does not cover, get
+    dynamic QAttention. The classifier stays fp32."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if not calibration:
+        raise VitlabError("static int8 needs calibration images (--calibration DATA); or use --int8 dynamic")
+    reader = type("Reader", (_Batches, CalibrationDataReader), {})(calibration)
+    pre = out.with_name(out.stem + ".pre.onnx")
+    staged = out.with_name(out.stem + ".qdq.onnx")
+    tensor_type = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+    with _quiet_tools():
+        # shape inference first: without known types the fused graph's activations are not quantized at all
+        quant_pre_process(str(fp32_path), str(pre), skip_optimization=True)
+        quantize_static(str(pre), str(staged), reader, quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul"], nodes_to_exclude=_head_nodes(pre),
+                        calibrate_method=CalibrationMethod.MinMax, extra_options=tensor_type)
+        quantize_dynamic(str(staged), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["Attention"],
+                         extra_options=tensor_type)
+    pre.unlink(missing_ok=True)
+    staged.unlink(missing_ok=True)
+    return out

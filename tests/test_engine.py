@@ -1,0 +1,184 @@
+"""Inference engines (vitlab.engine): the fusable ONNX graph, ORT fp32 and int8, `auto` and its cache, the
+fused CPU GELU of eager inference. References: eager PyTorch for the numbers, ORT's own fusion statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitlab
+import vitlab.models.vit as vit_module
+from vitlab.errors import VitlabError
+
+pytest.importorskip("onnxruntime")
+from vitlab.engine import choose, prepare_engine  # noqa: E402
+from vitlab.engine.onnx_graph import fusable_copy  # noqa: E402
+from vitlab.engine.ort import build_fp32, fused_operator_counts  # noqa: E402
+
+KEPT_MODEL = Path(__file__).resolve().parents[1] / "docs" / "figures" / "fmnist_vit_model"
+
+
+def tiny(gelu: str = "tanh", **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = vitlab.create_model("vit-ti/16", image_size=32, patch_size=8, dim=64, depth=3, heads=4, mlp_dim=128,
+                                num_classes=10, gelu=gelu, **kw).eval()
+    with torch.no_grad():  # zero-initialised heads and biases would hide differences
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def images(n: int = 4, size: int = 32, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def test_split_qkv_copy_computes_the_same_logits():
+    model = tiny()
+    with torch.no_grad():
+        ref, twin = model(images()), fusable_copy(model)(images())
+    assert (ref - twin).abs().max() < 1e-5
+    assert any(k.endswith("attn.qkv.weight") for k in model.state_dict())  # the model itself is untouched
+
+
+@pytest.mark.parametrize("gelu,act_op", [("tanh", "FastGelu"), ("exact", "BiasGelu")])
+def test_ort_fp32_graph_is_fused_and_exact(tmp_path, gelu, act_op):
+    model = tiny(gelu)
+    path = build_fp32(model, tmp_path, (32, 32))
+    counts = fused_operator_counts(path)
+    depth = model.config.depth
+    # ORT fuses every block's attention but the first (its input is not a residual LayerNorm: reference 2.2)
+    assert counts.get("Attention", 0) >= depth - 1
+    assert counts.get("SkipLayerNormalization", 0) >= 2 * depth - 1
+    assert counts.get(act_op, 0) == depth
+    engine = prepare_engine(model, "onnxruntime", source=tmp_path, quiet=True)
+    x = images(5)
+    with torch.no_grad():
+        assert (engine(x) - model(x)).abs().max() < 1e-4
+
+
+def test_auto_measures_once_and_reuses_the_cached_choice(tmp_path, monkeypatch, capsys):
+    model = tiny()
+    engine = prepare_engine(model, "auto", batch_size=4, source=tmp_path, command="predict")
+    line = capsys.readouterr().err
+    assert "vitlab predict: engine:" in line and "auto: measured" in line and "images/s" in line
+    folder = choose.artefact_folder(model, tmp_path)
+    assert folder.parent == tmp_path / "engines" and (folder / "choices.json").is_file()
+    assert engine.name in ("torch", "onnxruntime")
+
+    def no_timing(*a, **k):
+        raise AssertionError("timed again although the choice is cached")
+
+    monkeypatch.setattr(choose, "_interleaved_speeds", no_timing)
+    again = prepare_engine(model, "auto", batch_size=4, source=tmp_path, command="predict")
+    assert again.name == engine.name and "chosen before" in capsys.readouterr().err
+    # another batch size is another shape: measured anew
+    with pytest.raises(AssertionError, match="timed again"):
+        prepare_engine(model, "auto", batch_size=2, source=tmp_path, quiet=True)
+
+
+def test_changed_weights_get_their_own_artefacts(tmp_path):
+    a, b = tiny(), tiny()
+    with torch.no_grad():
+        b.head.bias.add_(1.0)
+    assert choose.artefact_folder(a, tmp_path) != choose.artefact_folder(b, tmp_path)
+
+
+def test_an_engine_that_changes_the_logits_is_refused(tmp_path, monkeypatch):
+    from vitlab.engine import ort
+
+    class Wrong(ort.OrtEngine):
+        def __call__(self, x):
+            return super().__call__(x) + 0.1
+
+    monkeypatch.setattr(ort, "OrtEngine", Wrong)
+    with pytest.raises(VitlabError, match="does not reproduce the model"):
+        prepare_engine(tiny(), "onnxruntime", source=tmp_path, quiet=True)
+
+
+def test_flag_errors_are_one_line(tmp_path):
+    model = tiny()
+    with pytest.raises(VitlabError, match="not one of"):
+        prepare_engine(model, "tensorrt", quiet=True)
+    with pytest.raises(VitlabError, match="runs in ONNX Runtime"):
+        prepare_engine(model, "torch", int8="dynamic", quiet=True)
+    with pytest.raises(VitlabError, match="at least 16 calibration images"):
+        prepare_engine(model, "onnxruntime", int8="static", calibration=[images(8).numpy()], source=tmp_path,
+                       quiet=True)
+
+
+def test_int8_auto_with_few_images_falls_back_to_dynamic(tmp_path, capsys):
+    engine = prepare_engine(tiny(), "auto", int8="auto", calibration=[images(8).numpy()], source=tmp_path)
+    assert engine.name == "onnxruntime-int8-dynamic" and not engine.exact
+    assert "dynamic quantization" in capsys.readouterr().err
+
+
+def test_resnet_runs_in_onnxruntime_exactly(tmp_path):
+    torch.manual_seed(0)
+    model = vitlab.create_model("resnet-50", num_classes=7, image_size=64).eval()
+    engine = prepare_engine(model, "onnxruntime", source=tmp_path, quiet=True)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert (engine(x) - model(x)).abs().max() < 1e-3
+
+
+def test_static_int8_keeps_the_kept_models_accuracy(tmp_path):
+    """The documented Fashion-MNIST ViT, calibrated on bundled training images, scored on the bundled test
+    set: accuracy within a point of fp32 and top-1 agreement >= 97 % (the full test set: docs/benchmarks.md)."""
+    from vitlab.data import load_data
+    from vitlab.data.preprocess import Preprocess
+    from vitlab.engine.calibration import calibration_from_dataset
+
+    model = vitlab.load(KEPT_MODEL)
+    pre = Preprocess.for_model(model.config.image_size, model.config.in_chans)
+    splits = load_data("bundled", progress=False, report=False)
+    calib = calibration_from_dataset(splits.train, pre, limit=192)
+    engine = prepare_engine(model, "onnxruntime", int8="static", calibration=calib, source=tmp_path, quiet=True)
+    assert engine.name == "onnxruntime-int8-static"
+    test = splits.test
+    x = torch.cat([pre.batch(test[i][0].unsqueeze(0)) for i in range(len(test))])
+    y = np.array([int(test[i][1]) for i in range(len(test))])
+    with torch.no_grad():
+        fp32 = model(x).argmax(1).numpy()
+    int8 = engine(x).argmax(1).numpy()
+    assert (int8 == fp32).mean() >= 0.97
+    assert abs((int8 == y).mean() - (fp32 == y).mean()) <= 0.01
+
+
+# ------------------------------------------------------------------ the fused CPU GELU of eager inference
+def test_onednn_gelu_is_torchs_tanh_gelu_within_1e6():
+    if not vit_module._onednn_linear_gelu_available():
+        pytest.skip("no oneDNN on this torch build")
+    x = torch.randn(4096, 128, generator=torch.Generator().manual_seed(0)) * 4
+    eye = torch.eye(128)  # an identity matrix product is exact, so only the GELU differs
+    fused = torch.ops.mkldnn._linear_pointwise(x, eye, torch.zeros(128), "gelu", [], "tanh")
+    assert (fused - F.gelu(x, approximate="tanh")).abs().max() <= 1e-6
+
+
+def test_fused_gelu_path_matches_the_plain_modules(monkeypatch):
+    model = tiny("tanh")
+    x = images(3)
+    with torch.inference_mode():
+        fused = model(x)
+        monkeypatch.setattr(vit_module, "FUSED_CPU_GELU", False)
+        plain = model(x)
+    assert (fused - plain).abs().max() < 1e-5
+
+
+def test_fused_gelu_stays_out_of_training_tracing_and_autocast():
+    act = torch.nn.GELU(approximate="tanh")
+    x = torch.randn(2, 3)
+    assert not vit_module.fused_cpu_gelu_applies(x, act)  # grad enabled: training keeps autograd modules
+    with torch.no_grad():
+        assert vit_module.fused_cpu_gelu_applies(x, act) == vit_module._onednn_linear_gelu_available()
+        assert not vit_module.fused_cpu_gelu_applies(x, torch.nn.GELU())  # erf GELU: torch's kernel is fast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not vit_module.fused_cpu_gelu_applies(x, act)
+    model = tiny("tanh")
+    x = images(2)
+    loss = model(x).sum()
+    loss.backward()  # would fail (no backward for the oneDNN op) if training took the fused path
+    assert model.blocks[0].mlp.fc1.weight.grad is not None
