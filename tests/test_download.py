@@ -218,3 +218,15 @@ def test_data_set_download_resumes_and_checks_md5(server, tmp_path, monkeypatch)
     with pytest.raises(VitlabError, match="MD5") as err:
         data_download.download("mnist", tmp_path / "mnist", progress=False)
     assert "\n" not in str(err.value) and not (dest / first).exists()
+
+
+def test_unverified_bucket_file_is_still_caught_by_the_npz_crc(server, tmp_path, monkeypatch):
+    """Google publishes no hashes: a corrupted .npz passes the download but fails its zip CRC-32 on reading."""
+    monkeypatch.setenv("VITLAB_WEIGHTS_URL", server.url)
+    good = _tiny_npz(tmp_path / "tiny.npz", dim=32, mlp=64).read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    server.files["/imagenet21k/ViT-B_32.npz"] = bytes(bad)
+    with pytest.raises(VitlabError, match="Bad CRC-32") as err:
+        vitlab.load("vit-b/32.orig-in21k")
+    assert "\n" not in str(err.value)
