@@ -73,8 +73,9 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_shard(args: argparse.Namespace) -> int:
     from vitlab.data import read_source, skipped_summary
-    from vitlab.data.shards import write_shards
+    from vitlab.data.shards import check_target, write_shards
 
+    check_target(Path(args.out), args.shard_size, args.force)  # before reading a possibly large source
     splits = read_source(args.source, args.storage_size, progress=not args.quiet)  # the source's own splits
     counts = write_shards(splits, args.out, args.shard_size, force=args.force, progress=not args.quiet)
     parts = ", ".join(f"{k} {n} images in {s} shard{'s' if s != 1 else ''}" for k, (n, s) in counts.items())

@@ -579,6 +579,17 @@ def existing_shards(out: Path) -> list[Path]:
     return sorted(p for p in out.iterdir() if re.fullmatch(r"(train|val|test)-\d{6}\.tar(\.partial)?", p.name))
 
 
+def check_target(out: Path, shard_size: int, force: bool) -> list[Path]:
+    """Refuse a bad shard size or existing shards (without `force`) before any work; the shards to replace."""
+    if shard_size < 1:
+        raise VitlabError(f"--shard-size must be at least 1, got {shard_size}")
+    old = existing_shards(Path(out))
+    if old and not force:
+        raise VitlabError(f"{out} already holds {len(old)} shards ({old[0].name}, ...); pick another folder or "
+                          "pass --force to replace them")
+    return old
+
+
 def write_shards(splits: DataSplits, out: str | os.PathLike, shard_size: int, *, force: bool = False,
                  progress: bool = True) -> dict[str, tuple[int, int]]:
     """Write every split of `splits` as PNG shards plus classes.txt; {split: (samples, shards)}.
@@ -589,13 +600,8 @@ def write_shards(splits: DataSplits, out: str | os.PathLike, shard_size: int, *,
     """
     from tqdm.auto import tqdm
 
-    if shard_size < 1:
-        raise VitlabError(f"--shard-size must be at least 1, got {shard_size}")
     out = Path(out)
-    old = existing_shards(out)
-    if old and not force:
-        raise VitlabError(f"{out} already holds {len(old)} shards ({old[0].name}, ...); pick another folder or "
-                          "pass --force to replace them")
+    old = check_target(out, shard_size, force)
     if any("\n" in n or "\r" in n for n in splits.class_names):
         raise VitlabError("a class name contains a line break; rename the class before writing shards")
     out.mkdir(parents=True, exist_ok=True)
