@@ -230,3 +230,19 @@ def test_unverified_bucket_file_is_still_caught_by_the_npz_crc(server, tmp_path,
     with pytest.raises(VitlabError, match="Bad CRC-32") as err:
         vitlab.load("vit-b/32.orig-in21k")
     assert "\n" not in str(err.value)
+
+
+def test_hub_names_go_through_huggingface_hub_and_respect_offline(monkeypatch, tmp_path):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    calls = []
+
+    def snapshot(repo_id, **kw):
+        calls.append((repo_id, kw.get("local_files_only", False)))
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    monkeypatch.delenv("VITLAB_OFFLINE", raising=False)
+    assert hub.resolve("vit-b/16.hf-in21k-ft-in1k-224") == tmp_path
+    monkeypatch.setenv("VITLAB_OFFLINE", "1")
+    assert hub.resolve("hf:google/vit-base-patch16-384") == tmp_path
+    assert calls == [("google/vit-base-patch16-224", False), ("google/vit-base-patch16-384", True)]
