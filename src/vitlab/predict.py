@@ -69,6 +69,16 @@ def class_names_for(meta: dict, num_classes: int) -> list[str]:
     return [f"class_{i}" for i in range(num_classes)]
 
 
+def preprocess_for(model: nn.Module, meta: dict):
+    """The evaluation preprocessing stored with the weights, else the model's standard one."""
+    from vitlab.data.preprocess import Preprocess
+
+    pre = meta.get("preprocess")
+    if pre is None or isinstance(pre, dict):
+        pre = Preprocess.from_dict(pre) if pre else Preprocess.for_model(model.config.image_size, model.config.in_chans)
+    return pre
+
+
 @torch.no_grad()
 def predict_files(
     model: nn.Module,
@@ -79,26 +89,26 @@ def predict_files(
     device: str | torch.device = "cpu",
     progress: bool = False,
     strict: bool = True,
+    engine=None,
 ) -> tuple[list[Prediction], list[tuple[str, str]]]:
     """Predictions for `files` and the (path, reason) of images that could not be read.
 
-    With `strict`, an unreadable image raises its one-line VitlabError instead of being skipped.
+    With `strict`, an unreadable image raises its one-line VitlabError instead of being skipped. `engine`
+    (from `vitlab.engine.prepare_engine`) runs the model instead of eager PyTorch.
     """
     from tqdm import tqdm
 
     from vitlab.data.images import open_image
-    from vitlab.data.preprocess import Preprocess
 
     num_classes = model.config.num_classes
     if not num_classes:
         raise VitlabError("these weights have no classification head (a feature extractor); "
                           "fine-tune them first (vitlab.load(..., num_classes=K))")
-    pre = meta.get("preprocess")
-    if pre is None or isinstance(pre, dict):
-        pre = Preprocess.from_dict(pre) if pre else Preprocess.for_model(model.config.image_size, model.config.in_chans)
+    pre = preprocess_for(model, meta)
     names = class_names_for(meta, num_classes)
     k = max(1, min(top_k, num_classes))
     model = model.to(device).eval()
+    run = engine or model
     results: list[Prediction] = []
     failed: list[tuple[str, str]] = []
     batch: list[tuple[Path, torch.Tensor]] = []
@@ -108,7 +118,8 @@ def predict_files(
         if not batch:
             return
         x = torch.stack([t for _, t in batch]).to(device)
-        logits = model(x).float()
+        with torch.inference_mode():
+            logits = run(x).float()
         non_finite[0] += int((~torch.isfinite(logits).all(dim=-1)).sum())
         probs = logits.softmax(dim=-1).cpu()
         top = probs.topk(k, dim=-1)

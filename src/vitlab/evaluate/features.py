@@ -52,10 +52,12 @@ def run_model(
     want_features: bool = False,
     progress: bool = True,
     desc: str = "evaluating",
+    engine=None,
 ) -> Outputs:
     """Run `model` over `dataset` (or the rows `indices`) with the evaluation `preprocess`.
 
-    `preprocess` has `.batch(uint8 (B,C,H,W)) -> float (B,C,h,w)` (`vitlab.data.Preprocess`).
+    `preprocess` has `.batch(uint8 (B,C,H,W)) -> float (B,C,h,w)` (`vitlab.data.Preprocess`). `engine` (from
+    `vitlab.engine.prepare_engine`) computes the logits when no features are asked for.
     """
     from vitlab.data import make_loader
     from vitlab.progress import progress_bar
@@ -74,13 +76,16 @@ def run_model(
     for images, y in progress_bar(loader, desc=desc, unit="batch", enabled=progress):
         x = _to_input(images, preprocess, dev) if isinstance(images, list) else preprocess.batch(images.to(dev))
         y = torch.as_tensor(y).long()
+        labels.append(y)
+        if engine is not None and want_logits and not want_features:  # logits only: the chosen engine runs them
+            logits.append(engine(x).float().cpu())
+            continue
         tokens = model.forward_features(x)
         if want_features:
             f = model.forward_head(tokens, pre_logits=True)
             feats.append(f.float().cpu())
         if want_logits:
             logits.append(model.forward_head(tokens).float().cpu())
-        labels.append(y)
     return Outputs(
         labels=torch.cat(labels).numpy() if labels else np.zeros(0, np.int64),
         logits=torch.cat(logits).numpy() if logits else None,

@@ -181,6 +181,7 @@ def evaluate_model(
     progress: bool = True,
     name: str = "model",
     untrained: bool = False,
+    engine=None,
 ) -> EvalResult:
     """Evaluate `model` on `data.<split>`: its head (trained, mapped or fresh) and, on request,
     few-shot ridge / kNN / linear probe on frozen pre-logits features of `data.train`."""
@@ -194,8 +195,10 @@ def evaluate_model(
     result = EvalResult(head_mode=mode, info={"model": name, "split": split, "num_classes": k,
                                                "class_names": class_names, "n_test": len(test)})
     head_model = zs.with_fresh_head(model, k, seed=seed) if mode == "fresh" else model
+    # an engine runs the model's own head; a fresh head or frozen-feature analyses need the torch model
+    use_engine = engine if mode != "fresh" and not frozen.any else None
     out = run_model(head_model, test, preprocess, batch_size=batch_size, device=device,
-                    want_features=frozen.any, progress=progress, desc=f"{name}: {split}")
+                    want_features=frozen.any, progress=progress, desc=f"{name}: {split}", engine=use_engine)
     _require_finite(out.logits, "logits")
     _require_finite(out.features, "features")
     logits = torch.from_numpy(out.logits)
