@@ -53,6 +53,9 @@ def test_rollout_titles_are_9pt_and_do_not_collide(kept, tmp_path, k):
     for t, box in zip(titles, boxes):  # each title sits above its own image, not over it
         img = t.axes.get_window_extent(renderer)
         assert box.y0 >= img.y1 - 1
+    from PIL import Image
+
+    assert Image.open(tmp_path / "r.png").width <= 1100  # the report (1100 px wide) shows it unscaled, still 9 pt
 
 
 def _assert_legend_outside_data(fig):

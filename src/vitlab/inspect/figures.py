@@ -123,16 +123,19 @@ def _show_image(ax: plt.Axes, image: np.ndarray) -> None:
 
 
 TITLE_PT = 9  # per-image titles and tick labels: readable at the saved size (1 pt = 1/72 inch of the figure)
-_TITLE_CHARS = 16  # a title line wraps after this many characters
+_TITLE_CHARS = 20  # a title line wraps after this many characters (20 x 9 pt fits the 1.6 inch column)
+_CELL_W = 1.6  # inches per image: 6 columns at 110 dpi fit the report's 1100 px unscaled
 
 
 def rollout_layout(k: int, cols: int, aspect: float, labels: list[str] | None) -> tuple[int, int, float, float, int]:
     """(blocks, cols, width, height in inches, title lines) for `k` images: the size follows the image count,
-    each column wide enough for a 9 pt title of `_TITLE_CHARS` characters per line."""
+    each column wide enough for a 9 pt title of `_TITLE_CHARS` characters per line; rows are balanced
+    (8 images: 2 rows of 4, not 6 + 2)."""
     cols = max(1, min(cols, k))
     blocks = int(np.ceil(k / cols))
+    cols = int(np.ceil(k / blocks))
     lines = max((len(_wrap(t)) for t in labels), default=0) if labels else 0
-    cell_w = 1.75
+    cell_w = _CELL_W
     cell_h = cell_w * aspect
     title_h = lines * TITLE_PT * 1.3 / 72  # inches of title above each input image
     width = cell_w * cols + 0.2
@@ -155,7 +158,7 @@ def plot_rollout(
     path: str | Path,
     labels: list[str] | None = None,
     title: str | None = None,
-    cols: int = 8,
+    cols: int = 6,
 ) -> Path:
     """Each input image (top) and its rollout map overlaid (below), as in Fig. 6 / Fig. 14.
 
@@ -164,11 +167,12 @@ def plot_rollout(
     """
     k = len(images)
     blocks, cols, width, height, lines = rollout_layout(k, cols, images.shape[1] / images.shape[2], labels)
-    cell_h = 1.75 * images.shape[1] / images.shape[2]
+    cell_h = _CELL_W * images.shape[1] / images.shape[2]
     title_h = lines * TITLE_PT * 1.3 / 72
     ratios = [v for _ in range(blocks) for v in (cell_h + title_h, cell_h)]
     fig, axes = plt.subplots(2 * blocks, cols, figsize=(width, height), squeeze=False,
-                             gridspec_kw={"height_ratios": ratios, "hspace": 0.08, "wspace": 0.06})
+                             gridspec_kw={"height_ratios": ratios, "hspace": 0.08, "wspace": 0.06,
+                                          "top": 1 - 0.45 / height, "bottom": 0.01, "left": 0.01, "right": 0.99})
     for ax in axes.flat:
         ax.set_axis_off()
     for i in range(k):

@@ -12,7 +12,7 @@ body { font-family: system-ui, -apple-system, sans-serif; max-width: 1100px; mar
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }
 img { max-width: 100%; } table { border-collapse: collapse; font-size: 0.85em; }
 td, th { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
-td.text { text-align: left; } .note { color: #555; font-size: 0.9em; } code { background: #f4f4f4; padding: 0 3px; }
+td.text, th.text { text-align: left; } .note { color: #555; font-size: 0.9em; } code { background: #f4f4f4; padding: 0 3px; }
 """
 
 
@@ -33,22 +33,28 @@ def _img_tag(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _cell(value: object) -> str:
-    """A table cell: numbers right-aligned (the style's default), text left-aligned."""
-    text = str(value)
+def _is_number(value: object) -> bool:
     try:
-        float(text)
-        return f"<td>{html.escape(text)}</td>"
+        float(str(value))
+        return True
     except ValueError:
-        return f"<td class='text'>{html.escape(text)}</td>"
+        return False
 
 
 def _table(rows: list[list[str]]) -> str:
+    """Numbers right-aligned (the style's default), text columns (judged by the first row) left-aligned."""
     head, *body = rows
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in head) + "</tr>"]
+    first = body[0] if body else []
+    text = [i < len(first) and not _is_number(first[i]) for i in range(len(head))]
+    out = ["<table><tr>" + "".join(f"<th{TEXT if t else ''}>{html.escape(str(c))}</th>" for c, t in zip(head, text))
+           + "</tr>"]
     for row in body:
-        out.append("<tr>" + "".join(_cell(c) for c in row) + "</tr>")
+        out.append("<tr>" + "".join(f"<td{'' if _is_number(c) else TEXT}>{html.escape(str(c))}</td>" for c in row)
+                   + "</tr>")
     return "\n".join(out) + "</table>"
+
+
+TEXT = " class='text'"
 
 
 def write_report(path: str | Path, title: str, sections: list[Section], summary: list[str] | None = None) -> Path:
