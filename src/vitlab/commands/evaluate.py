@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from vitlab.commands._argtypes import THREADS_HELP, fraction, non_negative_float, positive_float, positive_int
+from vitlab.commands._engine_args import add_engine_arguments
 from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments
 from vitlab.errors import VitlabError
 
@@ -78,9 +79,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_load_arguments(p)
     p.add_argument("--batch-size", type=positive_int, default=64)
     add_runtime_args(p)
+    add_engine_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars; print only the summary table")
     add_frozen_args(p)
     p.set_defaults(func=run)
+
+
+def _engine(args: argparse.Namespace, loaded, data, runtime):
+    """The engine for the head pass (vitlab.engine); None where it cannot apply: a random model's fresh head,
+    or few-shot / kNN / probe, whose features come from the torch model in the same pass."""
+    from vitlab.commands._engine_args import engine_for, resolved_source
+
+    explicit = args.engine != "auto" or args.int8
+    if loaded.source == "registry" or frozen_options(args).any:
+        if explicit and not args.quiet:
+            print("vitlab evaluate: engine: torch (few-shot, kNN, probe and fresh heads need the torch model's "
+                  "features; --engine/--int8 apply to a plain head evaluation)", file=sys.stderr)
+        return None
+
+    def train_images():
+        from vitlab.engine.calibration import calibration_from_dataset
+
+        train = getattr(data, "train", None)
+        if train is None or not hasattr(train, "__getitem__"):
+            return None
+        return calibration_from_dataset(train, loaded.preprocess)
+
+    return engine_for(args, loaded.model, source=resolved_source(args.model), preprocess=loaded.preprocess,
+                      batch_size=args.batch_size, device=runtime.device, command="evaluate",
+                      default_calibration=train_images)
 
 
 def add_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -160,12 +187,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"model: {loaded.description}")
         print(f"data: {data.summary()}")
     runtime.announce("evaluate", quiet)
+    engine = _engine(args, loaded, data, runtime)
     res = evaluate_model(
         loaded.model, data, loaded.preprocess, split=args.split, model_classes=loaded.class_names,
         zero_shot_map=args.zero_shot_map, head=args.head, frozen=frozen_options(args),
         batch_size=args.batch_size, device=runtime.device, seed=args.seed, progress=not quiet,
         name=Path(args.model).name if Path(args.model).exists() else args.model,
-        untrained=loaded.source == "registry",
+        untrained=loaded.source == "registry", engine=engine,
     )
     if args.out:
         out = Path(args.out)

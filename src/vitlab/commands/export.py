@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
+from vitlab.commands._engine_args import add_engine_arguments
 from vitlab.commands._load_args import WEIGHTS_HELP
 
 
@@ -18,6 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--static-batch", action="store_true", help="fix the batch size to 1")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    add_engine_arguments(p, default="torch")
+    p.epilog = ("--engine torch writes the portable graph (standard operators, any runtime); onnxruntime the fp32 "
+                "graph with ONNX Runtime's transformer fusions (runs only in ONNX Runtime); auto the faster of the two "
+                "here; --int8 the quantized graph (--calibration DATA for static int8).")
     p.set_defaults(func=run)
 
 
@@ -33,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
             raise VitlabError("--image-size takes H or H W")
         size = tuple(args.image_size) if len(args.image_size) == 2 else (args.image_size[0],) * 2
     # the export traces on the CPU (an .onnx file is device-neutral); the threads matter for tracing and the check
+    _check_engine_flags(args)
     runtime = setup_runtime("cpu", args.threads)
     model, meta = load_with_meta(args.weights, image_size=size)
     runtime.announce("export")
@@ -42,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         "preprocess": pre.to_dict() if hasattr(pre, "to_dict") else pre,
         "model": model.config.to_dict(),
     }
+    if args.engine != "torch" or args.int8:
+        return _export_for_engine(args, model, meta, metadata)
     path = export_onnx(model, args.output, opset=args.opset, dynamic_batch=not args.static_batch, metadata=metadata)
     print(f"wrote {path} (input 'images' {model.config.in_chans}x{model.config.image_size[0]}x"
           f"{model.config.image_size[1]}, output 'logits' {model.config.num_classes})")
@@ -54,4 +62,37 @@ def run(args: argparse.Namespace) -> int:
             print(f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}")
             if diff > 1e-3:
                 raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e}; please report this")
+    return 0
+
+
+def _check_engine_flags(args: argparse.Namespace) -> None:
+    """Flag combinations export cannot honour, refused before anything is loaded."""
+    from vitlab.errors import VitlabError
+
+    if args.engine == "compiled":
+        raise VitlabError("--engine compiled is torch.compile at run time, not a file; export writes ONNX: "
+                          "use --engine onnxruntime (fused for ORT), torch (portable) or auto")
+    if (args.engine != "torch" or args.int8) and (args.static_batch or args.opset != 18):
+        raise VitlabError("--static-batch and --opset apply to the portable export (--engine torch) only")
+    if args.int8 == "static" and not args.calibration:
+        raise VitlabError("--int8 static needs your images: add --calibration DATA (a folder of images or a --data "
+                          "source), or use --int8 dynamic")
+
+
+def _export_for_engine(args: argparse.Namespace, model, meta: dict, metadata: dict) -> int:
+    """--engine onnxruntime|auto or --int8: the graph an engine runs (checked when it is built)."""
+    from vitlab.commands._engine_args import resolved_source
+    from vitlab.export import export_for_engine
+    from vitlab.predict import preprocess_for
+
+    calibration = None
+    if args.int8:
+        if args.calibration:
+            from vitlab.engine.calibration import calibration_from_source
+
+            calibration = calibration_from_source(args.calibration, preprocess_for(model, meta))
+    path, kind = export_for_engine(model, args.output, args.engine, int8=args.int8, calibration=calibration,
+                                   source=resolved_source(args.weights), metadata=metadata)
+    print(f"wrote {path}: {kind} (input 'images' {model.config.in_chans}x{model.config.image_size[0]}x"
+          f"{model.config.image_size[1]}, output 'logits' {model.config.num_classes})")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
+from vitlab.commands._engine_args import add_engine_arguments
 from vitlab.commands._load_args import WEIGHTS_HELP
 from vitlab.errors import VitlabError
 
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     p.add_argument("--seed", type=int, default=0, help="which images --data picks (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the report path")
+    add_engine_arguments(p, int8=False)
     p.set_defaults(func=run)
 
 
@@ -128,6 +130,22 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
     return torch.stack(tensors), labels
 
 
+def _attention_engine(args: argparse.Namespace, model, runtime, n_images: int):
+    """What computes logits + attention for the images (vitlab.engine.attention); None = the torch model."""
+    if not n_images or args.engine == "torch":
+        return None
+    if runtime.device.type != "cpu":
+        if args.engine != "auto":
+            raise VitlabError(f"--engine {args.engine} runs on the CPU; add --device cpu")
+        return None
+    from vitlab.commands._engine_args import resolved_source
+    from vitlab.engine.attention import prepare_attention_engine
+
+    return prepare_attention_engine(model, args.engine, batch_size=min(args.batch_size, n_images),
+                                    image_size=tuple(model.config.image_size),
+                                    source=resolved_source(resolve_model_path(args.model)), quiet=args.quiet)
+
+
 def run(args: argparse.Namespace) -> int:
     from vitlab.inspect import check_inspectable, inspect_model
     from vitlab.runtime import setup_runtime
@@ -145,12 +163,13 @@ def run(args: argparse.Namespace) -> int:
         print("no --images or --data given: only the embedding filters and position embeddings are drawn")
     model = model.to(runtime.device).eval()
     runtime.announce("inspect", args.quiet)
+    forward = _attention_engine(args, model, runtime, len(images))
     res = inspect_model(
         model, images if len(images) else None, args.out,
         mean=preprocess.mean, std=preprocess.std, labels=labels, class_names=class_names,
         batch_size=args.batch_size, rollout_images=args.rollout_images, head_fusion=args.head_fusion,
         discard_ratio=args.discard_ratio, cls=args.cls, num_components=args.components,
-        title=f"vitlab inspect: {args.model}", progress=not args.quiet,
+        title=f"vitlab inspect: {args.model}", progress=not args.quiet, forward=forward,
     )
     if not args.quiet:
         for note in res.notes:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
+from vitlab.commands._engine_args import add_engine_arguments
 from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments
 
 
@@ -25,13 +26,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_load_arguments(p)
     p.add_argument("--skip-bad", action="store_true", help="skip unreadable images (listed on stderr) instead of stopping")
     p.add_argument("--quiet", action="store_true", help="no progress bar or notes on stderr")
+    add_engine_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitlab.commands._engine_args import engine_for, resolved_source
     from vitlab.commands._load_args import load_overrides
+    from vitlab.engine.calibration import calibration_from_files
     from vitlab.errors import VitlabError
-    from vitlab.predict import collect_images, format_predictions, predict_files
+    from vitlab.predict import collect_images, format_predictions, predict_files, preprocess_for
     from vitlab.runtime import setup_runtime
     from vitlab.weights import load_with_meta
 
@@ -46,10 +50,16 @@ def run(args: argparse.Namespace) -> int:
     if meta.get("zero_head") and not args.quiet:
         print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
               "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
+    engine = engine_for(args, model, source=resolved_source(args.weights), preprocess=preprocess_for(model, meta),
+                        batch_size=min(args.batch_size, len(files)), device=runtime.device, command="predict",
+                        default_calibration=lambda: calibration_from_files(files, preprocess_for(model, meta)),
+                        defer_note=True)
     preds, failed = predict_files(model, meta, files, args.top_k, args.batch_size, runtime.device,
-                                  progress=not args.quiet and len(files) > 50, strict=not args.skip_bad)
+                                  progress=not args.quiet and len(files) > 50, strict=not args.skip_bad, engine=engine)
     # announced after the images were read: a bad image still fails with exactly one line
     runtime.announce("predict", args.quiet)
+    if engine is not None and not args.quiet:
+        print(engine.note, file=sys.stderr)
     print(format_predictions(preds, args.format))
     if not args.quiet:
         for _path, reason in failed:

@@ -117,9 +117,17 @@ class _Choices:
         tmp.replace(self.path)
 
 
-def _say(quiet: bool, command: str, text: str) -> None:
+def _say(notes: list[str], text: str) -> None:
+    notes.append(text)
+
+
+def announce(engine, command: str, notes: list[str], quiet: bool):
+    """Keep the one line saying what runs (`engine.note`) and print it unless `quiet` (commands that must
+    first finish reading their inputs print `engine.note` themselves)."""
+    engine.note = f"vitlab {command}: engine: " + "; ".join(notes)
     if not quiet:
-        print(f"vitlab {command}: engine: {text}", file=sys.stderr)
+        print(engine.note, file=sys.stderr)
+    return engine
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -207,16 +215,17 @@ def prepare_engine(
     threads = torch.get_num_threads()
     folder = artefact_folder(model, source)
     builder = _Builder(model, folder, size, threads)
+    notes: list[str] = []
     if int8 is None and engine != "auto":
         chosen = getattr(builder, engine)()
         if engine != "torch":
             _check_exact(chosen, builder.torch(), cfg.in_chans, size)
-        _say(quiet, command, f"{chosen.name} (as asked)")
-        return chosen
-    shape = f"batch {batch_size}|{size[0]}x{size[1]}"
-    if int8 is not None:
-        return _choose_int8(builder, int8, calibration, shape, command, quiet)
-    return _choose_exact(builder, folder, shape, batch_size, command, quiet)
+        _say(notes, f"{chosen.name} (as asked)")
+    elif int8 is not None:
+        chosen = _choose_int8(builder, int8, calibration, f"batch {batch_size}", notes)
+    else:
+        chosen = _choose_exact(builder, folder, f"batch {batch_size}|{size[0]}x{size[1]}", batch_size, notes)
+    return announce(chosen, command, notes, quiet)
 
 
 def _check_exact(candidate, reference, in_chans: int, size: tuple[int, int]) -> float:
@@ -228,30 +237,30 @@ def _check_exact(candidate, reference, in_chans: int, size: tuple[int, int]) -> 
     return diff
 
 
-def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, command: str, quiet: bool):
+def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes: list[str]):
     choices = _Choices(folder)
     key = f"{machine_key(builder.threads)}|{shape}|fp32"
     cached = choices.get(key)
     if cached and cached["picked"] in ("torch", "onnxruntime", "compiled"):
-        _say(quiet, command, f"{cached['picked']} (auto: chosen before on this machine for {shape.replace('|', ', ')}: "
+        _say(notes, f"{cached['picked']} (auto: chosen before on this machine for {shape.replace('|', ', ')}: "
              f"{_speeds_text(cached['images_per_s'])}; cached in {folder})")
         return getattr(builder, cached["picked"])()
     reference = builder.torch()
     candidates = {"torch": reference}
-    notes = []
+    left_out = []
     try:
         candidates["onnxruntime"] = builder.onnxruntime()
         _check_exact(candidates["onnxruntime"], reference, builder.model.config.in_chans, builder.image_size)
     except VitlabError as exc:
         candidates.pop("onnxruntime", None)
-        notes.append(f"onnxruntime left out: {exc}")
+        left_out.append(f"onnxruntime left out: {exc}")
     x = torch.randn(batch, builder.model.config.in_chans, *builder.image_size)
     speeds = _interleaved_speeds(candidates, x)
     picked = max(speeds, key=speeds.get)
     choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
                       "when": time.strftime("%Y-%m-%d %H:%M:%S")})
-    _say(quiet, command, f"{picked} (auto: measured {_speeds_text(speeds)} at {shape.replace('|', ', ')}; "
-         f"cached in {folder})" + "".join(f"; {n}" for n in notes))
+    _say(notes, f"{picked} (auto: measured {_speeds_text(speeds)} at {shape.replace('|', ', ')}; "
+         f"cached in {folder})" + "".join(f"; {n}" for n in left_out))
     return candidates[picked]
 
 
@@ -259,7 +268,7 @@ def _speeds_text(speeds: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in sorted(speeds.items(), key=lambda kv: -kv[1])) + " images/s"
 
 
-def _choose_int8(builder: _Builder, mode: str, calibration, shape: str, command: str, quiet: bool):
+def _choose_int8(builder: _Builder, mode: str, calibration, shape: str, notes: list[str]):
     calib, holdout = _split_calibration(calibration)
     modes = ["static", "dynamic"] if mode == "auto" else [mode]
     if "static" in modes and not calib:
@@ -268,12 +277,12 @@ def _choose_int8(builder: _Builder, mode: str, calibration, shape: str, command:
             raise VitlabError(f"--int8 static needs at least {MIN_CALIBRATION} calibration images, got {have} "
                               "(--calibration DATA); or use --int8 dynamic")
         modes = ["dynamic"]
-        _say(quiet, command, f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization")
+        _say(notes, f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization")
     engines = {m: builder.int8(m, calib) for m in modes}
     if len(engines) == 1:
         only = next(iter(engines.values()))
         agreement = _agreement(only, builder.torch(), holdout)
-        _say(quiet, command, f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
+        _say(notes, f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
                                                f"{agreement[0]:.1%})" if agreement else ""))
         return only
     reference = builder.torch()
@@ -283,7 +292,7 @@ def _choose_int8(builder: _Builder, mode: str, calibration, shape: str, command:
     good = [m for m in engines if agreements[m] and agreements[m][0] >= MIN_AGREEMENT] or list(engines)
     picked = max(good, key=speeds.get)
     detail = "; ".join(f"{m} {speeds[m]:.1f} images/s, agreement {agreements[m][0]:.1%}" for m in engines)
-    _say(quiet, command, f"{engines[picked].name} (int8 auto: {detail} on {len(holdout)} held-out images)")
+    _say(notes, f"{engines[picked].name} (int8 auto: {detail} on {len(holdout)} held-out images)")
     return engines[picked]
 
 

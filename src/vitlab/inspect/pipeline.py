@@ -76,6 +76,7 @@ def collect(
     discard_ratio: float = 0.0,
     cls: str = "exclude",
     progress: bool = True,
+    forward=None,
 ) -> dict[str, np.ndarray]:
     """One pass over `images` (N, C, H, W, normalised) collecting per-image distances, rollout maps of
     the first `rollout_images`, raw per-head maps of image 0 and predictions; attention is reduced batch
@@ -95,7 +96,8 @@ def collect(
     for start in progress_bar(starts, desc=f"inspect: attention of {len(images)} images", unit="batch",
                               enabled=progress):
         x = images[start: start + batch_size].to(device)
-        logits, attn = model(x, return_attention=True)
+        # `forward` (vitlab.engine.attention) may run the same model in ONNX Runtime
+        logits, attn = forward(x) if forward is not None else model(x, return_attention=True)
         preds.append(logits.argmax(-1).cpu())
         dists.append(attention_distance(attn, grid, stride, prefix, cls))
         keep = max(0, min(rollout_images - start, len(x)))
@@ -142,6 +144,7 @@ def inspect_model(
     progress: bool = True,
     extra_sections: Sequence[Section] = (),
     skipped: Sequence[tuple[str, str]] = (),
+    forward=None,
 ) -> InspectResult:
     """Run the analyses that apply to `model` and write `out_dir/inspect_*.png`, `report.html`,
     `inspect.npz` and `inspect.json`.
@@ -213,7 +216,7 @@ def inspect_model(
     if have_images:
         step(steps[2])
         stats = collect(model, images, batch_size=batch_size, rollout_images=rollout_images,
-                        head_fusion=head_fusion, discard_ratio=discard_ratio, cls=cls, progress=progress)
+                        head_fusion=head_fusion, discard_ratio=discard_ratio, cls=cls, progress=progress, forward=forward)
         grid = tuple(int(g) for g in stats["grid"])
         res.attention_distance_per_image = stats["distance_per_image"]
         res.attention_distance = res.attention_distance_per_image.mean(0)

@@ -1,0 +1,58 @@
+"""`--engine`, `--int8` and `--calibration`, shared by predict, evaluate, inspect and export (vitlab.engine)."""
+
+from __future__ import annotations
+
+import argparse
+
+ENGINE_CHOICES = ("auto", "torch", "onnxruntime", "compiled")
+INT8_CHOICES = ("auto", "static", "dynamic")
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8: bool = True) -> None:
+    p.add_argument("--engine", choices=ENGINE_CHOICES, default=default,
+                   help="what runs the model on the CPU: auto (time torch and ONNX Runtime once per machine and "
+                        "shape, keep the faster exact one; cached beside the model), torch (eager), onnxruntime "
+                        f"(fused fp32 graph), compiled (torch.compile) (default {default})")
+    if int8:
+        p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
+                       help="int8 inference in ONNX Runtime: static (calibrated on your images), dynamic, or auto "
+                            "(the faster of the two whose top-1 agrees with fp32 on >= 99%% of held-out images)")
+        p.add_argument("--calibration", metavar="DATA",
+                       help="images for static int8: a folder of images or any --data source (default: the images "
+                            "the command runs on)")
+
+
+def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_size: int, device, command: str,
+               default_calibration=None, defer_note: bool = False):
+    """The engine for this command, or None where eager PyTorch runs as before (--engine torch, or a GPU).
+    With `defer_note` the command prints `engine.note` itself, once its inputs have been read."""
+    from vitlab.errors import VitlabError
+
+    int8 = getattr(args, "int8", None)
+    quiet = getattr(args, "quiet", False) or defer_note
+    if getattr(device, "type", str(device)) != "cpu":
+        if args.engine not in ("auto", "torch") or int8:
+            raise VitlabError(f"--engine {args.engine}{' --int8' if int8 else ''} runs on the CPU; "
+                              "add --device cpu, or drop the flag to run on the GPU")
+        return None
+    if args.engine == "torch" and not int8:
+        return None
+    from vitlab.engine import prepare_engine
+
+    calibration = None
+    if int8:
+        from vitlab.engine.calibration import calibration_from_source
+
+        if getattr(args, "calibration", None):
+            calibration = calibration_from_source(args.calibration, preprocess)
+        elif default_calibration is not None:
+            calibration = default_calibration()
+    return prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
+                          source=source, command=command, quiet=quiet)
+
+
+def resolved_source(spec):
+    """The local file or folder a model came from (artefacts are kept beside it); None for a registry name."""
+    from vitlab.weights import resolve_model
+
+    return resolve_model(spec)

@@ -1,0 +1,137 @@
+"""Engines for `vitlab inspect`, which needs every layer's attention probabilities besides the logits.
+
+The ONNX graph returns them as outputs (`logits`, `attention_0` ... `attention_{L-1}`); ORT still fuses the
+LayerNorms and GELUs, but not the attention itself, whose probabilities are now outputs.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vitlab.engine.choose import (
+    EXACT_TOL,
+    _Choices,
+    _interleaved_speeds,
+    _speeds_text,
+    announce,
+    artefact_folder,
+    machine_key,
+)
+from vitlab.errors import VitlabError
+
+AttentionResult = tuple[torch.Tensor, list[torch.Tensor]]
+
+
+class _WithAttention(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor):
+        logits, attentions = self.model(x, return_attention=True)
+        return (logits, *attentions)
+
+
+class TorchAttentionEngine:
+    name = "torch"
+
+    def __init__(self, model: nn.Module):
+        self.model = model.eval()
+
+    def __call__(self, x: torch.Tensor) -> AttentionResult:
+        with torch.inference_mode():
+            return self.model(x, return_attention=True)
+
+
+class OrtAttentionEngine:
+    name = "onnxruntime"
+
+    def __init__(self, path: Path, threads: int):
+        from vitlab.engine.ort import make_session
+
+        self.session = make_session(path, threads)
+
+    def __call__(self, x: torch.Tensor) -> AttentionResult:
+        outs = self.session.run(None, {"images": np.ascontiguousarray(x.detach().cpu().float().numpy())})
+        return torch.from_numpy(outs[0]), [torch.from_numpy(a) for a in outs[1:]]
+
+
+def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
+    """`folder/fp32-attention.onnx`: logits and every layer's attention, LayerNorm/GELU fused by ORT."""
+    from vitlab.engine.ort import _quiet_tools, require_onnxruntime
+
+    require_onnxruntime()
+    out = folder / "fp32-attention.onnx"
+    if out.is_file():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / "attention-raw.onnx"
+    depth = len(model.blocks)
+    names = ["logits"] + [f"attention_{i}" for i in range(depth)]
+    x = torch.zeros(1, model.config.in_chans, *image_size)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_WithAttention(model.eval()), (x,), str(raw), input_names=["images"], output_names=names,
+                          dynamic_axes={n: {0: "batch"} for n in ["images", *names]}, opset_version=17, dynamo=False)
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    cfg = model.config
+    with _quiet_tools():
+        optimize_model(str(raw), model_type="vit", num_heads=cfg.heads, hidden_size=cfg.dim,
+                       opt_level=0).save_model_to_file(str(out))
+    raw.unlink()
+    return out
+
+
+def _max_diff(a: AttentionResult, b: AttentionResult) -> float:
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip([a[0], *a[1]], [b[0], *b[1]]))
+
+
+def prepare_attention_engine(model: nn.Module, engine: str = "auto", *, batch_size: int = 32,
+                             image_size: tuple[int, int] | None = None, source=None, command: str = "inspect",
+                             quiet: bool = False):
+    """A callable x -> (logits, attentions) for `engine` (auto|torch|onnxruntime|compiled); `auto` times torch
+    and ONNX Runtime once per machine and shape and caches the choice beside the model."""
+    from vitlab.engine import ENGINES
+
+    if engine not in ENGINES:
+        raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    reference = TorchAttentionEngine(model)
+    if engine == "torch":
+        return announce(reference, command, ["torch (as asked)"], quiet)
+    if engine == "compiled":
+        raise VitlabError("--engine compiled is not offered for inspect (attention outputs change every layer's "
+                          "graph); use auto, torch or onnxruntime")
+    size = tuple(image_size or model.config.image_size)
+    folder = artefact_folder(model, source)
+    threads = torch.get_num_threads()
+    key = f"{machine_key(threads)}|batch {batch_size}|{size[0]}x{size[1]}|fp32+attention"
+    choices = _Choices(folder)
+    cached = choices.get(key) if engine == "auto" else None
+    if cached:
+        note = (f"{cached['picked']} (auto: chosen before on this machine: {_speeds_text(cached['images_per_s'])}; "
+                f"cached in {folder})")
+        chosen = reference if cached["picked"] == "torch" else OrtAttentionEngine(
+            build_with_attention(model, folder, size), threads)
+        return announce(chosen, command, [note], quiet)
+    ort_engine = OrtAttentionEngine(build_with_attention(model, folder, size), threads)
+    x = torch.randn(2, model.config.in_chans, *size, generator=torch.Generator().manual_seed(0))
+    diff = _max_diff(ort_engine(x), reference(x))
+    if not diff <= EXACT_TOL:
+        raise VitlabError(f"engine onnxruntime does not reproduce the model (outputs differ by {diff:.2g}); "
+                          "use --engine torch and report this model")
+    if engine == "onnxruntime":
+        return announce(ort_engine, command, ["onnxruntime (as asked)"], quiet)
+    batch = torch.randn(batch_size, model.config.in_chans, *size)
+    speeds = _interleaved_speeds({"torch": reference, "onnxruntime": ort_engine}, batch, rounds=3)
+    picked = max(speeds, key=speeds.get)
+    choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
+                      "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+    note = f"{picked} (auto: measured {_speeds_text(speeds)} at batch {batch_size}; cached in {folder})"
+    return announce(reference if picked == "torch" else ort_engine, command, [note], quiet)

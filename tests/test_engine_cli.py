@@ -1,0 +1,118 @@
+"""`--engine` / `--int8` / `--calibration` on predict, evaluate, inspect and export: the same answers as eager
+PyTorch (exact engines), one-line refusals, the choice announced once and cached beside the model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.errors import VitlabError
+
+ort = pytest.importorskip("onnxruntime")
+KEPT_MODEL = Path(__file__).resolve().parents[1] / "docs" / "figures" / "fmnist_vit_model"
+
+
+@pytest.fixture()
+def model_dir(tmp_path):
+    """A copy of the documented Fashion-MNIST ViT (engines write their artefacts beside the model)."""
+    dst = tmp_path / "model"
+    shutil.copytree(KEPT_MODEL, dst)
+    return dst
+
+
+@pytest.fixture()
+def images(tmp_path):
+    from vitlab.data import load_data
+
+    test = load_data("bundled", progress=False, report=False).test
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(40):
+        Image.fromarray(test[i][0][0].numpy()).save(folder / f"{i:03d}.png")
+    return folder
+
+
+def _predict_json(capsys, *argv) -> list[dict]:
+    assert main(["predict", *argv, "--format", "json", "--top-k", "1"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_predict_engines_agree_with_torch(model_dir, images, capsys):
+    ref = _predict_json(capsys, str(model_dir), str(images), "--engine", "torch")
+    for engine in ("onnxruntime", "auto"):
+        out = _predict_json(capsys, str(model_dir), str(images), "--engine", engine)
+        assert [r["top"][0]["label"] for r in out] == [r["top"][0]["label"] for r in ref]
+        assert np.allclose([r["top"][0]["probability"] for r in out], [r["top"][0]["probability"] for r in ref],
+                           atol=1e-4)
+    assert (next((model_dir / "engines").iterdir()) / "choices.json").is_file()
+
+
+def test_predict_int8_runs_and_names_itself(model_dir, images, capsys):
+    assert main(["predict", str(model_dir), str(images), "--int8", "static", "--top-k", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "engine: onnxruntime-int8-static" in err and "held-out images" in err
+
+
+def test_evaluate_engine_gives_torchs_accuracy(model_dir, tmp_path, capsys):
+    accuracies = {}
+    for engine in ("torch", "onnxruntime"):
+        out = tmp_path / f"eval-{engine}"
+        assert main(["evaluate", str(model_dir), "--data", "bundled", "--engine", engine, "--out", str(out),
+                     "--quiet"]) == 0
+        accuracies[engine] = json.loads((out / "metrics.json").read_text())
+    capsys.readouterr()
+    rows = {k: v["rows"][0] for k, v in accuracies.items()}
+    assert rows["torch"]["method"] == "head" and 0.85 < rows["torch"]["accuracy"] < 1
+    assert rows["onnxruntime"]["accuracy"] == rows["torch"]["accuracy"]
+    assert rows["onnxruntime"]["macro_f1"] == rows["torch"]["macro_f1"]
+
+
+def test_export_onnxruntime_and_int8(model_dir, tmp_path, capsys):
+    out = tmp_path / "fused.onnx"
+    assert main(["export", str(model_dir), str(out), "--engine", "onnxruntime"]) == 0
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "SkipLayerNormalization" in ops and "Attention" in ops
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert json.loads(meta["vitlab"])["class_names"][0] == "T-shirt/top"
+    q = tmp_path / "int8.onnx"
+    assert main(["export", str(model_dir), str(q), "--int8", "static", "--calibration", "bundled"]) == 0
+    assert any(n.op_type == "QuantizeLinear" for n in onnx.load(str(q)).graph.node)
+    capsys.readouterr()
+    assert main(["export", str(model_dir), str(tmp_path / "x.onnx"), "--int8", "static"]) == 2
+    assert "--calibration" in capsys.readouterr().err
+    assert main(["export", str(model_dir), str(tmp_path / "x.onnx"), "--engine", "compiled"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_inspect_onnxruntime_matches_torch(model_dir, tmp_path, capsys):
+    runs = {}
+    for engine in ("torch", "onnxruntime"):
+        out = tmp_path / f"inspect-{engine}"
+        assert main(["inspect", str(model_dir), "--data", "bundled", "-n", "16", "--rollout-images", "2",
+                     "--engine", engine, "--out", str(out), "--quiet"]) == 0
+        runs[engine] = np.load(out / "inspect.npz")
+    capsys.readouterr()
+    for key in ("attention_distance_per_image", "rollout_maps", "predictions"):
+        assert np.allclose(runs["torch"][key], runs["onnxruntime"][key], atol=1e-4), key
+
+
+def test_engines_other_than_torch_refuse_a_gpu_in_one_line():
+    from vitlab.commands._engine_args import engine_for
+
+    args = argparse.Namespace(engine="onnxruntime", int8=None, quiet=True)
+    with pytest.raises(VitlabError, match="runs on the CPU"):
+        engine_for(args, None, source=None, preprocess=None, batch_size=1, device=torch.device("cuda"),
+                   command="predict")
+    args.engine = "auto"  # auto on a GPU: the torch model, as before
+    assert engine_for(args, None, source=None, preprocess=None, batch_size=1, device=torch.device("cuda"),
+                      command="predict") is None
