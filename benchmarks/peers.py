@@ -9,6 +9,7 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
     /work/peers/bin/pip install --no-deps -e .
     /work/peers/bin/python benchmarks/peers.py                                  # Ti/S/B-16, batch 1 and 32
     /work/peers/bin/python benchmarks/peers.py --models vit-s/16 --batches 32 --rounds 9 --out /tmp/peers.json
+    /work/peers/bin/python benchmarks/peers.py --train fmnist,ti16       # training steps instead (AdamW, fp32)
 
 Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU); `vitlab onnxruntime` the exact fp32
 ORT engine (`--engine onnxruntime`); `vitlab int8 static|dynamic` what `--int8` builds. Peers run their defaults
@@ -163,6 +164,68 @@ def report(name: str, batch: int, rows: dict, speeds: dict[str, float]) -> list[
     return out
 
 
+# training sizes: name -> (image size, channels, patch, dim, depth, heads, mlp, batch)
+TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 192, 12, 3, 768, 16)}
+
+
+def train_models(size) -> dict[str, torch.nn.Module]:
+    """vitlab (official numerics: tanh GELU), timm and HF with their own defaults (exact GELU), same shapes."""
+    from timm.models.vision_transformer import VisionTransformer
+    from transformers import ViTConfig, ViTForImageClassification
+
+    img, ch, p, d, depth, heads, mlp, _ = size
+    ours = vitlab.create_model("custom", num_classes=10, image_size=img, in_chans=ch, patch_size=p, dim=d,
+                               depth=depth, heads=heads, mlp_dim=mlp, seed=0)
+    timm_model = VisionTransformer(img_size=img, patch_size=p, in_chans=ch, num_classes=10, embed_dim=d, depth=depth,
+                                   num_heads=heads, mlp_ratio=mlp / d)
+    hf = ViTForImageClassification(ViTConfig(hidden_size=d, num_hidden_layers=depth, num_attention_heads=heads,
+                                             intermediate_size=mlp, image_size=img, patch_size=p, num_channels=ch,
+                                             num_labels=10, attn_implementation="sdpa"))
+    return {"vitlab": ours, "timm": timm_model, "HF": hf}
+
+
+def train_step(model, x, y):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step():
+        out = model(x)
+        logits = out.logits if hasattr(out, "logits") else out
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return step
+
+
+def bench_training(name: str, rounds: int, steps: int) -> list[dict]:
+    size = TRAIN_SIZES[name]
+    img, ch, batch = size[0], size[1], size[7]
+    torch.manual_seed(0)
+    x, y = torch.randn(batch, ch, img, img), torch.randint(0, 10, (batch,))
+    fns = {label: train_step(m, x, y) for label, m in train_models(size).items()}
+    for fn in fns.values():
+        fn()
+    times = {label: [] for label in fns}
+    labels = list(fns)
+    for r in range(rounds):
+        shift = r % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            t = time.perf_counter()
+            for _ in range(steps):
+                fns[label]()
+            times[label].append((time.perf_counter() - t) / steps)
+    speeds = {label: batch / statistics.median(ts) for label, ts in times.items()}
+    best_peer = max(v for k, v in speeds.items() if k != "vitlab")
+    out = []
+    for label, v in sorted(speeds.items(), key=lambda kv: -kv[1]):
+        print(f"train {name:7s} batch {batch:3d}  {label:7s} {v:8.1f} img/s   x{v / best_peer:.2f} vs best peer")
+        out.append({"train": name, "batch": batch, "model": label, "images_per_s": round(v, 2),
+                    "vs_best_peer": round(v / best_peer, 3)})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16")
@@ -172,6 +235,8 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows for vitlab and timm")
     ap.add_argument("--no-peer-int8", action="store_true", help="leave out the peers' int8 rows (faster set-up)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--train", default=None, help="time training steps for these sizes (fmnist,ti16) instead")
+    ap.add_argument("--steps", type=int, default=3, help="training steps per round (with --train)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import onnxruntime
@@ -182,7 +247,10 @@ def main() -> None:
           f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}, "
           f"onnxruntime {onnxruntime.__version__}; load average {os.getloadavg()[0]:.2f}")
     results = []
-    for name in args.models.split(","):
+    if args.train:
+        for name in args.train.split(","):
+            results += bench_training(name, args.rounds, args.steps)
+    for name in ([] if args.train else args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8)
             for batch in (int(b) for b in args.batches.split(",")):

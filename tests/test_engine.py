@@ -8,10 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import vitlab
-import vitlab.models.vit as vit_module
 from vitlab.errors import VitlabError
 
 pytest.importorskip("onnxruntime")
@@ -146,39 +144,3 @@ def test_static_int8_keeps_the_kept_models_accuracy(tmp_path):
     int8 = engine(x).argmax(1).numpy()
     assert (int8 == fp32).mean() >= 0.97
     assert abs((int8 == y).mean() - (fp32 == y).mean()) <= 0.01
-
-
-# ------------------------------------------------------------------ the fused CPU GELU of eager inference
-def test_onednn_gelu_is_torchs_tanh_gelu_within_1e6():
-    if not vit_module._onednn_linear_gelu_available():
-        pytest.skip("no oneDNN on this torch build")
-    x = torch.randn(4096, 128, generator=torch.Generator().manual_seed(0)) * 4
-    eye = torch.eye(128)  # an identity matrix product is exact, so only the GELU differs
-    fused = torch.ops.mkldnn._linear_pointwise(x, eye, torch.zeros(128), "gelu", [], "tanh")
-    assert (fused - F.gelu(x, approximate="tanh")).abs().max() <= 1e-6
-
-
-def test_fused_gelu_path_matches_the_plain_modules(monkeypatch):
-    model = tiny("tanh")
-    x = images(3)
-    with torch.inference_mode():
-        fused = model(x)
-        monkeypatch.setattr(vit_module, "FUSED_CPU_GELU", False)
-        plain = model(x)
-    assert (fused - plain).abs().max() < 1e-5
-
-
-def test_fused_gelu_stays_out_of_training_tracing_and_autocast():
-    act = torch.nn.GELU(approximate="tanh")
-    x = torch.randn(2, 3)
-    assert not vit_module.fused_cpu_gelu_applies(x, act)  # grad enabled: training keeps autograd modules
-    with torch.no_grad():
-        assert vit_module.fused_cpu_gelu_applies(x, act) == vit_module._onednn_linear_gelu_available()
-        assert not vit_module.fused_cpu_gelu_applies(x, torch.nn.GELU())  # erf GELU: torch's kernel is fast
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert not vit_module.fused_cpu_gelu_applies(x, act)
-    model = tiny("tanh")
-    x = images(2)
-    loss = model(x).sum()
-    loss.backward()  # would fail (no backward for the oneDNN op) if training took the fused path
-    assert model.blocks[0].mlp.fc1.weight.grad is not None

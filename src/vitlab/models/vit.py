@@ -5,7 +5,6 @@ Key names follow timm, so timm and torchvision weights map 1:1 and our checkpoin
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -16,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from vitlab.errors import VitlabError
 from vitlab.models.config import ViTConfig
 from vitlab.models.convstem import ConvStem
+from vitlab.models.gelu import linear_gelu
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
 
@@ -101,28 +101,6 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(out)), attn
 
 
-@functools.cache
-def _onednn_linear_gelu_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.GELU) -> bool:
-    """Whether fc1 + tanh GELU can run as one oneDNN call: CPU fp32 inference outside tracing and compiling.
-
-    torch's own tanh-GELU kernel is several times slower than its erf GELU on CPU; oneDNN applies the same
-    function inside the matrix product (within 5e-7 of torch's GELU, tests/test_model_vit_fast.py) and saves the
-    extra pass. The oneDNN op has no backward, so training keeps the plain modules.
-    """
-    return (
-        FUSED_CPU_GELU and act.approximate == "tanh" and not torch.is_grad_enabled() and x.device.type == "cpu"
-        and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling() and _onednn_linear_gelu_available()
-    )
-
-
-FUSED_CPU_GELU = True  # benchmarks flip it to time the plain path
-
-
 class Mlp(nn.Module):
     """Dense -> GELU -> Dropout -> Dense -> Dropout (the official MlpBlock)."""
 
@@ -135,11 +113,7 @@ class Mlp(nn.Module):
         self.drop2 = _dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fused_cpu_gelu_applies(x, self.act):
-            h = torch.ops.mkldnn._linear_pointwise(x, self.fc1.weight, self.fc1.bias, "gelu", [], "tanh")
-        else:
-            h = self.act(self.fc1(x))
-        return self.drop2(self.fc2(self.drop1(h)))
+        return self.drop2(self.fc2(self.drop1(linear_gelu(x, self.fc1, self.act))))
 
 
 class DropPath(nn.Module):

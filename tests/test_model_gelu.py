@@ -1,0 +1,87 @@
+"""The fast CPU routes of the official tanh GELU (vitlab.models.gelu) against torch's own GELU kernel, which is
+the reference: forward within 1e-6, gradients within 1e-5, whole-model outputs and training steps unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitlab
+from vitlab.models import gelu
+
+
+def values(shape=(4096, 96), seed=0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 4  # tails where tanh saturates
+
+
+def test_onednn_epilogue_is_torchs_tanh_gelu_within_1e6():
+    if not gelu.onednn_linear_gelu_available():
+        pytest.skip("no oneDNN in this torch build")
+    x = values()
+    eye = torch.eye(x.shape[1])  # an identity matrix product is exact, so only the GELU differs
+    fused = torch.ops.mkldnn._linear_pointwise(x, eye, torch.zeros(x.shape[1]), "gelu", [], "tanh")
+    assert (fused - F.gelu(x, approximate="tanh")).abs().max() <= 1e-6
+
+
+def test_sigmoid_form_forward_and_gradient_match_torch():
+    x = values().requires_grad_()
+    g = values(seed=1) / 4  # unit-scale incoming gradients
+    ours = gelu.SigmoidFormTanhGelu.apply(x)
+    ref = F.gelu(x, approximate="tanh")
+    assert (ours - ref).abs().max() <= 1e-6
+    (g_ours,) = torch.autograd.grad(ours, x, g)
+    (g_ref,) = torch.autograd.grad(ref, x, g)
+    assert (g_ours - g_ref).abs().max() <= 1e-5
+    exact = torch.autograd.grad(F.gelu(x.double(), approximate="tanh"), x, g.double())[0]  # float64 truth
+    assert (g_ours.double() - exact).abs().max() <= 3 * (g_ref.double() - exact).abs().max()
+    x64 = x.detach().double().requires_grad_()
+    assert torch.autograd.gradcheck(gelu.SigmoidFormTanhGelu.apply, (x64[:8, :8].clone().requires_grad_(),))
+
+
+def tiny(act: str = "tanh") -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = vitlab.create_model("custom", image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64,
+                                num_classes=5, gelu=act)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def test_inference_and_training_step_unchanged(monkeypatch):
+    x = torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    y = torch.arange(6) % 5
+    results = {}
+    for fast in (True, False):
+        monkeypatch.setattr(gelu, "FAST_CPU_GELU", fast)
+        model = tiny()
+        with torch.inference_mode():
+            logits = model(x)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        results[fast] = (logits, loss.detach(), [p.grad.clone() for p in model.parameters()])
+    (l1, loss1, g1), (l0, loss0, g0) = results[True], results[False]
+    assert (l1 - l0).abs().max() < 1e-5 and abs(loss1 - loss0) < 1e-6
+    assert max(float((a - b).abs().max()) for a, b in zip(g1, g0)) < 1e-5
+
+
+def test_routes_apply_only_where_they_are_exact():
+    act, erf = torch.nn.GELU(approximate="tanh"), torch.nn.GELU()
+    x = torch.randn(2, 3)
+    assert not gelu.fused_cpu_gelu_applies(x, act)  # grad enabled: training takes the autograd route
+    with torch.no_grad():
+        assert gelu.fused_cpu_gelu_applies(x, act) == gelu.onednn_linear_gelu_available()
+        assert not gelu.fused_cpu_gelu_applies(x, erf)  # erf GELU: torch's kernel is already fast
+        assert not gelu.fused_cpu_gelu_applies(x.double(), act)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not gelu.fused_cpu_gelu_applies(x, act)
+
+
+def test_onnx_export_traces_the_plain_gelu(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from vitlab.export import export_onnx
+
+    path = export_onnx(tiny().eval(), tmp_path / "m.onnx")
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert "Tanh" in ops and not any("Python" in op or "mkldnn" in op.lower() for op in ops)
