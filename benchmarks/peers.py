@@ -13,7 +13,9 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
 
 Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU); `vitlab onnxruntime` the exact fp32
 ORT engine (`--engine onnxruntime`); `vitlab int8 static|dynamic` what `--int8` builds. Peers run their defaults
-(timm: exact GELU). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
+(timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
+ours and the peers'), and without the pause they took the cores from whichever row ran next (a torch row ran up
+to 3x slower). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
 fp32 peer, int8 rows by the fastest peer of all, int8 included).
 """
 
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 
 import vitlab
+from vitlab.engine.choose import PAUSE_S
 from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, build_int8_static
 
 TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
@@ -118,8 +121,7 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool)
     rows["vitlab onnxruntime"] = ("ours", OrtEngine(fp32, threads))
     rng = np.random.RandomState(0)
     calibration = [rng.randn(16, 3, 224, 224).astype(np.float32) for _ in range(4)]
-    rows["vitlab int8 static"] = ("ours-int8", OrtEngine(build_int8_static(fp32, tmp / "vitlab/int8-static.onnx",
-                                                                           calibration), threads))
+    rows["vitlab int8 static"] = ("ours-int8", OrtEngine(build_int8_static(fp32, tmp / "vitlab/int8-static.onnx", calibration), threads))
     rows["vitlab int8 dynamic"] = ("ours-int8", OrtEngine(build_int8_dynamic(fp32, tmp / "vitlab/int8-dynamic.onnx"),
                                                           threads))
     timm_onnx = export_plain(timm_model, tmp / "timm.onnx")
@@ -144,6 +146,7 @@ def measure(rows: dict, batch: int, rounds: int) -> dict[str, float]:
     for r in range(rounds):  # interleaved; the order turns each round so no row always follows the same one
         shift = r % len(labels)
         for label in labels[shift:] + labels[:shift]:
+            time.sleep(PAUSE_S)
             t = time.perf_counter()
             rows[label][1](x)
             times[label].append(time.perf_counter() - t)

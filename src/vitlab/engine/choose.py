@@ -80,14 +80,19 @@ def machine_key(threads: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------ timing
+PAUSE_S = 0.05  # between timed calls: ORT's spinning threads (and any other engine's) stop before the next one
+
+
 def _interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
-    """images/s per engine, calls interleaved (A B C, C B A, ...) so a busy moment hits all alike."""
+    """images/s per engine, calls interleaved (A B C, C B A, ...) so a busy moment hits all alike; a short pause
+    before each call so that no engine's leftover threads (ORT spins after a run) slow the next one down."""
     for engine in engines.values():
         engine(x)  # warm-up: kernel choice, memory
     times: dict[str, list[float]] = {name: [] for name in engines}
     order = list(engines)
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
+            time.sleep(PAUSE_S)
             t = time.perf_counter()
             engines[name](x)
             times[name].append(time.perf_counter() - t)
