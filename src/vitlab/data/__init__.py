@@ -1,4 +1,5 @@
-"""vitlab.data: image sources (folders, CSV, IDX, CIFAR, digits, bundled), batched transforms, loaders.
+"""vitlab.data: image sources (folders, CSV, IDX, CIFAR, digits, bundled, WebDataset tar shards, Hugging Face
+datasets), batched transforms, loaders.
 
     splits = load_data("fashion-mnist", classes="Sandal,Sneaker,Ankle boot", per_class=100, seed=0)
     loader = make_loader(splits.train, 256, shuffle=True, seed=0, epoch=0)

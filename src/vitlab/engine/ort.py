@@ -161,8 +161,10 @@ def build_int8_dynamic(fp32_path: Path, out: Path) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet_tools():
+        # per-channel weight scales: same speed here (ViT-S/16 49.1 vs 49.1, B/16 16.2 vs 16.3 images/s), smaller
+        # logit error (0.057 vs 0.071, 0.093 vs 0.124 on random weights)
         quantize_dynamic(str(fp32_path), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS,
-                         nodes_to_exclude=_head_nodes(fp32_path),
+                         per_channel=True, nodes_to_exclude=_head_nodes(fp32_path),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     return out
 

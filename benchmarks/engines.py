@@ -1,0 +1,55 @@
+"""What `--engine auto` picks on this machine, and what each candidate measured (fresh cache, so it times).
+
+    python benchmarks/engines.py                                   # ViT-Ti/16, S/16, B/16 at batch 1 and 32
+    python benchmarks/engines.py --models vit-s/16 --batches 32 --compiled   # also torch.compile (+ compile time)
+
+`auto` compares eager PyTorch with the fused fp32 ONNX Runtime graph, both exact; `--compiled` times
+`--engine compiled` on its own (it is not an `auto` candidate: see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+import time
+from contextlib import redirect_stderr
+
+import torch
+
+import vitlab
+from vitlab.engine import prepare_engine
+from vitlab.engine.choose import _interleaved_speeds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--compiled", action="store_true")
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    for name in args.models.split(","):
+        model = vitlab.create_model(name).eval()
+        with tempfile.TemporaryDirectory() as tmp:
+            for batch in (int(b) for b in args.batches.split(",")):
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    engine = prepare_engine(model, "auto", batch_size=batch, source=tmp, command="bench")
+                print(f"{name:10s} batch {batch:3d}: picked {engine.name:12s} | {err.getvalue().strip()}")
+                if args.compiled:
+                    start = time.perf_counter()
+                    compiled = prepare_engine(model, "compiled", source=tmp, quiet=True)
+                    x = torch.randn(batch, 3, 224, 224)
+                    compiled(x)
+                    setup = time.perf_counter() - start
+                    eager = prepare_engine(model, "torch", quiet=True)
+                    speeds = _interleaved_speeds({"compiled": compiled, "torch": eager}, x)
+                    print(f"{'':10s} compiled: {speeds['compiled']:.2f} vs torch {speeds['torch']:.2f} images/s "
+                          f"(x{speeds['compiled'] / speeds['torch']:.2f}), compile + first call {setup:.0f} s")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
