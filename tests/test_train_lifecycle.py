@@ -51,11 +51,7 @@ def tiny_cfg(tmp_path, **kw):
     return resolve_config("small-data", overrides=base)
 
 
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # tests/conftest.py
 
 
 def set_load(monkeypatch, load: float) -> None:

@@ -30,12 +30,7 @@ from vitlab.errors import VitlabError
 from vitlab.train import train
 from vitlab.train.run_dir import read_metrics
 
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # tests/conftest.py
 
 
 @pytest.fixture

@@ -52,6 +52,12 @@ def scan_headers(paths: Sequence[str], progress: bool = True) -> tuple[list[tupl
     return infos, skipped
 
 
+def storage_format(peek: Sequence[tuple[int, int, str]], requested: int | None = None) -> tuple[int, int]:
+    """(channels, storage size) from (width, height, PIL mode) of sample images: 1 channel only if all are grey."""
+    channels = 1 if peek and all(m in GREY_MODES for _, _, m in peek) else 3
+    return channels, choose_storage_size([(w, h) for w, h, _ in peek], requested)
+
+
 def choose_storage_size(sizes: Sequence[tuple[int, int]], requested: int | None = None) -> int:
     """The square size images are stored at: `requested`, else the median shorter side capped at 256."""
     if requested:
@@ -244,8 +250,7 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
                           "check the files or the path")
     index = {c: i for i, c in enumerate(classes)}
     good = [info_of[p] for items in usable.values() for p, _ in items]
-    size = choose_storage_size([(w, h) for w, h, _ in good], storage_size)
-    channels = 1 if all(m in GREY_MODES for _, _, m in good) else 3
+    channels, size = storage_format(good, storage_size)
     parts = {}
     for split in ("train", "val", "test"):
         items = usable.get(split)

@@ -167,7 +167,7 @@ def _peek(table, image_col: str, n: int = 32) -> list[tuple[int, int, str]]:
 
 def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
     """Open a Hugging Face dataset as DataSplits of HFImageDataset (decoded later, in memory or streamed)."""
-    from vitlab.data.files import GREY_MODES, choose_storage_size
+    from vitlab.data.files import storage_format
 
     datasets = _datasets()
     obj, name = _open(spec, progress)
@@ -200,8 +200,7 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
             names = sorted(str(v) for v in values)
     index = {n: i for i, n in enumerate(names)}
     peek = _peek(tables["train"], image_col)
-    channels = 1 if peek and all(m in GREY_MODES for _, _, m in peek) else 3
-    size = choose_storage_size([(w, h) for w, h, _ in peek], storage_size)
+    channels, size = storage_format(peek, storage_size)
     label = f"hf:{name}"
     out = {}
     for split, table in tables.items():

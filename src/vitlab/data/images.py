@@ -149,11 +149,17 @@ def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int
     """
     path = Path(path)
     _check_file(path)
-    # No global state is changed here (files are decoded from several threads): the size limit is
-    # checked explicitly, and Pillow's default LOAD_TRUNCATED_IMAGES=False makes a truncated file an error.
+    return decode_image(path, path, mode, max_pixels)
+
+
+def decode_image(source, name, mode: str | None = None, max_pixels: int | None = None) -> Image.Image:
+    """Decode `source` (a path or a binary file object, e.g. BytesIO of a tar member or a dataset cell) like
+    `open_image`; `name` says which image in errors. Bad data is a BadImageError."""
+    # No global state is changed here (images are decoded from several threads): the size limit is
+    # checked explicitly, and Pillow's default LOAD_TRUNCATED_IMAGES=False makes truncated data an error.
     try:
-        with Image.open(path) as img:
-            check_image_size(path, *img.size, max_pixels)  # before any pixel is decoded
+        with Image.open(source) as img:
+            check_image_size(name, *img.size, max_pixels)  # before any pixel is decoded
             img.load()
             img = ImageOps.exif_transpose(img) or img
             out = normalise_mode(img, mode)
@@ -162,13 +168,13 @@ def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int
     except VitlabError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise BadImageError("image too large", path, "possible decompression bomb") from None
+        raise BadImageError("image too large", name, "possible decompression bomb") from None
     except UnidentifiedImageError:
-        raise BadImageError("not an image", path, "Pillow cannot identify it") from None
+        raise BadImageError("not an image", name, "Pillow cannot identify it") from None
     except MemoryError:
-        raise BadImageError("image too large", path, "out of memory while decoding") from None
-    except Exception as exc:  # truncated, corrupt data, broken headers: all mean "skip this file"
-        raise BadImageError("corrupt or truncated image", path, _first_line(exc)) from None
+        raise BadImageError("image too large", name, "out of memory while decoding") from None
+    except Exception as exc:  # truncated, corrupt data, broken headers: all mean "skip this image"
+        raise BadImageError("corrupt or truncated image", name, _first_line(exc)) from None
 
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:

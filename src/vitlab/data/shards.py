@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 
 from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import (
     IMAGE_EXTENSIONS,
     BadImageError,
-    check_image_size,
-    normalise_mode,
     pil_to_tensor,
     resize_shorter_center_crop,
 )
@@ -207,24 +205,10 @@ def scan_shard(path: str) -> tuple[list[ShardSample], list, list[tuple[str, str]
 
 
 def decode_image_bytes(data: bytes, name: str, mode: str | None) -> Image.Image:
-    """Decode an image held in memory like images.open_image decodes a file; bad data is a BadImageError."""
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            check_image_size(name, *img.size)
-            img.load()
-            img = ImageOps.exif_transpose(img) or img
-            out = normalise_mode(img, mode)
-            out.load()
-            return out
-    except VitlabError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise BadImageError("image too large", name, "possible decompression bomb") from None
-    except UnidentifiedImageError:
-        raise BadImageError("not an image", name, "Pillow cannot identify it") from None
-    except Exception as exc:  # truncated or corrupt data: skip the sample
-        text = str(exc).strip().splitlines()
-        raise BadImageError("corrupt or truncated image", name, text[0] if text else type(exc).__name__) from None
+    """Decode an image held in memory exactly as images.open_image decodes a file; bad data is a BadImageError."""
+    from vitlab.data.images import decode_image
+
+    return decode_image(io.BytesIO(data), name, mode)
 
 
 def read_bytes(sample: ShardSample, fh=None) -> bytes:
@@ -314,7 +298,7 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
     """Read a shard spec or folder: one pass over every shard's headers; nothing decoded but a few headers."""
     from tqdm.auto import tqdm
 
-    from vitlab.data.files import GREY_MODES, choose_storage_size
+    from vitlab.data.files import storage_format
 
     groups, folder = resolve_shards(source)
     all_shards = [s for v in groups.values() for s in v]
@@ -331,8 +315,7 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
     names, index = _class_names(raw, read_class_file(folder))
     first = [s for samples, _ in found.values() for s in samples[:32]][:64]
     peek = _peek(first)
-    channels = 1 if peek and all(m in GREY_MODES for _, _, m in peek) else 3
-    size = choose_storage_size([(w, h) for w, h, _ in peek], storage_size)
+    channels, size = storage_format(peek, storage_size)
     label = f"shards:{folder.name or folder}"
     parts = {}
     for split, shards in groups.items():

@@ -5,7 +5,8 @@ the time of its erf GELU. Two exact rewrites of the same function are used inste
 - inference: fc1 and the GELU as one oneDNN matrix product with a GELU epilogue (within 5e-7 of torch's GELU);
 - training: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), whose forward and backward are a few cheap passes
   (torch's sigmoid is fast), within 6e-7 of torch's GELU forward and 1e-5 of its gradient.
-Elsewhere (GPU, bf16/fp16, tracing for ONNX, torch.compile) the plain `nn.GELU` runs.
+Elsewhere (GPU, bf16/fp16, tracing for ONNX, torch.compile, dispatch modes such as FlopCounterMode) the plain
+`nn.GELU` runs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 FAST_CPU_GELU = True  # benchmarks flip it to time torch's own kernel
 _TWO_K1 = 2 * math.sqrt(2 / math.pi)  # 2u = x * (2 k1 + 2 k1 k2 x^2), k1 = sqrt(2/pi), k2 = 0.044715
@@ -30,6 +32,7 @@ def _cpu_fp32_eager(x: torch.Tensor, act: nn.GELU) -> bool:
     return (
         FAST_CPU_GELU and act.approximate == "tanh" and x.device.type == "cpu" and x.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None  # FLOP counting, fake or meta tensors: the standard ops
     )
 
 
