@@ -259,6 +259,9 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     except VitlabError as exc:
         candidates.pop("onnxruntime", None)
         left_out.append(f"onnxruntime left out: {exc}")
+    if len(candidates) == 1:  # nothing to compare (onnxruntime missing or refused): not timed, not cached
+        _say(notes, "torch (auto: the only candidate here; " + "; ".join(left_out) + ")")
+        return reference
     x = torch.randn(batch, builder.model.config.in_chans, *builder.image_size)
     speeds = _interleaved_speeds(candidates, x)
     picked = max(speeds, key=speeds.get)
