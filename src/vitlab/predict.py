@@ -90,11 +90,13 @@ def predict_files(
     progress: bool = False,
     strict: bool = True,
     engine=None,
+    engine_factory=None,
 ) -> tuple[list[Prediction], list[tuple[str, str]]]:
     """Predictions for `files` and the (path, reason) of images that could not be read.
 
     With `strict`, an unreadable image raises its one-line VitlabError instead of being skipped. `engine`
-    (from `vitlab.engine.prepare_engine`) runs the model instead of eager PyTorch.
+    (from `vitlab.engine.prepare_engine`) runs the model instead of eager PyTorch; `engine_factory` makes one when
+    the first batch is ready, so a bad first image still fails in one line before any engine is built.
     """
     from tqdm import tqdm
 
@@ -108,18 +110,21 @@ def predict_files(
     names = class_names_for(meta, num_classes)
     k = max(1, min(top_k, num_classes))
     model = model.to(device).eval()
-    run = engine or model
+    runner = engine
     results: list[Prediction] = []
     failed: list[tuple[str, str]] = []
     batch: list[tuple[Path, torch.Tensor]] = []
     non_finite = [0]  # images whose logits hold NaN or inf, counted over all batches
 
     def flush() -> None:
+        nonlocal runner
         if not batch:
             return
         x = torch.stack([t for _, t in batch]).to(device)
+        if runner is None:
+            runner = (engine_factory() if engine_factory else None) or model
         with torch.inference_mode():
-            logits = run(x).float()
+            logits = runner(x).float()
         non_finite[0] += int((~torch.isfinite(logits).all(dim=-1)).sum())
         probs = logits.softmax(dim=-1).cpu()
         top = probs.topk(k, dim=-1)

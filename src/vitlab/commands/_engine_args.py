@@ -48,7 +48,7 @@ def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_siz
         elif default_calibration is not None:
             calibration = default_calibration()
     return prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
-                          source=source, command=command, quiet=quiet)
+                          source=source, command=command, quiet=quiet, progress=not getattr(args, "quiet", False))
 
 
 def resolved_source(spec):

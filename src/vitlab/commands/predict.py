@@ -50,16 +50,22 @@ def run(args: argparse.Namespace) -> int:
     if meta.get("zero_head") and not args.quiet:
         print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
               "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
-    engine = engine_for(args, model, source=resolved_source(args.weights), preprocess=preprocess_for(model, meta),
-                        batch_size=min(args.batch_size, len(files)), device=runtime.device, command="predict",
-                        default_calibration=lambda: calibration_from_files(files, preprocess_for(model, meta)),
-                        defer_note=True)
+    engines = []  # made when the first batch is ready: a bad first image fails before anything is built
+
+    def make_engine():
+        engines.append(engine_for(args, model, source=resolved_source(args.weights),
+                                  preprocess=preprocess_for(model, meta), batch_size=min(args.batch_size, len(files)),
+                                  device=runtime.device, command="predict", defer_note=True,
+                                  default_calibration=lambda: calibration_from_files(files, preprocess_for(model, meta))))
+        return engines[-1]
+
     preds, failed = predict_files(model, meta, files, args.top_k, args.batch_size, runtime.device,
-                                  progress=not args.quiet and len(files) > 50, strict=not args.skip_bad, engine=engine)
+                                  progress=not args.quiet and len(files) > 50, strict=not args.skip_bad,
+                                  engine_factory=make_engine)
     # announced after the images were read: a bad image still fails with exactly one line
     runtime.announce("predict", args.quiet)
-    if engine is not None and not args.quiet:
-        print(engine.note, file=sys.stderr)
+    if engines and engines[0] is not None and not args.quiet:
+        print(engines[0].note, file=sys.stderr)
     print(format_predictions(preds, args.format))
     if not args.quiet:
         for _path, reason in failed:

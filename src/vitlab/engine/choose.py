@@ -142,8 +142,10 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 class _Builder:
     """Builds (or reuses from the artefact folder) each candidate engine for one model."""
 
-    def __init__(self, model: nn.Module, folder: Path, image_size: tuple[int, int], threads: int):
+    def __init__(self, model: nn.Module, folder: Path, image_size: tuple[int, int], threads: int,
+                 say_building=None):
         self.model, self.folder, self.image_size, self.threads = model.eval(), folder, image_size, threads
+        self.say_building = say_building or (lambda what: None)
 
     def torch(self):
         from vitlab.engine.torch_engines import TorchEngine
@@ -159,7 +161,10 @@ class _Builder:
         from vitlab.engine.ort import build_fp32
 
         path = self.folder / "fp32.onnx"
-        return path if path.is_file() else build_fp32(self.model, self.folder, self.image_size)
+        if path.is_file():
+            return path
+        self.say_building("the ONNX Runtime graph")
+        return build_fp32(self.model, self.folder, self.image_size)
 
     def onnxruntime(self):
         from vitlab.engine.ort import OrtEngine
@@ -176,9 +181,13 @@ class _Builder:
                                   digest_size=8).hexdigest()
             path = self.folder / f"int8-static-{tag}.onnx"
             if not path.is_file():
-                build_int8_static(self.fp32_path(), path, calibration or [])
+                fp32 = self.fp32_path()
+                self.say_building("the static int8 graph (calibrating)")
+                build_int8_static(fp32, path, calibration or [])
         elif not path.is_file():
-            build_int8_dynamic(self.fp32_path(), path)
+            fp32 = self.fp32_path()
+            self.say_building("the dynamic int8 graph")
+            build_int8_dynamic(fp32, path)
         return OrtEngine(path, self.threads, name=f"onnxruntime-int8-{mode}", exact=False)
 
 
@@ -205,10 +214,12 @@ def prepare_engine(
     source: str | Path | None = None,
     command: str = "predict",
     quiet: bool = False,
+    progress: bool | None = None,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The engine that runs `model` for a command. `engine`: auto|torch|onnxruntime|compiled. `int8`:
     None (exact fp32 engines only) or auto|static|dynamic (ONNX Runtime; static calibrated on `calibration`,
-    a list of preprocessed image batches). Prints one line saying what runs and why."""
+    a list of preprocessed image batches). Prints one line saying what runs and why (`engine.note`), and with
+    `progress` (default: not quiet) a line before building anything, which takes seconds to a minute once."""
     if engine not in ENGINES:
         raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     if int8 is not None and int8 not in INT8_MODES:
@@ -219,7 +230,14 @@ def prepare_engine(
     size = tuple(image_size or cfg.image_size)
     threads = torch.get_num_threads()
     folder = artefact_folder(model, source)
-    builder = _Builder(model, folder, size, threads)
+    show = (not quiet) if progress is None else progress
+
+    def say_building(what: str) -> None:
+        if show:
+            print(f"vitlab {command}: engine: building {what} for this model once (kept in {folder})",
+                  file=sys.stderr, flush=True)
+
+    builder = _Builder(model, folder, size, threads, say_building)
     notes: list[str] = []
     if int8 is None and engine != "auto":
         chosen = getattr(builder, engine)()
