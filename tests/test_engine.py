@@ -145,3 +145,15 @@ def test_static_int8_keeps_the_kept_models_accuracy(tmp_path):
     int8 = engine(x).argmax(1).numpy()
     assert (int8 == fp32).mean() >= 0.97
     assert abs((int8 == y).mean() - (fp32 == y).mean()) <= 0.01
+
+
+def test_a_damaged_cached_graph_is_rebuilt(tmp_path, capsys):
+    model = tiny()
+    engine = prepare_engine(model, "onnxruntime", source=tmp_path, quiet=True)
+    cached = engine.path
+    cached.write_bytes(cached.read_bytes()[:200])  # a build killed half-way
+    again = prepare_engine(model, "onnxruntime", source=tmp_path)
+    assert "building again" in capsys.readouterr().err
+    x = images(2)
+    with torch.no_grad():
+        assert (again(x) - model(x)).abs().max() < 1e-4

@@ -89,6 +89,17 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
     return out
 
 
+def _open_attention_graph(model: nn.Module, folder: Path, size: tuple[int, int], threads: int) -> OrtAttentionEngine:
+    """The cached graph, or built again once when ORT cannot load it (a build killed half-way)."""
+    try:
+        return OrtAttentionEngine(build_with_attention(model, folder, size), threads)
+    except VitlabError:
+        raise
+    except Exception:  # onnxruntime's own exception types
+        (folder / "fp32-attention.onnx").unlink(missing_ok=True)
+        return OrtAttentionEngine(build_with_attention(model, folder, size), threads)
+
+
 def _max_diff(a: AttentionResult, b: AttentionResult) -> float:
     return max(float((x.float() - y.float()).abs().max()) for x, y in zip([a[0], *a[1]], [b[0], *b[1]]))
 
@@ -117,10 +128,9 @@ def prepare_attention_engine(model: nn.Module, engine: str = "auto", *, batch_si
     if cached:
         note = (f"{cached['picked']} (auto: chosen before on this machine: {_speeds_text(cached['images_per_s'])}; "
                 f"cached in {folder})")
-        chosen = reference if cached["picked"] == "torch" else OrtAttentionEngine(
-            build_with_attention(model, folder, size), threads)
+        chosen = reference if cached["picked"] == "torch" else _open_attention_graph(model, folder, size, threads)
         return announce(chosen, command, [note], quiet)
-    ort_engine = OrtAttentionEngine(build_with_attention(model, folder, size), threads)
+    ort_engine = _open_attention_graph(model, folder, size, threads)
     x = torch.randn(2, model.config.in_chans, *size, generator=torch.Generator().manual_seed(0))
     diff = _max_diff(ort_engine(x), reference(x))
     if not diff <= EXACT_TOL:

@@ -169,9 +169,26 @@ class _Builder:
     def onnxruntime(self):
         from vitlab.engine.ort import OrtEngine
 
-        return OrtEngine(self.fp32_path(), self.threads)
+        return self._open(lambda: OrtEngine(self.fp32_path(), self.threads), [self.folder / "fp32.onnx"])
+
+    def _open(self, make, files: list[Path]):
+        """Open a cached artefact; one that ORT cannot load (truncated by a killed build, edited by hand) is
+        removed and built again once, with a note, instead of failing with ORT's own error."""
+        try:
+            return make()
+        except VitlabError:
+            raise
+        except Exception as exc:  # onnxruntime raises its own exception types for unreadable graphs
+            for f in files:
+                f.unlink(missing_ok=True)
+            self.say_building(f"again: the cached file could not be loaded ({type(exc).__name__})")
+            return make()
 
     def int8(self, mode: str, calibration: list[np.ndarray] | None):
+        return self._open(lambda: self._int8(mode, calibration),
+                          [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")])
+
+    def _int8(self, mode: str, calibration: list[np.ndarray] | None):
         from vitlab.engine.ort import OrtEngine, build_int8_dynamic, build_int8_static
 
         path = self.folder / f"int8-{mode}.onnx"
