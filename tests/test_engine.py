@@ -157,3 +157,15 @@ def test_a_damaged_cached_graph_is_rebuilt(tmp_path, capsys):
     x = images(2)
     with torch.no_grad():
         assert (again(x) - model(x)).abs().max() < 1e-4
+
+
+def test_auto_falls_back_to_torch_when_the_graph_cannot_be_built(tmp_path, monkeypatch, capsys):
+    from vitlab.engine import ort
+
+    def broken(*a, **k):
+        raise RuntimeError("exporter does not support this operator")
+
+    monkeypatch.setattr(ort, "build_fp32", broken)
+    engine = prepare_engine(tiny(), "auto", batch_size=2, source=tmp_path)
+    err = capsys.readouterr().err
+    assert engine.name == "torch" and "onnxruntime left out: RuntimeError: exporter does not support" in err

@@ -291,9 +291,10 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     try:
         candidates["onnxruntime"] = builder.onnxruntime()
         _check_exact(candidates["onnxruntime"], reference, builder.model.config.in_chans, builder.image_size)
-    except VitlabError as exc:
+    except Exception as exc:  # auto never fails where eager PyTorch works: the candidate is left out, with why
         candidates.pop("onnxruntime", None)
-        left_out.append(f"onnxruntime left out: {exc}")
+        why = str(exc) if isinstance(exc, VitlabError) else f"{type(exc).__name__}: {str(exc).strip()[:120]}"
+        left_out.append(f"onnxruntime left out: {why}")
     if len(candidates) == 1:  # nothing to compare (onnxruntime missing or refused): not timed, not cached
         _say(notes, "torch (auto: the only candidate here; " + "; ".join(left_out) + ")")
         return reference

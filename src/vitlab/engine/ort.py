@@ -19,6 +19,7 @@ from vitlab.errors import VitlabError
 
 def require_onnxruntime():
     try:
+        import onnx  # noqa: F401  (the fusions and quantizers read and write ONNX protos)
         import onnxruntime
     except ImportError as exc:
         raise VitlabError("this engine needs onnxruntime and onnx: pip install 'vitlab[onnx]'") from exc
