@@ -169,3 +169,18 @@ def test_auto_falls_back_to_torch_when_the_graph_cannot_be_built(tmp_path, monke
     engine = prepare_engine(tiny(), "auto", batch_size=2, source=tmp_path)
     err = capsys.readouterr().err
     assert engine.name == "torch" and "onnxruntime left out: RuntimeError: exporter does not support" in err
+    with pytest.raises(VitlabError, match="cannot run this model .RuntimeError"):
+        prepare_engine(tiny(), "onnxruntime", source=tmp_path, quiet=True)
+
+
+def test_inspect_auto_falls_back_to_torch_when_the_graph_cannot_be_built(tmp_path, monkeypatch, capsys):
+    from vitlab.engine import attention
+
+    def broken(*a, **k):
+        raise RuntimeError("exporter does not support this operator")
+
+    monkeypatch.setattr(attention, "build_with_attention", broken)
+    engine = attention.prepare_attention_engine(tiny(), "auto", batch_size=2, source=tmp_path)
+    assert engine.name == "torch" and "onnxruntime left out" in capsys.readouterr().err
+    with pytest.raises(VitlabError, match="cannot run this model .RuntimeError"):
+        attention.prepare_attention_engine(tiny(), "onnxruntime", batch_size=2, source=tmp_path, quiet=True)

@@ -100,6 +100,16 @@ def _open_attention_graph(model: nn.Module, folder: Path, size: tuple[int, int],
         return OrtAttentionEngine(build_with_attention(model, folder, size), threads)
 
 
+def _checked_attention_graph(model, reference, folder: Path, size: tuple[int, int], threads: int):
+    ort_engine = _open_attention_graph(model, folder, size, threads)
+    x = torch.randn(2, model.config.in_chans, *size, generator=torch.Generator().manual_seed(0))
+    diff = _max_diff(ort_engine(x), reference(x))
+    if not diff <= EXACT_TOL:
+        raise VitlabError(f"engine onnxruntime does not reproduce the model (outputs differ by {diff:.2g}); "
+                          "use --engine torch and report this model")
+    return ort_engine
+
+
 def _max_diff(a: AttentionResult, b: AttentionResult) -> float:
     return max(float((x.float() - y.float()).abs().max()) for x, y in zip([a[0], *a[1]], [b[0], *b[1]]))
 
@@ -130,12 +140,13 @@ def prepare_attention_engine(model: nn.Module, engine: str = "auto", *, batch_si
                 f"cached in {folder})")
         chosen = reference if cached["picked"] == "torch" else _open_attention_graph(model, folder, size, threads)
         return announce(chosen, command, [note], quiet)
-    ort_engine = _open_attention_graph(model, folder, size, threads)
-    x = torch.randn(2, model.config.in_chans, *size, generator=torch.Generator().manual_seed(0))
-    diff = _max_diff(ort_engine(x), reference(x))
-    if not diff <= EXACT_TOL:
-        raise VitlabError(f"engine onnxruntime does not reproduce the model (outputs differ by {diff:.2g}); "
-                          "use --engine torch and report this model")
+    try:
+        ort_engine = _checked_attention_graph(model, reference, folder, size, threads)
+    except Exception as exc:  # auto never fails where eager PyTorch works; asked-for onnxruntime says why
+        why = str(exc) if isinstance(exc, VitlabError) else f"{type(exc).__name__}: {str(exc).strip()[:120]}"
+        if engine == "onnxruntime":
+            raise VitlabError(f"engine onnxruntime cannot run this model ({why}); use --engine torch") from exc
+        return announce(reference, command, [f"torch (auto: onnxruntime left out: {why})"], quiet)
     if engine == "onnxruntime":
         return announce(ort_engine, command, ["onnxruntime (as asked)"], quiet)
     batch = torch.randn(batch_size, model.config.in_chans, *size)

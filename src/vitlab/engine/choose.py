@@ -257,12 +257,24 @@ def prepare_engine(
     builder = _Builder(model, folder, size, threads, say_building)
     notes: list[str] = []
     if int8 is None and engine != "auto":
-        chosen = getattr(builder, engine)()
-        if engine != "torch":
-            _check_exact(chosen, builder.torch(), cfg.in_chans, size)
+        try:
+            chosen = getattr(builder, engine)()
+            if engine != "torch":
+                _check_exact(chosen, builder.torch(), cfg.in_chans, size)
+        except VitlabError:
+            raise
+        except Exception as exc:  # an exporter or compiler that cannot take this model: one line, not a traceback
+            raise VitlabError(f"engine {engine} cannot run this model ({type(exc).__name__}: "
+                              f"{str(exc).strip()[:120]}); use --engine torch") from exc
         _say(notes, f"{chosen.name} (as asked)")
     elif int8 is not None:
-        chosen = _choose_int8(builder, int8, calibration, f"batch {batch_size}", notes)
+        try:
+            chosen = _choose_int8(builder, int8, calibration, f"batch {batch_size}", notes)
+        except VitlabError:
+            raise
+        except Exception as exc:  # the exporter or ORT's quantizer cannot take this model
+            raise VitlabError(f"int8 cannot be built for this model ({type(exc).__name__}: {str(exc).strip()[:120]}); "
+                              "run without --int8") from exc
     else:
         chosen = _choose_exact(builder, folder, f"batch {batch_size}|{size[0]}x{size[1]}", batch_size, notes)
     return announce(chosen, command, notes, quiet)
