@@ -20,7 +20,7 @@ import torch
 
 import vitlab
 from vitlab.engine import prepare_engine
-from vitlab.engine.choose import _interleaved_speeds
+from vitlab.engine.choose import interleaved_speeds
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
                     compiled(x)
                     setup = time.perf_counter() - start
                     eager = prepare_engine(model, "torch", quiet=True)
-                    speeds = _interleaved_speeds({"compiled": compiled, "torch": eager}, x)
+                    speeds = interleaved_speeds({"compiled": compiled, "torch": eager}, x)
                     print(f"{'':10s} compiled: {speeds['compiled']:.2f} vs torch {speeds['torch']:.2f} images/s "
                           f"(x{speeds['compiled'] / speeds['torch']:.2f}), compile + first call {setup:.0f} s")
         sys.stdout.flush()

@@ -71,7 +71,7 @@ def test_auto_measures_once_and_reuses_the_cached_choice(tmp_path, monkeypatch, 
     def no_timing(*a, **k):
         raise AssertionError("timed again although the choice is cached")
 
-    monkeypatch.setattr(choose, "_interleaved_speeds", no_timing)
+    monkeypatch.setattr(choose, "interleaved_speeds", no_timing)
     again = prepare_engine(model, "auto", batch_size=4, source=tmp_path, command="predict")
     assert again.name == engine.name and "chosen before" in capsys.readouterr().err
     # another batch size is another shape: measured anew

@@ -94,7 +94,7 @@ def export_for_engine(
     import shutil
 
     from vitlab.engine import ENGINES
-    from vitlab.engine.choose import _interleaved_speeds, prepare_engine
+    from vitlab.engine.choose import interleaved_speeds, prepare_engine
 
     if engine not in ENGINES:
         raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
@@ -118,7 +118,7 @@ def export_for_engine(
             from vitlab.engine.ort import OrtEngine
 
             x = torch.randn(8, model.config.in_chans, *model.config.image_size)
-            speeds = _interleaved_speeds({"fused": built, "portable": OrtEngine(portable, torch.get_num_threads())}, x)
+            speeds = interleaved_speeds({"fused": built, "portable": OrtEngine(portable, torch.get_num_threads())}, x)
             if speeds["portable"] >= speeds["fused"]:
                 portable.replace(path)
                 kind = "portable ONNX (standard operators)"

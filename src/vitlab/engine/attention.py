@@ -6,7 +6,6 @@ LayerNorms and GELUs, but not the attention itself, whose probabilities are now 
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 
@@ -15,13 +14,15 @@ import torch
 import torch.nn as nn
 
 from vitlab.engine.choose import (
-    EXACT_TOL,
     _Choices,
-    _interleaved_speeds,
     _speeds_text,
     announce,
     artefact_folder,
+    check_exact,
+    keep_fastest,
     machine_key,
+    open_or_rebuild,
+    reason,
 )
 from vitlab.errors import VitlabError
 
@@ -91,23 +92,8 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
 
 def _open_attention_graph(model: nn.Module, folder: Path, size: tuple[int, int], threads: int) -> OrtAttentionEngine:
     """The cached graph, or built again once when ORT cannot load it (a build killed half-way)."""
-    try:
-        return OrtAttentionEngine(build_with_attention(model, folder, size), threads)
-    except VitlabError:
-        raise
-    except Exception:  # onnxruntime's own exception types
-        (folder / "fp32-attention.onnx").unlink(missing_ok=True)
-        return OrtAttentionEngine(build_with_attention(model, folder, size), threads)
-
-
-def _checked_attention_graph(model, reference, folder: Path, size: tuple[int, int], threads: int):
-    ort_engine = _open_attention_graph(model, folder, size, threads)
-    x = torch.randn(2, model.config.in_chans, *size, generator=torch.Generator().manual_seed(0))
-    diff = _max_diff(ort_engine(x), reference(x))
-    if not diff <= EXACT_TOL:
-        raise VitlabError(f"engine onnxruntime does not reproduce the model (outputs differ by {diff:.2g}); "
-                          "use --engine torch and report this model")
-    return ort_engine
+    return open_or_rebuild(lambda: OrtAttentionEngine(build_with_attention(model, folder, size), threads),
+                           [folder / "fp32-attention.onnx"], lambda what: None)
 
 
 def _max_diff(a: AttentionResult, b: AttentionResult) -> float:
@@ -141,18 +127,16 @@ def prepare_attention_engine(model: nn.Module, engine: str = "auto", *, batch_si
         chosen = reference if cached["picked"] == "torch" else _open_attention_graph(model, folder, size, threads)
         return announce(chosen, command, [note], quiet)
     try:
-        ort_engine = _checked_attention_graph(model, reference, folder, size, threads)
+        ort_engine = _open_attention_graph(model, folder, size, threads)
+        check_exact(ort_engine, reference, model.config.in_chans, size, max_diff=_max_diff)
     except Exception as exc:  # auto never fails where eager PyTorch works; asked-for onnxruntime says why
-        why = str(exc) if isinstance(exc, VitlabError) else f"{type(exc).__name__}: {str(exc).strip()[:120]}"
+        why = reason(exc)
         if engine == "onnxruntime":
             raise VitlabError(f"engine onnxruntime cannot run this model ({why}); use --engine torch") from exc
         return announce(reference, command, [f"torch (auto: onnxruntime left out: {why})"], quiet)
     if engine == "onnxruntime":
         return announce(ort_engine, command, ["onnxruntime (as asked)"], quiet)
     batch = torch.randn(batch_size, model.config.in_chans, *size)
-    speeds = _interleaved_speeds({"torch": reference, "onnxruntime": ort_engine}, batch, rounds=3)
-    picked = max(speeds, key=speeds.get)
-    choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
-                      "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+    picked, speeds = keep_fastest(choices, key, {"torch": reference, "onnxruntime": ort_engine}, batch, rounds=3)
     note = f"{picked} (auto: measured {_speeds_text(speeds)} at batch {batch_size}; cached in {folder})"
     return announce(reference if picked == "torch" else ort_engine, command, [note], quiet)

@@ -83,7 +83,7 @@ def machine_key(threads: int) -> str:
 PAUSE_S = 0.05  # between timed calls: ORT's spinning threads (and any other engine's) stop before the next one
 
 
-def _interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
+def interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
     """images/s per engine, calls interleaved (A B C, C B A, ...) so a busy moment hits all alike; a short pause
     before each call so that no engine's leftover threads (ORT spins after a run) slow the next one down."""
     for engine in engines.values():
@@ -122,10 +122,6 @@ class _Choices:
         tmp.replace(self.path)
 
 
-def _say(notes: list[str], text: str) -> None:
-    notes.append(text)
-
-
 def announce(engine, command: str, notes: list[str], quiet: bool):
     """Keep the one line saying what runs (`engine.note`) and print it unless `quiet` (commands that must
     first finish reading their inputs print `engine.note` themselves)."""
@@ -137,6 +133,35 @@ def announce(engine, command: str, notes: list[str], quiet: bool):
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
+
+
+def reason(exc: BaseException) -> str:
+    """One line for why an engine could not be built: vitlab's own message, else the exception's type and start."""
+    return str(exc) if isinstance(exc, VitlabError) else f"{type(exc).__name__}: {str(exc).strip()[:120]}"
+
+
+def open_or_rebuild(make: Callable, files: list[Path], say_building: Callable[[str], None]):
+    """`make()` opens a cached artefact; one that ORT cannot load (truncated by a killed build, edited by hand) is
+    removed and built again once, with a note, instead of failing with ORT's own error."""
+    try:
+        return make()
+    except VitlabError:
+        raise
+    except Exception as exc:  # onnxruntime raises its own exception types for unreadable graphs
+        for f in files:
+            f.unlink(missing_ok=True)
+        say_building(f"again: the cached file could not be loaded ({type(exc).__name__})")
+        return make()
+
+
+def keep_fastest(choices: _Choices, key: str, candidates: dict[str, Callable], x: torch.Tensor,
+                 rounds: int = 5) -> tuple[str, dict[str, float]]:
+    """Time the candidates on `x`, record the fastest under `key` in the cache; (picked, images/s per name)."""
+    speeds = interleaved_speeds(candidates, x, rounds)
+    picked = max(speeds, key=speeds.get)
+    choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
+                      "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return picked, speeds
 
 
 class _Builder:
@@ -169,24 +194,12 @@ class _Builder:
     def onnxruntime(self):
         from vitlab.engine.ort import OrtEngine
 
-        return self._open(lambda: OrtEngine(self.fp32_path(), self.threads), [self.folder / "fp32.onnx"])
-
-    def _open(self, make, files: list[Path]):
-        """Open a cached artefact; one that ORT cannot load (truncated by a killed build, edited by hand) is
-        removed and built again once, with a note, instead of failing with ORT's own error."""
-        try:
-            return make()
-        except VitlabError:
-            raise
-        except Exception as exc:  # onnxruntime raises its own exception types for unreadable graphs
-            for f in files:
-                f.unlink(missing_ok=True)
-            self.say_building(f"again: the cached file could not be loaded ({type(exc).__name__})")
-            return make()
+        return open_or_rebuild(lambda: OrtEngine(self.fp32_path(), self.threads), [self.folder / "fp32.onnx"],
+                               self.say_building)
 
     def int8(self, mode: str, calibration: list[np.ndarray] | None):
-        return self._open(lambda: self._int8(mode, calibration),
-                          [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")])
+        return open_or_rebuild(lambda: self._int8(mode, calibration),
+                               [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")], self.say_building)
 
     def _int8(self, mode: str, calibration: list[np.ndarray] | None):
         from vitlab.engine.ort import OrtEngine, build_int8_dynamic, build_int8_static
@@ -260,31 +273,30 @@ def prepare_engine(
         try:
             chosen = getattr(builder, engine)()
             if engine != "torch":
-                _check_exact(chosen, builder.torch(), cfg.in_chans, size)
+                check_exact(chosen, builder.torch(), cfg.in_chans, size)
         except VitlabError:
             raise
         except Exception as exc:  # an exporter or compiler that cannot take this model: one line, not a traceback
-            raise VitlabError(f"engine {engine} cannot run this model ({type(exc).__name__}: "
-                              f"{str(exc).strip()[:120]}); use --engine torch") from exc
-        _say(notes, f"{chosen.name} (as asked)")
+            raise VitlabError(f"engine {engine} cannot run this model ({reason(exc)}); use --engine torch") from exc
+        notes.append(f"{chosen.name} (as asked)")
     elif int8 is not None:
         try:
-            chosen = _choose_int8(builder, int8, calibration, f"batch {batch_size}", notes)
+            chosen = _choose_int8(builder, int8, calibration, notes)
         except VitlabError:
             raise
         except Exception as exc:  # the exporter or ORT's quantizer cannot take this model
-            raise VitlabError(f"int8 cannot be built for this model ({type(exc).__name__}: {str(exc).strip()[:120]}); "
-                              "run without --int8") from exc
+            raise VitlabError(f"int8 cannot be built for this model ({reason(exc)}); run without --int8") from exc
     else:
         chosen = _choose_exact(builder, folder, f"batch {batch_size}|{size[0]}x{size[1]}", batch_size, notes)
     return announce(chosen, command, notes, quiet)
 
 
-def _check_exact(candidate, reference, in_chans: int, size: tuple[int, int]) -> float:
+def check_exact(candidate, reference, in_chans: int, size: tuple[int, int], max_diff=_max_diff) -> float:
+    """Refuse an engine whose outputs on two random images differ from the eager model's by more than EXACT_TOL."""
     x = torch.randn(2, in_chans, *size, generator=torch.Generator().manual_seed(0))
-    diff = _max_diff(candidate(x), reference(x))
+    diff = max_diff(candidate(x), reference(x))
     if not diff <= EXACT_TOL:
-        raise VitlabError(f"engine {candidate.name} does not reproduce the model (logits differ by {diff:.2g}); "
+        raise VitlabError(f"engine {candidate.name} does not reproduce the model (outputs differ by {diff:.2g}); "
                           "use --engine torch and report this model")
     return diff
 
@@ -294,7 +306,7 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     key = f"{machine_key(builder.threads)}|{shape}|fp32"
     cached = choices.get(key)
     if cached and cached["picked"] in ("torch", "onnxruntime", "compiled"):
-        _say(notes, f"{cached['picked']} (auto: chosen before on this machine for {shape.replace('|', ', ')}: "
+        notes.append(f"{cached['picked']} (auto: chosen before on this machine for {shape.replace('|', ', ')}: "
              f"{_speeds_text(cached['images_per_s'])}; cached in {folder})")
         return getattr(builder, cached["picked"])()
     reference = builder.torch()
@@ -302,20 +314,16 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     left_out = []
     try:
         candidates["onnxruntime"] = builder.onnxruntime()
-        _check_exact(candidates["onnxruntime"], reference, builder.model.config.in_chans, builder.image_size)
+        check_exact(candidates["onnxruntime"], reference, builder.model.config.in_chans, builder.image_size)
     except Exception as exc:  # auto never fails where eager PyTorch works: the candidate is left out, with why
         candidates.pop("onnxruntime", None)
-        why = str(exc) if isinstance(exc, VitlabError) else f"{type(exc).__name__}: {str(exc).strip()[:120]}"
-        left_out.append(f"onnxruntime left out: {why}")
+        left_out.append(f"onnxruntime left out: {reason(exc)}")
     if len(candidates) == 1:  # nothing to compare (onnxruntime missing or refused): not timed, not cached
-        _say(notes, "torch (auto: the only candidate here; " + "; ".join(left_out) + ")")
+        notes.append("torch (auto: the only candidate here; " + "; ".join(left_out) + ")")
         return reference
     x = torch.randn(batch, builder.model.config.in_chans, *builder.image_size)
-    speeds = _interleaved_speeds(candidates, x)
-    picked = max(speeds, key=speeds.get)
-    choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
-                      "when": time.strftime("%Y-%m-%d %H:%M:%S")})
-    _say(notes, f"{picked} (auto: measured {_speeds_text(speeds)} at {shape.replace('|', ', ')}; "
+    picked, speeds = keep_fastest(choices, key, candidates, x)
+    notes.append(f"{picked} (auto: measured {_speeds_text(speeds)} at {shape.replace('|', ', ')}; "
          f"cached in {folder})" + "".join(f"; {n}" for n in left_out))
     return candidates[picked]
 
@@ -324,7 +332,7 @@ def _speeds_text(speeds: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in sorted(speeds.items(), key=lambda kv: -kv[1])) + " images/s"
 
 
-def _choose_int8(builder: _Builder, mode: str, calibration, shape: str, notes: list[str]):
+def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
     calib, holdout = _split_calibration(calibration)
     modes = ["static", "dynamic"] if mode == "auto" else [mode]
     if "static" in modes and not calib:
@@ -333,22 +341,22 @@ def _choose_int8(builder: _Builder, mode: str, calibration, shape: str, notes: l
             raise VitlabError(f"--int8 static needs at least {MIN_CALIBRATION} calibration images, got {have} "
                               "(--calibration DATA); or use --int8 dynamic")
         modes = ["dynamic"]
-        _say(notes, f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization")
+        notes.append(f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization")
     engines = {m: builder.int8(m, calib) for m in modes}
     if len(engines) == 1:
         only = next(iter(engines.values()))
         agreement = _agreement(only, builder.torch(), holdout)
-        _say(notes, f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
+        notes.append(f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
                                                f"{agreement[0]:.1%})" if agreement else ""))
         return only
     reference = builder.torch()
     agreements = {m: _agreement(e, reference, holdout) for m, e in engines.items()}
     x = torch.from_numpy(np.concatenate(calib))[:32]
-    speeds = _interleaved_speeds(engines, x)
+    speeds = interleaved_speeds(engines, x)
     good = [m for m in engines if agreements[m] and agreements[m][0] >= MIN_AGREEMENT] or list(engines)
     picked = max(good, key=speeds.get)
     detail = "; ".join(f"{m} {speeds[m]:.1f} images/s, agreement {agreements[m][0]:.1%}" for m in engines)
-    _say(notes, f"{engines[picked].name} (int8 auto: {detail} on {len(holdout)} held-out images)")
+    notes.append(f"{engines[picked].name} (int8 auto: {detail} on {len(holdout)} held-out images)")
     return engines[picked]
 
 
