@@ -72,6 +72,30 @@ def _write_metadata(path: Path, metadata: dict) -> None:
     onnx.save(proto, str(path))
 
 
+PORTABLE = "portable ONNX (standard operators)"
+FUSED = "onnxruntime fp32 (fused)"
+
+
+def check_export_engine(engine: str) -> None:
+    """The engines export can write a file for; refused in one line (the command calls this before loading)."""
+    from vitlab.engine import ENGINES
+
+    if engine not in ENGINES:
+        raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if engine == "compiled":
+        raise VitlabError("--engine compiled is torch.compile at run time, not a file; export writes ONNX: "
+                          "use --engine onnxruntime (fused for ORT), torch (portable) or auto")
+
+
+def _copy_built(built: Path, path: Path, metadata: dict | None, kind: str) -> tuple[Path, str]:
+    import shutil
+
+    shutil.copyfile(built, path)
+    if metadata:
+        _write_metadata(path, {**metadata, "engine": kind})
+    return path, kind
+
+
 def export_for_engine(
     model: nn.Module,
     path: str | Path,
@@ -91,45 +115,29 @@ def export_for_engine(
     the quantized graph `--int8` runs, static calibrated on `calibration`. The built files are kept beside the
     model like every engine's (`vitlab.engine.choose.artefact_folder`).
     """
-    import shutil
-
-    from vitlab.engine import ENGINES
     from vitlab.engine.choose import interleaved_speeds, prepare_engine
+    from vitlab.engine.ort import OrtEngine
 
-    if engine not in ENGINES:
-        raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
-    if engine == "compiled":
-        raise VitlabError("--engine compiled is torch.compile at run time, not a file; export writes ONNX: "
-                          "use --engine onnxruntime (fused for ORT), torch (portable) or auto")
+    check_export_engine(engine)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if int8 is not None:
         built = prepare_engine(model, "onnxruntime", int8=int8, calibration=calibration, source=source,
                                command="export", quiet=quiet)
-        kind = built.name
-    elif engine == "torch":
-        export_onnx(model, path, metadata=metadata)
-        return path, "portable ONNX (standard operators)"
-    else:
-        built = prepare_engine(model, "onnxruntime", source=source, command="export", quiet=True)
-        kind = "onnxruntime fp32 (fused)"
-        if engine == "auto":
-            portable = export_onnx(model, path.with_suffix(".portable.onnx"))
-            from vitlab.engine.ort import OrtEngine
-
-            x = torch.randn(8, model.config.in_chans, *model.config.image_size)
-            speeds = interleaved_speeds({"fused": built, "portable": OrtEngine(portable, torch.get_num_threads())}, x)
-            if speeds["portable"] >= speeds["fused"]:
-                portable.replace(path)
-                kind = "portable ONNX (standard operators)"
-            else:
-                portable.unlink()
-            kind += f" (auto: ONNX Runtime fused {speeds['fused']:.1f} vs portable {speeds['portable']:.1f} images/s)"
-            if kind.startswith("portable"):
-                if metadata:
-                    _write_metadata(path, metadata)
-                return path, kind
-    shutil.copyfile(built.path, path)
-    if metadata:
-        _write_metadata(path, {**metadata, "engine": kind})
-    return path, kind
+        return _copy_built(built.path, path, metadata, built.name)
+    if engine == "torch":
+        return export_onnx(model, path, metadata=metadata), PORTABLE
+    built = prepare_engine(model, "onnxruntime", source=source, command="export", quiet=True)
+    if engine == "onnxruntime":
+        return _copy_built(built.path, path, metadata, FUSED)
+    portable = export_onnx(model, path.with_suffix(".portable.onnx"))  # auto: time both graphs
+    x = torch.randn(8, model.config.in_chans, *model.config.image_size)
+    speeds = interleaved_speeds({FUSED: built, PORTABLE: OrtEngine(portable, torch.get_num_threads())}, x)
+    timing = f" (auto: ONNX Runtime fused {speeds[FUSED]:.1f} vs portable {speeds[PORTABLE]:.1f} images/s)"
+    if speeds[PORTABLE] >= speeds[FUSED]:
+        portable.replace(path)
+        if metadata:
+            _write_metadata(path, metadata)
+        return path, PORTABLE + timing
+    portable.unlink()
+    return _copy_built(built.path, path, metadata, FUSED + timing)

@@ -68,10 +68,9 @@ def run(args: argparse.Namespace) -> int:
 def _check_engine_flags(args: argparse.Namespace) -> None:
     """Flag combinations export cannot honour, refused before anything is loaded."""
     from vitlab.errors import VitlabError
+    from vitlab.export import check_export_engine
 
-    if args.engine == "compiled":
-        raise VitlabError("--engine compiled is torch.compile at run time, not a file; export writes ONNX: "
-                          "use --engine onnxruntime (fused for ORT), torch (portable) or auto")
+    check_export_engine(args.engine)
     if (args.engine != "torch" or args.int8) and (args.static_batch or args.opset != 18):
         raise VitlabError("--static-batch and --opset apply to the portable export (--engine torch) only")
     if args.int8 == "static" and not args.calibration:
