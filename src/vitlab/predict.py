@@ -89,14 +89,13 @@ def predict_files(
     device: str | torch.device = "cpu",
     progress: bool = False,
     strict: bool = True,
-    engine=None,
     engine_factory=None,
 ) -> tuple[list[Prediction], list[tuple[str, str]]]:
     """Predictions for `files` and the (path, reason) of images that could not be read.
 
-    With `strict`, an unreadable image raises its one-line VitlabError instead of being skipped. `engine`
-    (from `vitlab.engine.prepare_engine`) runs the model instead of eager PyTorch; `engine_factory` makes one when
-    the first batch is ready, so a bad first image still fails in one line before any engine is built.
+    With `strict`, an unreadable image raises its one-line VitlabError instead of being skipped.
+    `engine_factory()` returns an engine (`vitlab.engine.prepare_engine`) to run instead of eager PyTorch, or None;
+    it is called when the first batch is ready, so a bad first image still fails in one line before anything is built.
     """
     from tqdm import tqdm
 
@@ -110,7 +109,7 @@ def predict_files(
     names = class_names_for(meta, num_classes)
     k = max(1, min(top_k, num_classes))
     model = model.to(device).eval()
-    runner = engine
+    runner = None
     results: list[Prediction] = []
     failed: list[tuple[str, str]] = []
     batch: list[tuple[Path, torch.Tensor]] = []
