@@ -499,6 +499,13 @@ def _jpeg(path: Path, value: int) -> Path:
     return path
 
 
+def _two_class_jpegs(root: Path, per_class: int, step: int) -> None:
+    """root/a/0.jpg ... root/b/{per_class-1}.jpg, each a distinct random image (seed step * i, + 1 for class b)."""
+    for c in ("a", "b"):
+        for i in range(per_class):
+            _jpeg(root / c / f"{i}.jpg", step * i + (c == "b"))
+
+
 def _split_folder_with_truncated_test_image(root: Path) -> Path:
     for split in ("train", "test"):
         for c in ("a", "b"):
@@ -535,9 +542,7 @@ def test_streaming_evaluation_split_never_substitutes(tmp_path, workers):
 
 def test_carved_validation_split_does_not_substitute(tmp_path):
     root = tmp_path / "d"
-    for c in ("a", "b"):
-        for i in range(10):
-            _jpeg(root / c / f"{i}.jpg", 3 * i + (c == "b"))
+    _two_class_jpegs(root, 10, 3)
     _truncate(root / "a" / "3.jpg")
     splits = load_data(str(root), val_fraction=0.3, test_fraction=0.3, in_memory=False, progress=False)
     assert splits.train.substitute and not splits.val.substitute and not splits.test.substitute
@@ -549,9 +554,7 @@ def test_carved_validation_split_does_not_substitute(tmp_path):
 
 def test_streaming_training_failures_found_by_workers_are_counted(tmp_path):
     root = tmp_path / "d"
-    for c in ("a", "b"):
-        for i in range(6):
-            _jpeg(root / c / f"{i}.jpg", 5 * i + (c == "b"))
+    _two_class_jpegs(root, 6, 5)
     bad = root / "b" / "2.jpg"
     _truncate(bad)
     splits = load_data(str(root), val_fraction=0.0, test_fraction=0.0, in_memory=False, progress=False)
@@ -565,9 +568,7 @@ def test_streaming_training_failures_found_by_workers_are_counted(tmp_path):
 
 def test_scoring_the_train_split_checks_it_up_front(tmp_path):
     root = tmp_path / "d"
-    for c in ("a", "b"):
-        for i in range(6):
-            _jpeg(root / c / f"{i}.jpg", 7 * i + (c == "b"))
+    _two_class_jpegs(root, 6, 7)
     bad = root / "a" / "4.jpg"
     _truncate(bad)
     splits = load_data(str(root), val_fraction=0.0, test_fraction=0.0, in_memory=False, progress=False,

@@ -17,28 +17,12 @@ import torch
 import torch.nn as nn
 import yaml
 
-from vitlab.data.dataset import DataSplits, ImageDataset
+from test_train_loop import tiny_data  # the three-class 8x8 set shared by the training tests
 from vitlab.errors import VitlabError
 from vitlab.models.registry import create_model
 from vitlab.train import loop, resolve_config, train
 from vitlab.train.checkpoint import CheckpointManager, last_finite_checkpoint
 from vitlab.train.run_dir import read_metrics
-
-CLASSES = ["a", "b", "c"]
-
-
-def tiny_data(n=48, seed=0):
-    """Three classes told apart by which third of an 8x8 image is bright."""
-    g = torch.Generator().manual_seed(seed)
-
-    def make(count):
-        labels = torch.arange(count) % 3
-        images = torch.randint(0, 60, (count, 1, 8, 8), generator=g, dtype=torch.uint8)
-        for i, y in enumerate(labels.tolist()):
-            images[i, :, :, y * 3:y * 3 + 2] = 220
-        return ImageDataset(images, labels, CLASSES, name="tiny")
-
-    return DataSplits(make(n), make(24), make(24), CLASSES, name="tiny", channels=1)
 
 
 def tiny_cfg(tmp_path, **kw):

@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from vitlab.data.dataset import DataSplits, ImageDataset
+from test_train_loop import tiny_data  # the three-class 8x8 set shared by the training tests
 from vitlab.errors import VitlabError
 from vitlab.train import loop, resolve_config, train
 from vitlab.train.loggers import WANDB_ID_FILE, open_trackers, parse_logger, scalars_of
@@ -23,20 +22,6 @@ STEP_TAGS = {"loss": "train/loss", "lr": "train/lr", "images_per_s": "train/imag
 EPOCH_TAGS = {"train_loss": "epoch/train_loss", "train_acc": "epoch/train_acc", "lr": "epoch/lr",
               "time_s": "epoch/time_s", "val_loss": "val/loss", "val_acc": "val/acc", "val_macro_f1": "val/macro_f1"}
 FIGURES = {"figures/loss", "figures/accuracy", "figures/confusion_matrix"}
-
-
-def tiny_data():
-    """Three classes told apart by which third of an 8x8 image is bright."""
-    g = torch.Generator().manual_seed(0)
-
-    def make(count):
-        labels = torch.arange(count) % 3
-        images = torch.randint(0, 60, (count, 1, 8, 8), generator=g, dtype=torch.uint8)
-        for i, y in enumerate(labels.tolist()):
-            images[i, :, :, y * 3:y * 3 + 2] = 220
-        return ImageDataset(images, labels, CLASSES, name="tiny")
-
-    return DataSplits(make(48), make(24), make(24), CLASSES, name="tiny", channels=1)
 
 
 def tiny_cfg(tmp_path, **kw):
