@@ -39,16 +39,21 @@ def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_siz
         return None
     from vitlab.engine import prepare_engine
 
-    calibration = None
-    if int8:
-        from vitlab.engine.calibration import calibration_from_source
-
-        if getattr(args, "calibration", None):
-            calibration = calibration_from_source(args.calibration, preprocess)
-        elif default_calibration is not None:
-            calibration = default_calibration()
+    calibration = calibration_for(args, preprocess, default_calibration)
     return prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
                           source=source, command=command, quiet=quiet, progress=not getattr(args, "quiet", False))
+
+
+def calibration_for(args: argparse.Namespace, preprocess, default=None):
+    """Static int8's calibration batches: `--calibration DATA`, else `default()` (the command's own images), else
+    None; None without `--int8`."""
+    if not getattr(args, "int8", None):
+        return None
+    if getattr(args, "calibration", None):
+        from vitlab.engine.calibration import calibration_from_source
+
+        return calibration_from_source(args.calibration, preprocess)
+    return default() if default is not None else None
 
 
 def resolved_source(spec):

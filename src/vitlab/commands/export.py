@@ -80,16 +80,11 @@ def _check_engine_flags(args: argparse.Namespace) -> None:
 
 def _export_for_engine(args: argparse.Namespace, model, meta: dict, metadata: dict) -> int:
     """--engine onnxruntime|auto or --int8: the graph an engine runs (checked when it is built)."""
-    from vitlab.commands._engine_args import resolved_source
+    from vitlab.commands._engine_args import calibration_for, resolved_source
     from vitlab.export import export_for_engine
     from vitlab.predict import preprocess_for
 
-    calibration = None
-    if args.int8:
-        if args.calibration:
-            from vitlab.engine.calibration import calibration_from_source
-
-            calibration = calibration_from_source(args.calibration, preprocess_for(model, meta))
+    calibration = calibration_for(args, preprocess_for(model, meta))
     path, kind = export_for_engine(model, args.output, args.engine, int8=args.int8, calibration=calibration,
                                    source=resolved_source(args.weights), metadata=metadata)
     print(f"wrote {path}: {kind} (input 'images' {model.config.in_chans}x{model.config.image_size[0]}x"
