@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,19 +24,11 @@ def export_onnx(
 
     `metadata` (class names, preprocessing) is stored as JSON in the file's metadata_props.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from vitlab.engine.onnx_graph import trace_to_onnx
+
     cfg = model.config
     h, w = image_size or cfg.image_size
-    x = torch.zeros(1, cfg.in_chans, h, w)
-    model = model.eval()
-    dynamic = {"images": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model, (x,), str(path), input_names=["images"], output_names=["logits"],
-            dynamic_axes=dynamic, opset_version=opset, dynamo=False,
-        )
+    path = trace_to_onnx(model, torch.zeros(1, cfg.in_chans, h, w), path, opset=opset, dynamic_batch=dynamic_batch)
     if metadata:
         _write_metadata(path, metadata)
     return path

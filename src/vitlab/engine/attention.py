@@ -6,7 +6,6 @@ LayerNorms and GELUs, but not the attention itself, whose probabilities are now 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -65,29 +64,17 @@ class OrtAttentionEngine:
 
 def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
     """`folder/fp32-attention.onnx`: logits and every layer's attention, LayerNorm/GELU fused by ORT."""
-    from vitlab.engine.ort import _quiet_tools, require_onnxruntime
+    from vitlab.engine.onnx_graph import trace_to_onnx
+    from vitlab.engine.ort import optimize_vit_graph, require_onnxruntime
 
     require_onnxruntime()
     out = folder / "fp32-attention.onnx"
     if out.is_file():
         return out
-    folder.mkdir(parents=True, exist_ok=True)
-    raw = folder / "attention-raw.onnx"
-    depth = len(model.blocks)
-    names = ["logits"] + [f"attention_{i}" for i in range(depth)]
-    x = torch.zeros(1, model.config.in_chans, *image_size)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(_WithAttention(model.eval()), (x,), str(raw), input_names=["images"], output_names=names,
-                          dynamic_axes={n: {0: "batch"} for n in ["images", *names]}, opset_version=17, dynamo=False)
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    cfg = model.config
-    with _quiet_tools():
-        optimize_model(str(raw), model_type="vit", num_heads=cfg.heads, hidden_size=cfg.dim,
-                       opt_level=0).save_model_to_file(str(out))
-    raw.unlink()
-    return out
+    names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
+    raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
+                        folder / "attention-raw.onnx", output_names=names)
+    return optimize_vit_graph(raw, out, model.config)
 
 
 def _open_attention_graph(model: nn.Module, folder: Path, size: tuple[int, int], threads: int) -> OrtAttentionEngine:

@@ -55,16 +55,21 @@ def fusable_copy(model: nn.Module) -> nn.Module:
     return twin
 
 
-def export_fusable(model: nn.Module, path: str | Path, image_size: tuple[int, int], opset: int = 17) -> Path:
-    """Write `model` as ONNX (input `images`, output `logits`, dynamic batch) in the fusable form."""
+def trace_to_onnx(module: nn.Module, example: torch.Tensor, path: str | Path, output_names=("logits",),
+                  opset: int = 17, dynamic_batch: bool = True) -> Path:
+    """torch.onnx.export (TorchScript exporter: ORT's fusions are written for its graphs) with input `images`
+    and a dynamic batch dimension on every input and output; the exporter's warnings are not for users."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    cfg = model.config
-    x = torch.zeros(1, cfg.in_chans, *image_size)
+    names = ["images", *output_names]
+    dynamic = {name: {0: "batch"} for name in names} if dynamic_batch else None
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            fusable_copy(model), (x,), str(path), input_names=["images"], output_names=["logits"],
-            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}}, opset_version=opset, dynamo=False,
-        )
+        torch.onnx.export(module.eval(), (example,), str(path), input_names=["images"],
+                          output_names=list(output_names), dynamic_axes=dynamic, opset_version=opset, dynamo=False)
     return path
+
+
+def export_fusable(model: nn.Module, path: str | Path, image_size: tuple[int, int], opset: int = 17) -> Path:
+    """Write `model` as ONNX (input `images`, output `logits`, dynamic batch) in the fusable form."""
+    return trace_to_onnx(fusable_copy(model), torch.zeros(1, model.config.in_chans, *image_size), path, opset=opset)

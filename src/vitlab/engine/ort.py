@@ -81,15 +81,19 @@ def build_fp32(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> P
     require_onnxruntime()
     from vitlab.engine.onnx_graph import export_fusable
 
-    folder.mkdir(parents=True, exist_ok=True)
     raw = export_fusable(model, folder / "raw.onnx", image_size)
     out = folder / "fp32.onnx"
     if not is_vit(model):
         raw.replace(out)
         return out
+    return optimize_vit_graph(raw, out, model.config)
+
+
+def optimize_vit_graph(raw: Path, out: Path, cfg) -> Path:
+    """ORT's transformer optimizer on an exported ViT graph (Attention, FastGelu/BiasGelu, LayerNorm fusions), then
+    SkipLayerNormalization put back (`unfuse_skip_layernorm`); writes `out` and removes `raw`."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    cfg = model.config
     with _quiet_tools():
         fused = optimize_model(str(raw), model_type="vit", num_heads=cfg.heads, hidden_size=cfg.dim, opt_level=0)
     unfuse_skip_layernorm(fused.model)
