@@ -106,8 +106,8 @@ def unfuse_skip_layernorm(proto) -> int:
     """SkipLayerNormalization -> Add (+ bias Add) + LayerNormalization, in place; returns how many.
 
     ORT's attention fusion only matches once the residual adds are fused into SkipLayerNormalization, but ORT's
-    CPU kernel for that op is slow: 18 % of int8 ViT-S/16's time against 3 % for the plain LayerNormalization
-    (ORT profiling, batch 32). So the optimizer fuses, then the LayerNorms are put back as they were.
+    CPU kernel for that op is slow: 19 % of int8 ViT-S/16's time against 3 % for the plain LayerNormalization
+    (batch 32, `benchmarks/ort_variants.py`). So the optimizer fuses, then the LayerNorms are put back as they were.
     """
     from onnx import helper
 
@@ -155,8 +155,8 @@ def _head_nodes(path: Path) -> list[str]:
     return names[-1:]
 
 
-# The patch embedding stays fp32: ORT's ConvInteger took 8 % of int8 ViT-S/16's time for 1 % of its FLOPs,
-# and quantizing it made the whole model 7 % slower (batch 32, 2 threads).
+# The patch embedding stays fp32: ORT's ConvInteger took 9.5 % of int8 ViT-S/16's time for 1 % of its FLOPs, and
+# quantizing it made the whole model 7 % slower (batch 32, 2 threads; benchmarks/ort_variants.py).
 INT8_OPS = ["MatMul", "Attention"]
 
 
@@ -166,8 +166,8 @@ def build_int8_dynamic(fp32_path: Path, out: Path) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet_tools():
-        # per-channel weight scales: same speed here (ViT-S/16 49.1 vs 49.1, B/16 16.2 vs 16.3 images/s), smaller
-        # logit error (0.057 vs 0.071, 0.093 vs 0.124 on random weights)
+        # per-channel weight scales: the same speed within noise (benchmarks/ort_variants.py: ViT-S/16 49.7 vs 49.99,
+        # B/16 16.3 vs 16.5 images/s per-channel vs per-tensor), a scale per output channel for accuracy
         quantize_dynamic(str(fp32_path), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS,
                          per_channel=True, nodes_to_exclude=_head_nodes(fp32_path),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})

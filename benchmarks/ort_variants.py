@@ -1,0 +1,133 @@
+"""Why vitlab's ONNX Runtime graphs look the way they do: each choice of `engine/ort.py` against its alternative,
+timed in one process (interleaved, 50 ms pause before each call), plus ORT's own per-operator profile.
+
+    python benchmarks/ort_variants.py --model vit-s/16 --batch 32
+    python benchmarks/ort_variants.py --model vit-b/16 --batch 32 --profile "int8 dynamic (vitlab);int8 dynamic, SkipLN kept"
+
+Random weights (perturbed so no range is degenerate): speeds only; accuracy lives in benchmarks/int8_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+import vitlab
+from vitlab.engine.choose import interleaved_speeds
+from vitlab.engine.onnx_graph import export_fusable
+from vitlab.engine.ort import (
+    INT8_OPS,
+    OrtEngine,
+    _head_nodes,
+    _quiet_tools,
+    build_fp32,
+    build_int8_dynamic,
+    build_int8_static,
+)
+from vitlab.export import export_onnx
+
+FLOAT = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+
+
+def dynamic(src: Path, out: Path, **kw) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    options = {"weight_type": QuantType.QInt8, "op_types_to_quantize": INT8_OPS, "per_channel": True,
+               "nodes_to_exclude": _head_nodes(src), "extra_options": FLOAT}
+    options.update(kw)
+    with _quiet_tools():
+        quantize_dynamic(str(src), str(out), **options)
+    return out
+
+
+def optimized(raw: Path, out: Path, cfg, skip: bool = True, attention: bool = True) -> Path:
+    """ORT's transformer optimizer output as it is (SkipLayerNormalization kept), optionally without fusions."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    opts = FusionOptions("vit")
+    opts.enable_skip_layer_norm = opts.enable_bias_skip_layer_norm = skip
+    opts.enable_attention = attention
+    with _quiet_tools():
+        optimize_model(str(raw), model_type="vit", num_heads=cfg.heads, hidden_size=cfg.dim, opt_level=0,
+                       optimization_options=opts).save_model_to_file(str(out))
+    return out
+
+
+def variants(name: str, d: Path) -> dict[str, Path]:
+    torch.manual_seed(0)
+    model = vitlab.create_model(name).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    cfg, size = model.config, tuple(model.config.image_size)
+    fp32 = build_fp32(model, d / "ours", size)
+    raw = export_fusable(model, d / "raw.onnx", size)
+    skip_kept = optimized(raw, d / "skip_kept.onnx", cfg)
+    unfused = optimized(raw, d / "unfused_attention.onnx", cfg, skip=False, attention=False)
+    rng = np.random.RandomState(0)
+    calibration = [rng.randn(16, 3, *size).astype(np.float32) for _ in range(2)]
+    return {
+        "fp32 (vitlab: fused, SkipLN put back)": fp32,
+        "fp32, SkipLN kept": skip_kept,
+        "int8 dynamic (vitlab)": build_int8_dynamic(fp32, d / "dyn.onnx"),
+        "int8 dynamic, per-tensor weights": dynamic(fp32, d / "dyn_tensor.onnx", per_channel=False),
+        "int8 dynamic, patch conv quantized": dynamic(fp32, d / "dyn_conv.onnx",
+                                                      op_types_to_quantize=[*INT8_OPS, "Conv"]),
+        "int8 dynamic, SkipLN kept": dynamic(skip_kept, d / "dyn_skip.onnx"),
+        "int8 dynamic, attention core int8 too": dynamic(
+            unfused, d / "dyn_core.onnx", op_types_to_quantize=["MatMul"], extra_options={**FLOAT, "MatMulConstBOnly": False}),
+        "int8 dynamic of the portable export": dynamic(export_onnx(model, d / "portable.onnx"), d / "dyn_portable.onnx"),
+        "int8 static (vitlab)": build_int8_static(fp32, d / "static.onnx", calibration),
+    }
+
+
+def profile(path: Path, x: np.ndarray, threads: int, runs: int = 3) -> dict[str, float]:
+    """Share of ORT's kernel time per operator type, from ORT's own profiler."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.enable_profiling = threads, True
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        session.run(None, {"images": x})
+    events = json.loads(Path(session.end_profiling()).read_text())
+    per_op: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_op[e["args"]["op_name"]] += e["dur"]
+    total = sum(per_op.values())
+    return {op: 100 * t / total for op, t in per_op.most_common(8)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="vit-s/16")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--profile", default="", help="variant names to profile per operator, separated by ;")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = variants(args.model, Path(tmp))
+        engines = {label: OrtEngine(p, args.threads) for label, p in paths.items()}
+        x = torch.randn(args.batch, 3, 224, 224)
+        speeds = interleaved_speeds(engines, x, args.rounds)
+        print(f"{args.model}, batch {args.batch}, {args.threads} threads, onnxruntime {ort.__version__}")
+        for label, v in speeds.items():
+            print(f"  {label:40s} {v:8.2f} images/s")
+        for label in filter(None, args.profile.split(";")):
+            shares = profile(paths[label.strip()], x.numpy(), args.threads)
+            print(f"  profile of {label.strip()}: " + ", ".join(f"{op} {s:.1f} %" for op, s in shares.items()))
+
+
+if __name__ == "__main__":
+    main()
