@@ -14,8 +14,7 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
 Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU); `vitlab onnxruntime` the exact fp32
 ORT engine (`--engine onnxruntime`); `vitlab int8 static|dynamic` what `--int8` builds. Peers run their defaults
 (timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
-ours and the peers'), and without the pause they took the cores from whichever row ran next (a torch row ran up
-to 3x slower). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
+ours and the peers'), and without the pause they took the cores from whichever row ran next (docs/benchmarks.md). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
 fp32 peer, int8 rows by the fastest peer of all, int8 included).
 """
 

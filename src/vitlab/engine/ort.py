@@ -26,15 +26,13 @@ def require_onnxruntime():
     return onnxruntime
 
 
-def make_session(path: str | Path, threads: int, spin: bool = True):
-    """A CPU session with `threads` intra-op threads (the runtime's choice, not one per core). `spin=False` lets
-    its threads sleep at once after a run: ORT's default spinning is faster for back-to-back calls (ViT-Ti/16,
-    batch 1: 48 vs 38 images/s here) but takes the cores from torch work that runs right after it."""
+def make_session(path: str | Path, threads: int):
+    """A CPU session with `threads` intra-op threads (the runtime's choice, not one per core). ORT's default
+    spinning after a run is kept (it serves back-to-back calls); timing pauses between calls instead
+    (`choose.PAUSE_S`), so the spinning never slows the next candidate."""
     ort = require_onnxruntime()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    if not spin:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3  # ORT's own warnings (e.g. about optimized-graph portability) are not for users
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
@@ -44,10 +42,9 @@ class OrtEngine:
 
     exact = True
 
-    def __init__(self, path: str | Path, threads: int, name: str = "onnxruntime", exact: bool = True,
-                 spin: bool = True):
+    def __init__(self, path: str | Path, threads: int, name: str = "onnxruntime", exact: bool = True):
         self.path, self.name, self.exact = Path(path), name, exact
-        self.session = make_session(self.path, threads, spin)
+        self.session = make_session(self.path, threads)
         self.input_name = self.session.get_inputs()[0].name
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
