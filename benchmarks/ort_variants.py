@@ -98,7 +98,9 @@ def profile(path: Path, x: np.ndarray, threads: int, runs: int = 3) -> dict[str,
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     for _ in range(runs):
         session.run(None, {"images": x})
-    events = json.loads(Path(session.end_profiling()).read_text())
+    trace = Path(session.end_profiling())  # ORT writes it into the working directory: read, then remove
+    events = json.loads(trace.read_text())
+    trace.unlink()
     per_op: collections.Counter = collections.Counter()
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
