@@ -12,34 +12,29 @@ Elsewhere (GPU, bf16/fp16, tracing for ONNX, torch.compile, dispatch modes such 
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from vitlab.models.fast_linear import cpu_fp32_eager, linear, linear_act, onednn_linear_available
 
 FAST_CPU_GELU = True  # benchmarks flip it to time torch's own kernel
 _TWO_K1 = 2 * math.sqrt(2 / math.pi)  # 2u = x * (2 k1 + 2 k1 k2 x^2), k1 = sqrt(2/pi), k2 = 0.044715
 _TWO_K1_K2 = _TWO_K1 * 0.044715
 
 
-@functools.cache
 def onednn_linear_gelu_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return onednn_linear_available()
 
 
-def _cpu_fp32_eager(x: torch.Tensor, act: nn.GELU) -> bool:
-    return (
-        FAST_CPU_GELU and act.approximate == "tanh" and x.device.type == "cpu" and x.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
-        and _get_current_dispatch_mode() is None  # FLOP counting, fake or meta tensors: the standard ops
-    )
+def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.GELU) -> bool:
+    return FAST_CPU_GELU and act.approximate == "tanh" and cpu_fp32_eager(x)
 
 
 def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.GELU) -> bool:
     """fc1 + GELU as one oneDNN call: CPU fp32 inference (the oneDNN op has no backward)."""
-    return not torch.is_grad_enabled() and _cpu_fp32_eager(x, act) and onednn_linear_gelu_available()
+    return not torch.is_grad_enabled() and _tanh_gelu_cpu_fp32(x, act) and onednn_linear_gelu_available()
 
 
 class SigmoidFormTanhGelu(torch.autograd.Function):
@@ -62,10 +57,8 @@ class SigmoidFormTanhGelu(torch.autograd.Function):
 def linear_gelu(x: torch.Tensor, fc: nn.Linear, act: nn.GELU) -> torch.Tensor:
     """act(fc(x)) by the fastest exact route for where it runs."""
     if fused_cpu_gelu_applies(x, act):
-        return torch.ops.mkldnn._linear_pointwise(x, fc.weight, fc.bias, "gelu", [], "tanh")
-    h = fc(x)
-    if torch.is_grad_enabled() and _cpu_fp32_eager(h, act):
+        return linear_act(x, fc, "gelu", "tanh")
+    h = linear(x, fc)
+    if torch.is_grad_enabled() and _tanh_gelu_cpu_fp32(h, act):
         return SigmoidFormTanhGelu.apply(h)
     return act(h)
-
-

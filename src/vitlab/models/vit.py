@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from vitlab.errors import VitlabError
 from vitlab.models.config import ViTConfig
 from vitlab.models.convstem import ConvStem
+from vitlab.models.fast_linear import linear
 from vitlab.models.gelu import linear_gelu
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
@@ -88,7 +89,7 @@ class Attention(nn.Module):
         # these strides as they are, where a permute of (B, N, 3, H, hd) made it copy (and the backward
         # stack). Attention fwd+bwd, width-64 ViT (128 images) 28.2 -> 24.7 ms, ViT-Ti/16 (16) 62.7 -> 57.2 ms
         # (`python benchmarks/train_parts.py --threads 1 --rounds 20`).
-        q, k, v = (t.reshape(b, n, self.heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        q, k, v = (t.reshape(b, n, self.heads, self.head_dim).transpose(1, 2) for t in linear(x, self.qkv).chunk(3, dim=-1))
         drop = self.attn_drop if self.training else 0.0
         attn = None
         if return_attention:
@@ -98,7 +99,7 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
         out = out.transpose(1, 2).reshape(b, n, d)
-        return self.proj_drop(self.proj(out)), attn
+        return self.proj_drop(linear(out, self.proj)), attn
 
 
 class Mlp(nn.Module):
@@ -113,7 +114,7 @@ class Mlp(nn.Module):
         self.drop2 = _dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(linear_gelu(x, self.fc1, self.act))))
+        return self.drop2(linear(self.drop1(linear_gelu(x, self.fc1, self.act)), self.fc2))
 
 
 class DropPath(nn.Module):

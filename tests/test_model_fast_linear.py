@@ -1,0 +1,93 @@
+"""The oneDNN route of the model's linear layers (vitlab.models.fast_linear) against torch's F.linear, the
+reference: outputs and all three gradients equal up to fp32 summation order, and the route stays out of the way
+wherever it would not compute the same thing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import vitlab
+from vitlab.models import fast_linear
+
+pytestmark = pytest.mark.skipif(not fast_linear.onednn_linear_available(), reason="no oneDNN in this torch build")
+
+
+def layer(bias: bool = True, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(48, 80, bias=bias)
+
+
+def inputs(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
+    return float((a - b).abs().max()) <= rel * float(b.abs().max())
+
+
+@pytest.mark.parametrize("shape", [(7, 48), (3, 5, 48)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_inference_equals_f_linear(shape, bias):
+    fc, x = layer(bias), inputs(*shape)
+    with torch.no_grad():
+        assert close(fast_linear.linear(x, fc), F.linear(x, fc.weight, fc.bias))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradients_equal_f_linear_and_the_float64_truth(bias):
+    fc = layer(bias)
+    x = inputs(3, 5, 48).requires_grad_()
+    g = inputs(3, 5, 80, seed=2)
+    params = [x, fc.weight] + ([fc.bias] if bias else [])
+    ours = torch.autograd.grad(fast_linear.linear(x, fc), params, g)
+    ref = torch.autograd.grad(F.linear(x, fc.weight, fc.bias), params, g)
+    truth = torch.autograd.grad(F.linear(x.double(), fc.weight.double(), None if fc.bias is None else fc.bias.double()),
+                                params, g.double())
+    for a, b, t in zip(ours, ref, truth):
+        assert close(a, b)
+        assert float((a.double() - t).abs().max()) <= 4 * float((b.double() - t).abs().max()) + 1e-6
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    fc = layer()
+    fc.weight.requires_grad_(False)
+    x = inputs(4, 48).requires_grad_()
+    out = fast_linear.linear(x, fc)
+    out.sum().backward()
+    assert fc.weight.grad is None and fc.bias.grad is not None and x.grad is not None
+    assert close(x.grad, torch.ones(4, 80) @ fc.weight)
+
+
+def test_route_applies_only_to_plain_cpu_fp32():
+    fc, x = layer(), inputs(4, 48)
+    assert fast_linear.onednn_linear_applies(x, fc.weight)
+    assert not fast_linear.onednn_linear_applies(x.double(), fc.weight.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fast_linear.onednn_linear_applies(x, fc.weight)
+    with FlopCounterMode(display=False) as counter:  # dispatch modes see torch's own aten ops
+        fast_linear.linear(x, fc)
+    assert counter.get_total_flops() == 2 * 4 * 48 * 80
+
+
+def test_whole_model_step_unchanged(monkeypatch):
+    torch.manual_seed(0)
+    model = vitlab.create_model("custom", image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64,
+                                num_classes=5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    x, y = inputs(6, 3, 16, 16, seed=3), torch.arange(6) % 5
+    results = {}
+    for route in (True, False):
+        monkeypatch.setattr(fast_linear, "ONEDNN_LINEAR", route)
+        model.zero_grad()
+        with torch.inference_mode():
+            logits = model(x)
+        F.cross_entropy(model(x), y).backward()
+        results[route] = (logits, [p.grad.clone() for p in model.parameters()])
+    (l1, g1), (l0, g0) = results[True], results[False]
+    assert (l1 - l0).abs().max() < 1e-5
+    assert max(float((a - b).abs().max()) for a, b in zip(g1, g0)) < 1e-5
