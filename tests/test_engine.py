@@ -109,6 +109,34 @@ def test_flag_errors_are_one_line(tmp_path):
                        quiet=True)
 
 
+def test_int8_graph_carries_fc1_bias_in_the_int8_product(tmp_path):
+    """In int8 each FastGelu takes no bias (split_gelu_bias): the bias Add sits after fc1's MatMulInteger, where
+    ORT's DynamicQuantizeMatMul fusion absorbs it; the logits stay those of plain dynamic quantization."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from vitlab.engine.ort import INT8_OPS, OrtEngine, _head_nodes, build_int8_dynamic
+
+    model = tiny()
+    fp32 = build_fp32(model, tmp_path, (32, 32))
+    gelus = [n for n in onnx.load(str(fp32)).graph.node if n.op_type == "FastGelu"]
+    assert len(gelus) == model.config.depth and all(len(n.input) == 2 for n in gelus)  # fp32 keeps BiasGelu
+    ours = build_int8_dynamic(fp32, tmp_path / "int8.onnx")
+    graph = onnx.load(str(ours)).graph
+    producer = {out: n for n in graph.node for out in n.output}
+    gelus = [n for n in graph.node if n.op_type == "FastGelu"]
+    assert len(gelus) == model.config.depth
+    for node in gelus:
+        assert len(node.input) == 1 and producer[node.input[0]].op_type == "Add"
+    assert not list(tmp_path.glob("*.src.onnx"))  # the intermediate graph is removed
+    plain = tmp_path / "plain.onnx"
+    quantize_dynamic(str(fp32), str(plain), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS,
+                     per_channel=True, nodes_to_exclude=_head_nodes(fp32),
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    x = images(3)
+    assert (OrtEngine(ours, 1)(x) - OrtEngine(plain, 1)(x)).abs().max() < 1e-5
+
+
 def test_int8_auto_with_few_images_falls_back_to_dynamic(tmp_path, capsys):
     engine = prepare_engine(tiny(), "auto", int8="auto", calibration=[images(8).numpy()], source=tmp_path)
     assert engine.name == "onnxruntime-int8-dynamic" and not engine.exact

@@ -28,12 +28,17 @@ from vitlab.errors import VitlabError
 EXACT_TOL = 1e-3  # logits; fp32 ORT with fusions differs by ~1e-6, anything near 1e-3 is a different model
 MIN_AGREEMENT = 0.99
 MIN_CALIBRATION = 16  # images; fewer and static int8 falls back to dynamic
+# Bumped whenever the ONNX graphs vitlab builds change: artefacts from an older vitlab are rebuilt, not reused.
+# 2: fc1's bias in the int8 product (engine/ort.split_gelu_bias).
+GRAPH_VERSION = 2
 
 
 # ------------------------------------------------------------------------------------------- where
 def fingerprint(model: nn.Module) -> str:
-    """A hash of the config and every weight: artefacts built for other weights are never reused."""
+    """A hash of the graph version, the config and every weight: artefacts built for other weights or by an
+    older vitlab are never reused."""
     h = hashlib.blake2b(digest_size=12)
+    h.update(f"graphs v{GRAPH_VERSION}".encode())
     h.update(repr(getattr(model, "config", type(model).__name__)).encode())
     for name, tensor in model.state_dict().items():
         h.update(name.encode())

@@ -157,17 +157,52 @@ def _head_nodes(path: Path) -> list[str]:
 INT8_OPS = ["MatMul", "Attention"]
 
 
+def split_gelu_bias(proto) -> int:
+    """FastGelu(h, bias) -> FastGelu(h + bias), in place; returns how many.
+
+    In fp32 the optimizer's BiasGelu fusion saves a pass, but an int8 MatMul carries its bias in the same kernel
+    (ORT fuses MatMulInteger + scale + bias Add into DynamicQuantizeMatMul), while FastGelu's own bias add is a
+    separate slow loop: split out, the bias rides with fc1's int8 product (benchmarks/ort_variants.py)."""
+    from onnx import helper
+
+    count, nodes = 0, []
+    for node in proto.graph.node:
+        if node.op_type != "FastGelu" or len(node.input) < 2 or not node.input[1]:
+            nodes.append(node)
+            continue
+        count += 1
+        biased = f"{node.name}_biased"
+        nodes.append(helper.make_node("Add", [node.input[0], node.input[1]], [biased], name=f"{node.name}_bias"))
+        nodes.append(helper.make_node("FastGelu", [biased], list(node.output), name=node.name, domain="com.microsoft"))
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    return count
+
+
+def _int8_source(fp32_path: Path, out: Path) -> Path:
+    """The fp32 graph as the int8 quantizers should see it (`split_gelu_bias`), beside `out`."""
+    import onnx
+
+    proto = onnx.load(str(fp32_path))
+    split_gelu_bias(proto)
+    source = out.with_name(out.stem + ".src.onnx")
+    onnx.save(proto, str(source))
+    return source
+
+
 def build_int8_dynamic(fp32_path: Path, out: Path) -> Path:
     """Weights int8 offline, activations quantized per call; fused Attention becomes QAttention."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    source = _int8_source(fp32_path, out)
     with _quiet_tools():
         # per-channel weight scales: the same speed within noise (benchmarks/ort_variants.py: ViT-S/16 49.7 vs 49.99,
         # B/16 16.3 vs 16.5 images/s per-channel vs per-tensor), a scale per output channel for accuracy
-        quantize_dynamic(str(fp32_path), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS,
-                         per_channel=True, nodes_to_exclude=_head_nodes(fp32_path),
+        quantize_dynamic(str(source), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS,
+                         per_channel=True, nodes_to_exclude=_head_nodes(source),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    source.unlink()
     return out
 
 
@@ -201,18 +236,19 @@ def build_int8_static(fp32_path: Path, out: Path, calibration: list[np.ndarray])
     if not calibration:
         raise VitlabError("static int8 needs calibration images (--calibration DATA); or use --int8 dynamic")
     reader = type("Reader", (_Batches, CalibrationDataReader), {})(calibration)
+    source = _int8_source(fp32_path, out)
     pre = out.with_name(out.stem + ".pre.onnx")
     staged = out.with_name(out.stem + ".qdq.onnx")
     tensor_type = {"DefaultTensorType": onnx.TensorProto.FLOAT}
     with _quiet_tools():
         # shape inference first: without known types the fused graph's activations are not quantized at all
-        quant_pre_process(str(fp32_path), str(pre), skip_optimization=True)
+        quant_pre_process(str(source), str(pre), skip_optimization=True)
         quantize_static(str(pre), str(staged), reader, quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         op_types_to_quantize=["MatMul"], nodes_to_exclude=_head_nodes(pre),
                         calibrate_method=CalibrationMethod.MinMax, extra_options=tensor_type)
         quantize_dynamic(str(staged), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["Attention"],
                          extra_options=tensor_type)
-    pre.unlink(missing_ok=True)
-    staged.unlink(missing_ok=True)
+    for temporary in (source, pre, staged):
+        temporary.unlink(missing_ok=True)
     return out
