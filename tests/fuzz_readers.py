@@ -99,7 +99,27 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
         (cifar / name).write_bytes(record.tobytes())
     fx["cifar"] = cifar
+    fx["shards"] = _shards(home("shards") / "shards")
     return {k: Path(v) for k, v in fx.items()}
+
+
+def _shards(folder: Path) -> Path:
+    """A WebDataset-layout folder: classes.txt, a training and a test shard, labels as .cls and as .json."""
+    import tarfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "classes.txt").write_text("a\nb\nc\n")
+    for split, count in (("train", 5), ("test", 3)):
+        with tarfile.open(folder / f"{split}-000000.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(count):
+                _png(folder / "tmp.png", size=(5 + i, 4))
+                label_name, label = (f"{i:06d}.json", b'{"label": "b"}') if i % 2 else (f"{i:06d}.cls", b"2")
+                for name, data in ((f"{i:06d}.png", (folder / "tmp.png").read_bytes()), (label_name, label)):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    (folder / "tmp.png").unlink()
+    return folder
 
 
 # ------------------------------------------------------------------------------------------- readers
@@ -133,10 +153,25 @@ def _read_cifar(path: Path):
     return read_source(f"cifar10:{path.parent}", progress=False)
 
 
+def _read_shards(path: Path):
+    """Load the shard folder, then decode every sample of every split; a bad sample is a counted skip."""
+    from vitlab.data.images import BadImageError
+    from vitlab.data.shards import load_shards
+
+    splits = load_shards(str(path), progress=False)
+    for ds in (splits.train, splits.val, splits.test):
+        for i in range(len(ds) if ds is not None else 0):
+            try:
+                ds.load(i)
+            except BadImageError:
+                pass
+    return splits
+
+
 READERS: dict[str, Callable[[Path], object]] = {
     "native": _read_weights, "hf": _read_weights, "timm_safetensors": _read_weights, "timm_pth": _read_weights,
     "official": _read_weights, "torchvision_resnet": _read_weights, "idx_gz": _read_idx, "idx": _read_idx,
-    "image": _read_image, "csv": _read_csv, "cifar": _read_cifar,
+    "image": _read_image, "csv": _read_csv, "cifar": _read_cifar, "shards": _read_shards,
 }
 
 

@@ -26,7 +26,7 @@ def test_mutated_files_load_or_fail_in_one_line():
     assert summary["findings"] == [], json.dumps(summary["findings"][:10], indent=1)
     assert proc.returncode == 0
     per_reader = summary["per_reader"]
-    assert len(per_reader) == 11
+    assert len(per_reader) == 12
     for name, outcomes in per_reader.items():
         # every reader was exercised, and the mutations were neither all harmless nor all fatal
         assert sum(outcomes.values()) >= 20 * seconds / 30, (name, outcomes)
