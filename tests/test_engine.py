@@ -129,6 +129,16 @@ def test_int8_graph_carries_fc1_bias_in_the_int8_product(tmp_path):
     for node in gelus:
         assert len(node.input) == 1 and producer[node.input[0]].op_type == "Add"
     assert not list(tmp_path.glob("*.src.onnx"))  # the intermediate graph is removed
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath, opts.log_severity_level = str(tmp_path / "session.onnx"), 3
+    ort.InferenceSession(str(ours), opts, providers=["CPUExecutionProvider"])
+    session = onnx.load(str(tmp_path / "session.onnx")).graph
+    producer = {out: n for n in session.node for out in n.output}
+    fed_by = [producer[n.input[0]] for n in session.node if n.op_type == "FastGelu"]
+    assert len(fed_by) == model.config.depth  # ORT's own fusion took the bias into the int8 product
+    assert all(n.op_type == "DynamicQuantizeMatMul" and len(n.input) == 5 and n.input[4] for n in fed_by)
     plain = tmp_path / "plain.onnx"
     quantize_dynamic(str(fp32), str(plain), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS,
                      per_channel=True, nodes_to_exclude=_head_nodes(fp32),
