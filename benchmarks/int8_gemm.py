@@ -14,9 +14,8 @@ quantization work: an upper bound). Median of 5 calls, 50 ms pause before each.
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -26,18 +25,11 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from linear import timed  # noqa: E402  (median of calls, 50 ms pause before each)
+
 SHAPES = [(768, 3072), (3072, 768), (768, 768)]  # fc1, fc2, attention proj of ViT-B/16
-
-
-def timed(fn, reps: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        time.sleep(0.05)
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+REPS = 5
 
 
 def linear_graph(k: int, n: int, path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -69,7 +61,7 @@ def ort_routes(k: int, n: int, x: np.ndarray, threads: int, d: Path) -> dict[str
     out = {}
     for label, path in (("ORT fp32", fp32), ("ORT int8 dynamic", int8)):
         s = session(path, threads)
-        out[label] = timed(lambda s=s: s.run(None, {"x": x}))
+        out[label] = timed(lambda s=s: s.run(None, {"x": x}), REPS)
     try:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
     except ImportError as exc:  # onnx_ir missing: say so, time the rest
@@ -82,7 +74,7 @@ def ort_routes(k: int, n: int, x: np.ndarray, threads: int, d: Path) -> dict[str
         path = d / f"nbits{bits}_{block}.onnx"
         quantizer.model.save_model_to_file(str(path))
         s = session(path, threads)
-        out[f"ORT MatMulNBits {bits}-bit, block {block}"] = timed(lambda s=s: s.run(None, {"x": x}))
+        out[f"ORT MatMulNBits {bits}-bit, block {block}"] = timed(lambda s=s: s.run(None, {"x": x}), REPS)
     return out
 
 
@@ -90,16 +82,16 @@ def torch_routes(k: int, n: int, x: np.ndarray) -> dict[str, float]:
     xt, layer = torch.from_numpy(x), torch.nn.Linear(k, n)
     out = {}
     with torch.no_grad():
-        out["torch fp32 F.linear"] = timed(lambda: layer(xt))
+        out["torch fp32 F.linear"] = timed(lambda: layer(xt), REPS)
         for engine in torch.backends.quantized.supported_engines:
             if engine not in ("fbgemm", "onednn", "x86"):
                 continue
             torch.backends.quantized.engine = engine
             q = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(layer), {torch.nn.Linear}, dtype=torch.qint8)
-            out[f"torch dynamic int8 ({engine})"] = timed(lambda q=q: q(xt))
+            out[f"torch dynamic int8 ({engine})"] = timed(lambda q=q: q(xt), REPS)
         a = torch.randint(-128, 127, (x.shape[0], k), dtype=torch.int8)
         b = torch.randint(-128, 127, (k, n), dtype=torch.int8)
-        out["torch._int_mm (bare int8 kernel)"] = timed(lambda: torch._int_mm(a, b))
+        out["torch._int_mm (bare int8 kernel)"] = timed(lambda: torch._int_mm(a, b), REPS)
     return out
 
 
