@@ -4,6 +4,7 @@ one process (50 ms pause before each timed call), median of the rounds.
 
     python benchmarks/linear.py                 # torch's default threads
     python benchmarks/linear.py --threads 1 --skip-products
+    python benchmarks/linear.py --threads 1 --skip-products --models vit-ti/16 --no-training --pause-ms 0
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ PRODUCTS = {
 FMNIST = dict(image_size=28, patch_size=4, dim=64, depth=6, heads=4, mlp_dim=128, num_classes=10, in_chans=1)
 
 
+PAUSE_S = 0.05  # before each timed call, as benchmarks/peers.py does (--pause-ms)
+
+
 def timed(fn, rounds: int) -> float:
     fn()
     times = []
     for _ in range(rounds):
-        time.sleep(0.05)
+        time.sleep(PAUSE_S)
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -97,14 +101,14 @@ def training(name: str, kw: dict, batch: int, shape: tuple[int, ...], rounds: in
     return interleaved(step, rounds)
 
 
-def models(rounds: int) -> None:
+def models(rounds: int, names: list[str], train: bool) -> None:
     print("whole models, images/s: F.linear / oneDNN (ratio)")
-    for name in ("vit-ti/16", "vit-s/16", "vit-b/16"):
+    for name in names:
         for batch in (1, 32):
             off, on = inference(name, batch, rounds)
             print(f"  {name} inference, batch {batch:3d}: {batch / off:8.2f} / {batch / on:8.2f} (x{off / on:.3f})")
     for label, name, kw, batch, shape in (("Fashion-MNIST ViT", "custom", FMNIST, 128, (1, 28, 28)),
-                                          ("vit-ti/16", "vit-ti/16", {}, 16, (3, 224, 224))):
+                                          ("vit-ti/16", "vit-ti/16", {}, 16, (3, 224, 224)))[:2 if train else 0]:
         off, on = training(name, kw, batch, shape, rounds)
         print(f"  {label} training step, batch {batch:3d}: {batch / off:8.2f} / {batch / on:8.2f} (x{off / on:.3f})")
 
@@ -114,12 +118,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--skip-products", action="store_true")
+    ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16", help="inference models, comma-separated")
+    ap.add_argument("--no-training", action="store_true", help="leave out the training-step rows")
+    ap.add_argument("--pause-ms", type=float, default=50, help="idle time before each timed call")
     args = ap.parse_args()
+    global PAUSE_S
+    PAUSE_S = args.pause_ms / 1e3
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads")
+    print(f"torch {torch.__version__}, {args.threads} threads, {args.pause_ms:g} ms pause before each timed call")
     if not args.skip_products:
         products(args.rounds)
-    models(args.rounds)
+    models(args.rounds, args.models.split(","), not args.no_training)
 
 
 if __name__ == "__main__":
