@@ -86,6 +86,14 @@ def test_changed_weights_get_their_own_artefacts(tmp_path):
     assert choose.artefact_folder(a, tmp_path) != choose.artefact_folder(b, tmp_path)
 
 
+def test_graphs_of_an_older_vitlab_are_not_reused(tmp_path, monkeypatch):
+    model = tiny()
+    now = choose.artefact_folder(model, tmp_path)
+    assert choose.artefact_folder(model, tmp_path) == now  # same model, same graphs: reused
+    monkeypatch.setattr(choose, "GRAPH_VERSION", choose.GRAPH_VERSION - 1)
+    assert choose.artefact_folder(model, tmp_path) != now
+
+
 def test_an_engine_that_changes_the_logits_is_refused(tmp_path, monkeypatch):
     from vitlab.engine import ort
 
