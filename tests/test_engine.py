@@ -230,3 +230,31 @@ def test_inspect_auto_falls_back_to_torch_when_the_graph_cannot_be_built(tmp_pat
     assert engine.name == "torch" and "onnxruntime left out" in capsys.readouterr().err
     with pytest.raises(VitlabError, match="cannot run this model .RuntimeError"):
         attention.prepare_attention_engine(tiny(), "onnxruntime", batch_size=2, source=tmp_path, quiet=True)
+
+
+def test_compiled_engine_is_exact_and_leaves_inductor_settings_alone(tmp_path, monkeypatch):
+    """One real compile (about 20 s): the logits of eager PyTorch, the kernels cached beside the model, and no
+    process-wide change to Inductor's config or environment for other torch.compile users."""
+    import os
+
+    import torch._inductor.config as inductor_config
+
+    from vitlab.engine.torch_engines import CompiledEngine
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    torch.manual_seed(0)
+    model = vitlab.create_model("custom", image_size=16, patch_size=4, dim=32, depth=1, heads=2, mlp_dim=64,
+                                num_classes=3).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    freezing = inductor_config.freezing
+    engine = CompiledEngine(model, tmp_path)
+    x = images(3, 16)
+    with torch.no_grad():
+        assert (engine(x) - model(x)).abs().max() < 1e-4
+        assert (engine(x[:2]) - model(x[:2])).abs().max() < 1e-4  # a smaller last batch is padded, not recompiled
+    assert inductor_config.freezing == freezing
+    # Inductor itself fills in its default cache dir when the variable is unset; vitlab's own is not left behind
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(tmp_path / "inductor")
+    assert any((tmp_path / "inductor").iterdir())  # the kernels went beside the model

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -23,6 +24,22 @@ class TorchEngine:
             return self.model(images)
 
 
+@contextlib.contextmanager
+def inductor_settings(cache_dir: Path | None) -> Iterator[None]:
+    """Inductor with frozen weights (folded and prepacked for oneDNN), and with `cache_dir` its kernel cache, for
+    this engine's calls only: other `torch.compile` users in the process keep their own settings and cache."""
+    import torch._inductor.config as inductor_config
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(inductor_config.patch(freezing=True))
+        if cache_dir is not None:
+            # Inductor's own switch: sets TORCHINDUCTOR_CACHE_DIR and clears its cached paths, then restores both
+            from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+            stack.enter_context(temporary_cache_dir(str(cache_dir)))
+        yield
+
+
 class CompiledEngine:
     """`torch.compile` of the model (Inductor with frozen weights); its kernels cache in `cache_dir`."""
 
@@ -30,14 +47,9 @@ class CompiledEngine:
     exact = True
 
     def __init__(self, model: nn.Module, cache_dir: str | Path | None = None):
-        if cache_dir is not None:  # Inductor reads this when it first compiles: keep the kernels beside the model
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cache_dir) / "inductor"))
-        import torch._inductor.config as inductor_config
-
-        inductor_config.freezing = True  # weights become constants: folded and prepacked for oneDNN
+        self.cache_dir = None if cache_dir is None else Path(cache_dir) / "inductor"
         self.model = model.eval()
         self.compiled = torch.compile(self.model, dynamic=False)
-
         self.batch: int | None = None
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
@@ -49,5 +61,7 @@ class CompiledEngine:
             images = torch.cat([images, pad])
         elif n > self.batch:
             return torch.cat([self(chunk) for chunk in images.split(self.batch)])
-        with torch.no_grad():
+        # The first call compiles (one static shape, so the only compile): only it needs the kernel cache switched
+        cache, self.cache_dir = self.cache_dir, None
+        with torch.no_grad(), inductor_settings(cache):
             return self.compiled(images)[:n]
