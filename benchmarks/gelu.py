@@ -13,7 +13,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vitlab.models.gelu import SigmoidFormTanhGelu, onednn_linear_gelu_available
+from vitlab.models.fast_linear import onednn_linear_available
+from vitlab.models.gelu import SigmoidFormTanhGelu
 
 SHAPES = {"Fashion-MNIST ViT (128 x 50 tokens, 64 -> 128)": (6400, 64, 128),
           "ViT-Ti/16 (16 x 197 tokens, 192 -> 768)": (3152, 192, 768)}
@@ -44,7 +45,7 @@ def report(label: str, rows: int, d_in: int, d_out: int) -> None:
     inference = {"GELU alone: torch erf": lambda: F.gelu(h),
                  "GELU alone: torch tanh": lambda: tanh_gelu(h),
                  "fc1 + GELU, inference: torch tanh": lambda: tanh_gelu(F.linear(x, w, b))}
-    if onednn_linear_gelu_available():
+    if onednn_linear_available():
         inference["fc1 + GELU, inference: vitlab (oneDNN epilogue)"] = (
             lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "gelu", [], "tanh"))
     train = {"GELU forward + backward: torch erf": fwd_bwd(F.gelu, h, g),

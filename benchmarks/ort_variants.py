@@ -29,12 +29,12 @@ from vitlab.engine.ort import (
     INT8_OPS,
     OrtEngine,
     _head_nodes,
+    _int8_source,
     _quiet_tools,
     build_fp32,
     build_int8_dynamic,
     build_int8_static,
     optimize_vit_graph,
-    split_gelu_bias,
 )
 from vitlab.export import export_onnx
 from vitlab.models.vit import Block
@@ -47,10 +47,7 @@ def dynamic(src: Path, out: Path, split_bias: bool = True, **kw) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     if split_bias:
-        proto = onnx.load(str(src))
-        split_gelu_bias(proto)
-        src = out.with_name(out.stem + ".src.onnx")
-        onnx.save(proto, str(src))
+        src = _int8_source(src, out)
     options = {"weight_type": QuantType.QInt8, "op_types_to_quantize": INT8_OPS, "per_channel": True,
                "nodes_to_exclude": _head_nodes(src), "extra_options": FLOAT}
     options.update(kw)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import vitlab
 from vitlab.models import gelu
+from vitlab.models.fast_linear import onednn_linear_available
 
 
 def values(shape=(4096, 96), seed=0) -> torch.Tensor:
@@ -16,7 +17,7 @@ def values(shape=(4096, 96), seed=0) -> torch.Tensor:
 
 
 def test_onednn_epilogue_is_torchs_tanh_gelu_within_1e6():
-    if not gelu.onednn_linear_gelu_available():
+    if not onednn_linear_available():
         pytest.skip("no oneDNN in this torch build")
     x = values()
     eye = torch.eye(x.shape[1])  # an identity matrix product is exact, so only the GELU differs
@@ -71,7 +72,7 @@ def test_routes_apply_only_where_they_are_exact():
     x = torch.randn(2, 3)
     assert not gelu.fused_cpu_gelu_applies(x, act)  # grad enabled: training takes the autograd route
     with torch.no_grad():
-        assert gelu.fused_cpu_gelu_applies(x, act) == gelu.onednn_linear_gelu_available()
+        assert gelu.fused_cpu_gelu_applies(x, act) == onednn_linear_available()
         assert not gelu.fused_cpu_gelu_applies(x, erf)  # erf GELU: torch's kernel is already fast
         assert not gelu.fused_cpu_gelu_applies(x.double(), act)
         with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -1,9 +1,10 @@
 """The model's linear layers through oneDNN on the CPU: the same fp32 matrix products, faster than torch's
 default route (`F.linear` -> MKL here).
 
-On the 2-core AMD EPYC of docs/benchmarks.md oneDNN's GEMM runs the ViT shapes 5-30 % faster than `F.linear`
-(forward and the input gradient; `python benchmarks/linear.py`), while the weight gradient is faster through
-torch's own `mm`, so training uses oneDNN for two of the three products. The choice is fixed, not measured per
+On the 2-core AMD EPYC of docs/benchmarks.md whole ViTs run 1-11 % faster in inference and up to 9 % faster in
+training steps this way (`python benchmarks/linear.py`); per product the forward and the input gradient are
+mostly faster through oneDNN, the weight gradient through torch's own `mm`, so training uses oneDNN for two of
+the three products. The choice is fixed, not measured per
 run: a route picked by a timing could differ between a run and its resume, and exact resume needs the same
 kernels. Results differ from `F.linear` only by the summation order of any fp32 GEMM (about 1e-6 relative;
 tests/test_model_fast_linear.py). Elsewhere (GPU, other dtypes, autocast, tracing for ONNX, torch.compile,

@@ -24,17 +24,13 @@ _TWO_K1 = 2 * math.sqrt(2 / math.pi)  # 2u = x * (2 k1 + 2 k1 k2 x^2), k1 = sqrt
 _TWO_K1_K2 = _TWO_K1 * 0.044715
 
 
-def onednn_linear_gelu_available() -> bool:
-    return onednn_linear_available()
-
-
 def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.GELU) -> bool:
     return FAST_CPU_GELU and act.approximate == "tanh" and cpu_fp32_eager(x)
 
 
 def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.GELU) -> bool:
     """fc1 + GELU as one oneDNN call: CPU fp32 inference (the oneDNN op has no backward)."""
-    return not torch.is_grad_enabled() and _tanh_gelu_cpu_fp32(x, act) and onednn_linear_gelu_available()
+    return not torch.is_grad_enabled() and _tanh_gelu_cpu_fp32(x, act) and onednn_linear_available()
 
 
 class SigmoidFormTanhGelu(torch.autograd.Function):
