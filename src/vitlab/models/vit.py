@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from vitlab.errors import VitlabError
+from vitlab.models.attention_core import attention, explicit_attention
 from vitlab.models.config import ViTConfig
 from vitlab.models.convstem import ConvStem
 from vitlab.models.fast_linear import linear
@@ -77,7 +78,6 @@ class Attention(nn.Module):
         super().__init__()
         self.heads = heads
         self.head_dim = dim // heads
-        self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -94,10 +94,9 @@ class Attention(nn.Module):
         attn = None
         if return_attention:
             # Same weights, explicit softmax: the probabilities are what the fused kernel computes.
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-            out = F.dropout(attn, drop, self.training) @ v
+            out, attn = explicit_attention(q, k, v, drop, self.training)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+            out = attention(q, k, v, drop)
         out = out.transpose(1, 2).reshape(b, n, d)
         return self.proj_drop(linear(out, self.proj)), attn
 

@@ -1,0 +1,100 @@
+"""The explicit attention route of short sequences (vitlab.models.attention_core) against torch's fused kernel,
+the reference, and a float64 truth: output and gradients equal up to fp32 rounding, dropout where the fused kernel
+puts it, and the fused kernel everywhere the rule does not apply (long sequences, bf16, tracing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitlab
+from vitlab.models import attention_core
+
+
+def qkv(tokens: int, batch: int = 3, heads: int = 4, head_size: int = 16, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, heads, tokens, head_size, generator=gen) * 2).requires_grad_() for _ in range(3)]
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+@pytest.mark.parametrize("tokens", [1, 17, 50, 80])
+def test_explicit_route_equals_the_fused_kernel_and_the_float64_truth(tokens):
+    q, k, v = qkv(tokens)
+    g = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    ours = attention_core.attention(q, k, v)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    truth = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    scale = float(truth.detach().abs().max())  # fp32 rounding: about 5e-7 of the largest output either way
+    assert max_diff(ours, ref) <= 1e-6 * scale and max_diff(ours, truth) <= 1e-6 * scale
+    assert max_diff(ours, truth) <= 2 * max_diff(ref, truth) + 1e-7
+    grads = torch.autograd.grad(ours, (q, k, v), g)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    truth_grads = torch.autograd.grad(truth, (q, k, v), g.double())
+    for a, b, t in zip(grads, ref_grads, truth_grads):
+        assert max_diff(a, b) <= 1e-5
+        assert max_diff(a, t) <= 2 * max_diff(b, t) + 1e-6
+
+
+def fused_calls(monkeypatch) -> list[int]:
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def counting(q, *args, **kwargs):
+        calls.append(q.shape[-2])
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention_core.F, "scaled_dot_product_attention", counting)
+    return calls
+
+
+def test_the_rule_depends_on_the_token_count_only(monkeypatch):
+    calls = fused_calls(monkeypatch)
+    limit = attention_core.EXPLICIT_MAX_TOKENS
+    with torch.no_grad():
+        for tokens in (limit, limit + 1):
+            attention_core.attention(*qkv(tokens))
+    assert calls == [limit + 1]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # jit.trace: the tracer the ONNX export uses
+def test_fused_kernel_for_bf16_autocast_and_tracing(monkeypatch):
+    calls = fused_calls(monkeypatch)
+    q, k, v = (t.detach() for t in qkv(10))
+    attention_core.attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attention_core.attention(q, k, v)
+    torch.jit.trace(lambda a, b, c: attention_core.attention(a, b, c), (q, k, v), check_trace=False)
+    assert calls == [10, 10, 10]
+
+
+def test_dropout_acts_on_the_probabilities_in_training_only():
+    q, k, v = (t.detach() for t in qkv(12))
+    assert attention_core.explicit_attention(q, k, v, 1.0, training=True)[0].abs().max() == 0
+    torch.manual_seed(0)
+    dropped = attention_core.attention(q, k, v, 0.5)
+    kept = attention_core.attention(q, k, v, 0.0)
+    assert max_diff(dropped, kept) > 1e-3
+    out, probs = attention_core.explicit_attention(q, k, v, 0.5, training=False)
+    assert max_diff(out, kept) <= 1e-6 and max_diff(probs.sum(-1), torch.ones(probs.shape[:-1])) <= 1e-6
+
+
+def test_whole_model_logits_and_gradients_unchanged(monkeypatch):
+    torch.manual_seed(0)
+    model = vitlab.create_model("custom", image_size=28, in_chans=1, patch_size=4, dim=64, depth=2, heads=4,
+                                mlp_dim=128, num_classes=10)
+    x = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(2))
+    results = []
+    for explicit in (True, False):
+        monkeypatch.setattr(attention_core, "EXPLICIT_ATTENTION", explicit)
+        model.zero_grad()
+        logits = model(x)
+        logits.square().sum().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (logits_a, grads_a), (logits_b, grads_b) = results
+    assert max_diff(logits_a, logits_b) <= 1e-5
+    for a, b in zip(grads_a, grads_b):
+        assert max_diff(a, b) <= 1e-4 * max(1.0, float(b.abs().max()))
