@@ -39,7 +39,7 @@ from vitlab.engine.choose import PAUSE_S
 from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, build_int8_static
 
 TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
-              "vit-b/16": "vit_base_patch16_224"}
+              "vit-b/16": "vit_base_patch16_224", "vit-b/32": "vit_base_patch32_224"}
 
 
 def perturbed(model: torch.nn.Module) -> torch.nn.Module:

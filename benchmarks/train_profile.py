@@ -1,8 +1,9 @@
-"""Where a training step's time goes, vitlab against Hugging Face's ViT of the same size: torch.profiler's
-operator table over 5 steps of the loop benchmarks/peers.py times (AdamW, cross-entropy, clipping, fp32).
-Runs in the peers' environment (docs/benchmarks.md, "Against every peer"):
+"""Where a training step's time goes, vitlab against Hugging Face's (or timm's) ViT of the same size:
+torch.profiler's operator table over 5 steps of the loop benchmarks/peers.py times (AdamW, cross-entropy,
+clipping, fp32). Runs in the peers' environment (docs/benchmarks.md, "Against every peer"):
 
     /work/peers/bin/python benchmarks/train_profile.py --size fmnist --threads 2
+    /work/peers/bin/python benchmarks/train_profile.py --size ti16 --threads 2 --peer timm
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rows", type=int, default=22)
+    ap.add_argument("--peer", default="HF", choices=["HF", "timm"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     size = peers.TRAIN_SIZES[args.size]
@@ -31,7 +33,7 @@ def main() -> None:
     torch.manual_seed(0)
     x, y = torch.randn(batch, ch, img, img), torch.randint(0, 10, (batch,))
     models = peers.train_models(size)
-    for name in ("vitlab", "HF"):
+    for name in ("vitlab", args.peer):
         step = peers.train_step(models[name], x, y)
         for _ in range(args.steps):
             step()

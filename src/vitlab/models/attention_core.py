@@ -1,13 +1,15 @@
 """softmax(q k^T / sqrt(d)) v by the faster of two exact routes on the CPU.
 
-torch's fused CPU kernel (`F.scaled_dot_product_attention`, flash attention) works in tiles of 32 or more
-queries and pays for that on short sequences: at 50 tokens with 16-dim heads (the Fashion-MNIST ViT) its
-forward + backward takes 10.0 ms where the same function as two batched matrix products and a softmax takes 5.4,
-and at ViT-B/32's 50 tokens (64-dim heads) 5.6 against 3.9. From about 145 tokens on the fused kernel is as fast
-or faster and never holds the (B, H, N, N) probabilities, so it keeps those (ViT-*/16 at 224 px: 197 tokens).
-Measured with `python benchmarks/attention.py`. Both compute the official function (the explicit form is how the
-official Flax code writes it), within 1e-6 of each other (tests/test_model_attention_core.py). The rule depends
-on the shape only, never on a timing, so a run and its resume take the same route.
+torch's fused CPU kernel (`F.scaled_dot_product_attention`, flash attention) gains little from a second thread
+on short sequences, where the same function written as two batched matrix products and a softmax gains almost
+2x. With 2 threads, at 50 tokens with 16-dim heads (the Fashion-MNIST ViT, 128 images), forward + backward takes
+10.5 ms fused against 7.0 explicit; at ViT-B/32's 50 tokens (64-dim heads) 7.7 against 6.3. With 1 thread the
+fused kernel is as fast or faster (11.2 vs 11.5 ms), and from about 100 tokens on it is faster at any thread
+count and never holds the (B, H, N, N) probabilities; ViT-*/16 at 224 px (197 tokens) always keeps it.
+Measured with `python benchmarks/attention.py` (--threads 1 and 2; docs/benchmarks.md). Both routes compute the
+official function (the explicit form is how the official Flax code writes it) within 1e-6 of each other
+(tests/test_model_attention_core.py). The rule depends on the shape and the thread count only, never on a
+timing; training records its thread count and restores it on resume, so a run and its resume take the same route.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import torch.nn.functional as F
 from vitlab.models.fast_linear import cpu_fp32_eager
 
 EXPLICIT_ATTENTION = True  # benchmarks and tests flip it to time or compare the fused kernel alone
-EXPLICIT_MAX_TOKENS = 80  # measured: explicit faster up to 65 tokens, mixed at 101, fused faster from 129 on
+EXPLICIT_MAX_TOKENS = 80  # 2 threads: explicit faster up to 65 tokens, even at 101, fused faster from 129 on
 
 
 def explicit_attention_applies(q: torch.Tensor) -> bool:
-    return EXPLICIT_ATTENTION and cpu_fp32_eager(q) and q.shape[-2] <= EXPLICIT_MAX_TOKENS
+    return (EXPLICIT_ATTENTION and cpu_fp32_eager(q) and q.shape[-2] <= EXPLICIT_MAX_TOKENS
+            and torch.get_num_threads() > 1)
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
