@@ -11,9 +11,9 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
     /work/peers/bin/python benchmarks/peers.py --models vit-s/16 --batches 32 --rounds 9 --out /tmp/peers.json
     /work/peers/bin/python benchmarks/peers.py --train fmnist,ti16       # training steps instead (AdamW, fp32)
 
-Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU); `vitlab onnxruntime` the exact fp32
-ORT engine (`--engine onnxruntime`); `vitlab int8 static|dynamic` what `--int8` builds. Peers run their defaults
-(timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
+Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU), as `--engine torch` runs it (weights packed
+once into oneDNN's layout); `vitlab onnxruntime` the exact fp32 ORT engine (`--engine onnxruntime`); `vitlab int8
+static|dynamic` what `--int8` builds. Peers run their defaults (timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
 ours and the peers'), and without the pause they took the cores from whichever row ran next (docs/benchmarks.md). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
 fp32 peer, int8 rows by the fastest peer of all, int8 included).
 """
@@ -37,6 +37,7 @@ import torch
 import vitlab
 from vitlab.engine.choose import PAUSE_S
 from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, build_int8_static
+from vitlab.engine.torch_engines import TorchEngine
 
 TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
               "vit-b/16": "vit_base_patch16_224", "vit-b/32": "vit_base_patch32_224"}
@@ -121,7 +122,7 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool)
     timm_model = perturbed(timm.create_model(TIMM_NAMES[name], pretrained=False))
     hf = perturbed(hf_model(cfg))
     rows: dict[str, tuple[str, object]] = {
-        "vitlab torch": ("ours", Torch(ours)),
+        "vitlab torch": ("ours", TorchEngine(ours)),  # what `--engine torch` runs (weights packed once)
         "timm torch": ("peer", Torch(timm_model)),
         "HF torch": ("peer", Torch(hf)),
     }

@@ -91,3 +91,64 @@ def test_whole_model_step_unchanged(monkeypatch):
     (l1, g1), (l0, g0) = results[True], results[False]
     assert (l1 - l0).abs().max() < 1e-5
     assert max(float((a - b).abs().max()) for a, b in zip(g1, g0)) < 1e-5
+
+
+def small_vit() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = vitlab.create_model("custom", image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96,
+                                num_classes=5).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # the official init zeroes the head: logits of 0 would hide any change
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+needs_packing = pytest.mark.skipif(not fast_linear.packing_available(), reason="no weight packing in this build")
+
+
+@needs_packing
+def test_torch_engine_packs_block_weights_once_and_gives_the_same_logits():
+    from vitlab.engine.torch_engines import TorchEngine
+
+    model, x = small_vit(), inputs(5, 3, 32, 32, seed=4)
+    with torch.inference_mode():
+        plain = model(x)
+    engine = TorchEngine(model)
+    assert close(engine(x), plain, rel=1e-6)
+    assert len(engine.packed._packs) == 4 * 2  # qkv, proj, fc1, fc2 of both blocks; the head stays F.linear
+    packed = [entry[1] for entry in engine.packed._packs.values()]
+    assert close(engine(x[:2]), plain[:2], rel=1e-6)  # a smaller (last) batch reuses the same copies
+    assert all(a is b for a, b in zip(packed, (entry[1] for entry in engine.packed._packs.values())))
+    with torch.inference_mode():
+        model(x)  # outside the engine the plain weights are used and nothing is packed
+    assert len(engine.packed._packs) == 8
+
+
+@needs_packing
+@pytest.mark.parametrize("change", ["in place", "load_state_dict", "new parameter", "optimizer step"])
+def test_packed_copies_follow_weights_that_change(change):
+    from vitlab.engine.torch_engines import TorchEngine
+
+    model, x = small_vit(), inputs(3, 3, 32, 32, seed=5)
+    engine = TorchEngine(model)
+    before = engine(x)
+    fc1 = model.blocks[0].mlp.fc1
+    if change == "in place":
+        with torch.no_grad():
+            fc1.weight.mul_(-1.5)
+    elif change == "load_state_dict":
+        state = {k: v * 0.5 for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+    elif change == "new parameter":
+        fc1.weight = torch.nn.Parameter(torch.randn_like(fc1.weight))
+    else:
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        model(x).square().sum().backward()
+        opt.step()
+        model.eval()
+    with torch.inference_mode():
+        plain = model(x)
+    after = engine(x)
+    assert not close(after, before, rel=1e-3)
+    assert close(after, plain, rel=1e-6)

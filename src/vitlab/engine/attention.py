@@ -23,6 +23,7 @@ from vitlab.engine.choose import (
     open_or_rebuild,
     reason,
 )
+from vitlab.engine.torch_engines import TorchEngine
 from vitlab.errors import VitlabError
 
 AttentionResult = tuple[torch.Tensor, list[torch.Tensor]]
@@ -38,15 +39,9 @@ class _WithAttention(nn.Module):
         return (logits, *attentions)
 
 
-class TorchAttentionEngine:
-    name = "torch"
-
-    def __init__(self, model: nn.Module):
-        self.model = model.eval()
-
+class TorchAttentionEngine(TorchEngine):
     def __call__(self, x: torch.Tensor) -> AttentionResult:
-        with torch.inference_mode():
-            return self.model(x, return_attention=True)
+        return super().__call__(x, return_attention=True)
 
 
 class OrtAttentionEngine:

@@ -13,11 +13,15 @@ dispatch modes such as FlopCounterMode) `F.linear` runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils.weak import WeakIdKeyDictionary
 
 ONEDNN_LINEAR = True  # benchmarks and tests flip it to time or compare torch's own route
 
@@ -70,6 +74,52 @@ class OneDnnLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
+class PackedWeights:
+    """Inference copies of the linear weights in oneDNN's own blocked layout, made once instead of on every call.
+
+    oneDNN reorders a plain (out, in) weight into its blocked layout inside each matrix product; for a whole ViT
+    at batch 1 that is a second pass over every weight, from main memory. An inference engine owns one of these
+    and activates it around its calls (`with packs.active(): ...`); the logits are the unpacked route's
+    (benchmarks/packed_weights.py; docs/benchmarks.md). A copy costs the weights' memory once more while the
+    engine lives. Each copy remembers its weight's storage and version, so a weight changed in place (an
+    optimizer step, `load_state_dict`) or replaced is packed anew; writes through `.data` bypass version
+    counting and are not seen.
+    """
+
+    def __init__(self) -> None:
+        self._packs = WeakIdKeyDictionary()  # weight -> ((data_ptr, version), packed copy)
+
+    def weight_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        stamp = (weight.data_ptr(), weight._version)
+        entry = self._packs.get(weight)
+        if entry is None or entry[0] != stamp:
+            rows = x.numel() // x.shape[-1]
+            entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows))
+            self._packs[weight] = entry
+        return entry[1]
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        token = _ACTIVE_PACKS.set(self if packing_available() else None)
+        try:
+            yield
+        finally:
+            _ACTIVE_PACKS.reset(token)
+
+
+_ACTIVE_PACKS: ContextVar[PackedWeights | None] = ContextVar("vitlab_active_packed_weights", default=None)
+
+
+@functools.cache
+def packing_available() -> bool:
+    return onednn_linear_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _inference_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    packs = _ACTIVE_PACKS.get()
+    return weight if packs is None else packs.weight_for(x, weight)
+
+
 def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
     """fc(x) by the fastest exact route for where it runs."""
     if not onednn_linear_applies(x, fc.weight):
@@ -77,9 +127,9 @@ def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or fc.weight.requires_grad
                                     or (fc.bias is not None and fc.bias.requires_grad)):
         return OneDnnLinear.apply(x, fc.weight, fc.bias)
-    return _onednn(x, fc.weight, fc.bias)
+    return _onednn(x, _inference_weight(x, fc.weight), fc.bias)
 
 
 def linear_act(x: torch.Tensor, fc: nn.Linear, act: str, algorithm: str) -> torch.Tensor:
     """act(fc(x)) as one oneDNN call (inference only: the fused op has no backward)."""
-    return _onednn(x, fc.weight, fc.bias, act, algorithm)
+    return _onednn(x, _inference_weight(x, fc.weight), fc.bias, act, algorithm)
