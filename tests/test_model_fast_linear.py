@@ -152,3 +152,20 @@ def test_packed_copies_follow_weights_that_change(change):
     after = engine(x)
     assert not close(after, before, rel=1e-3)
     assert close(after, plain, rel=1e-6)
+
+
+def test_no_packed_copies_where_memory_is_short(monkeypatch):
+    from vitlab.engine.torch_engines import TorchEngine
+
+    model, x = small_vit(), inputs(2, 3, 32, 32, seed=6)
+    weights = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Linear))
+    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: 4 * weights - 1)
+    assert not fast_linear.packing_fits(model)
+    engine = TorchEngine(model)
+    assert engine.packed is None
+    with torch.inference_mode():
+        assert torch.equal(engine(x), model(x))
+    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: 4 * weights)
+    assert fast_linear.packing_fits(model) and TorchEngine(model).packed is not None
+    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: None)  # an OS that cannot say
+    assert fast_linear.packing_fits(model)

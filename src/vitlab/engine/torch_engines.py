@@ -9,22 +9,24 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from vitlab.models.fast_linear import PackedWeights
+from vitlab.models.fast_linear import PackedWeights, packing_fits
 
 
 class TorchEngine:
     """Eager PyTorch under `inference_mode`: the exact reference every other engine is checked against. On the
-    CPU its linear layers read weights packed once into oneDNN's layout (`PackedWeights`: same logits, faster)."""
+    CPU its linear layers read weights packed once into oneDNN's layout (`PackedWeights`: same logits, faster),
+    unless that copy would take more than a quarter of the free memory."""
 
     name = "torch"
     exact = True
 
     def __init__(self, model: nn.Module):
         self.model = model.eval()
-        self.packed = PackedWeights()
+        self.packed = PackedWeights() if packing_fits(model) else None  # else oneDNN reorders on every call
 
     def __call__(self, images: torch.Tensor, **kwargs):
-        with torch.inference_mode(), self.packed.active():
+        packs = self.packed.active() if self.packed is not None else contextlib.nullcontext()
+        with torch.inference_mode(), packs:
             return self.model(images, **kwargs)
 
 

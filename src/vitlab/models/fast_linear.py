@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 
@@ -81,7 +82,7 @@ class PackedWeights:
     at batch 1 that is a second pass over every weight, from main memory. An inference engine owns one of these
     and activates it around its calls (`with packs.active(): ...`); the logits are the unpacked route's
     (benchmarks/packed_weights.py; docs/benchmarks.md). A copy costs the weights' memory once more while the
-    engine lives. Each copy remembers its weight's storage and version, so a weight changed in place (an
+    engine lives (`packing_fits` decides whether it may). Each copy remembers its weight's storage and version, so a weight changed in place (an
     optimizer step, `load_state_dict`) or replaced is packed anew; writes through `.data` bypass version
     counting and are not seen.
     """
@@ -113,6 +114,29 @@ _ACTIVE_PACKS: ContextVar[PackedWeights | None] = ContextVar("vitlab_active_pack
 @functools.cache
 def packing_available() -> bool:
     return onednn_linear_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def available_memory_bytes() -> int | None:
+    """What the OS says new allocations can still get (Linux's MemAvailable), or None where it cannot say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def packing_fits(model: nn.Module) -> bool:
+    """Whether a packed copy of the model's linear weights takes at most a quarter of the free memory: a second
+    copy of ViT-H/14's weights is 2.5 GB, which a small machine should keep for the images instead."""
+    need = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    free = available_memory_bytes()
+    return free is None or need <= free // 4
 
 
 def _inference_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
