@@ -22,8 +22,8 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("tokens", [1, 17, 50, 80])
-def test_explicit_route_equals_the_fused_kernel_and_the_float64_truth(tokens, threads):
-    threads(2)
+def test_explicit_route_equals_the_fused_kernel_and_the_float64_truth(tokens, keep_torch_threads):
+    torch.set_num_threads(2)
     assert attention_core.explicit_attention_applies(qkv(tokens)[0])
     q, k, v = qkv(tokens)
     g = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
@@ -53,19 +53,12 @@ def fused_calls(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
-def test_the_rule_depends_on_the_token_and_thread_counts_only(monkeypatch, threads):
+def test_the_rule_depends_on_the_token_and_thread_counts_only(monkeypatch, keep_torch_threads):
     calls = fused_calls(monkeypatch)
     limit = attention_core.EXPLICIT_MAX_TOKENS
     with torch.no_grad():
         for n_threads in (2, 1):
-            threads(n_threads)
+            torch.set_num_threads(n_threads)
             for tokens in (limit, limit + 1):
                 attention_core.attention(*qkv(tokens))
     assert calls == [limit + 1, limit, limit + 1]
@@ -82,8 +75,8 @@ def test_fused_kernel_for_bf16_autocast_and_tracing(monkeypatch):
     assert calls == [10, 10, 10]
 
 
-def test_dropout_acts_on_the_probabilities_in_training_only(threads):
-    threads(2)
+def test_dropout_acts_on_the_probabilities_in_training_only(keep_torch_threads):
+    torch.set_num_threads(2)
     q, k, v = (t.detach() for t in qkv(12))
     assert attention_core.explicit_attention(q, k, v, 1.0, training=True)[0].abs().max() == 0
     torch.manual_seed(0)
@@ -94,8 +87,8 @@ def test_dropout_acts_on_the_probabilities_in_training_only(threads):
     assert max_diff(out, kept) <= 1e-6 and max_diff(probs.sum(-1), torch.ones(probs.shape[:-1])) <= 1e-6
 
 
-def test_whole_model_logits_and_gradients_unchanged(monkeypatch, threads):
-    threads(2)
+def test_whole_model_logits_and_gradients_unchanged(monkeypatch, keep_torch_threads):
+    torch.set_num_threads(2)
     torch.manual_seed(0)
     model = vitlab.create_model("custom", image_size=28, in_chans=1, patch_size=4, dim=64, depth=2, heads=4,
                                 mlp_dim=128, num_classes=10)

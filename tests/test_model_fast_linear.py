@@ -72,13 +72,18 @@ def test_route_applies_only_to_plain_cpu_fp32():
     assert counter.get_total_flops() == 2 * 4 * 48 * 80
 
 
-def test_whole_model_step_unchanged(monkeypatch):
+def small_vit(image_size: int = 32, patch_size: int = 8, dim: int = 48, mlp_dim: int = 96) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = vitlab.create_model("custom", image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64,
-                                num_classes=5)
+    model = vitlab.create_model("custom", image_size=image_size, patch_size=patch_size, dim=dim, depth=2, heads=4,
+                                mlp_dim=mlp_dim, num_classes=5).eval()
     with torch.no_grad():
-        for p in model.parameters():
+        for p in model.parameters():  # the official init zeroes the head: logits of 0 would hide any change
             p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def test_whole_model_step_unchanged(monkeypatch):
+    model = small_vit(image_size=16, patch_size=4, dim=32, mlp_dim=64).train()
     x, y = inputs(6, 3, 16, 16, seed=3), torch.arange(6) % 5
     results = {}
     for route in (True, False):
@@ -91,16 +96,6 @@ def test_whole_model_step_unchanged(monkeypatch):
     (l1, g1), (l0, g0) = results[True], results[False]
     assert (l1 - l0).abs().max() < 1e-5
     assert max(float((a - b).abs().max()) for a, b in zip(g1, g0)) < 1e-5
-
-
-def small_vit() -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = vitlab.create_model("custom", image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96,
-                                num_classes=5).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # the official init zeroes the head: logits of 0 would hide any change
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
 
 
 needs_packing = pytest.mark.skipif(not fast_linear.packing_available(), reason="no weight packing in this build")
@@ -154,6 +149,7 @@ def test_packed_copies_follow_weights_that_change(change):
     assert close(after, plain, rel=1e-6)
 
 
+@needs_packing
 def test_no_packed_copies_where_memory_is_short(monkeypatch):
     from vitlab.engine.torch_engines import TorchEngine
 

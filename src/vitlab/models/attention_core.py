@@ -3,12 +3,12 @@
 torch's fused CPU kernel (`F.scaled_dot_product_attention`, flash attention) gains little from a second thread
 on short sequences, where the same function written as two batched matrix products and a softmax gains almost
 2x. With 2 threads, at 50 tokens with 16-dim heads (the Fashion-MNIST ViT, 128 images), forward + backward takes
-10.5 ms fused against 7.0 explicit; at ViT-B/32's 50 tokens (64-dim heads) 7.7 against 6.3. With 1 thread the
-fused kernel is as fast or faster (11.2 vs 11.5 ms), and from about 100 tokens on it is faster at any thread
+10.35 ms fused against 7.02 explicit; at ViT-B/32's 50 tokens (64-dim heads) 7.64 against 6.00. With 1 thread the
+fused kernel is as fast or faster (12.41 vs 13.05 ms), and from about 129 tokens on it is faster at any thread
 count and never holds the (B, H, N, N) probabilities; ViT-*/16 at 224 px (197 tokens) always keeps it.
-Measured with `python benchmarks/attention.py` (--threads 1 and 2; docs/benchmarks.md). Both routes compute the
-official function (the explicit form is how the official Flax code writes it) within 1e-6 of each other
-(tests/test_model_attention_core.py). The rule depends on the shape and the thread count only, never on a
+Measured with `python benchmarks/attention.py` (--threads 1 and 2; docs/results/attention_*threads.txt). Both
+routes compute the official function (the explicit form is how the official Flax code writes it), within 1e-6 of
+the largest output of each other (tests/test_model_attention_core.py). The rule depends on the shape and the thread count only, never on a
 timing; training records its thread count and restores it on resume, so a run and its resume take the same route.
 """
 

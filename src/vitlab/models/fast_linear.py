@@ -82,9 +82,9 @@ class PackedWeights:
     at batch 1 that is a second pass over every weight, from main memory. An inference engine owns one of these
     and activates it around its calls (`with packs.active(): ...`); the logits are the unpacked route's
     (benchmarks/packed_weights.py; docs/benchmarks.md). A copy costs the weights' memory once more while the
-    engine lives (`packing_fits` decides whether it may). Each copy remembers its weight's storage and version, so a weight changed in place (an
-    optimizer step, `load_state_dict`) or replaced is packed anew; writes through `.data` bypass version
-    counting and are not seen.
+    engine lives (`packing_fits` decides whether it may). Each copy remembers its weight's storage and version,
+    so a weight changed in place (an optimizer step, `load_state_dict`) or replaced is packed anew; writes
+    through `.data` bypass version counting and are not seen.
     """
 
     def __init__(self) -> None:
@@ -101,7 +101,7 @@ class PackedWeights:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        token = _ACTIVE_PACKS.set(self if packing_available() else None)
+        token = _ACTIVE_PACKS.set(self)
         try:
             yield
         finally:
@@ -132,8 +132,11 @@ def available_memory_bytes() -> int | None:
 
 
 def packing_fits(model: nn.Module) -> bool:
-    """Whether a packed copy of the model's linear weights takes at most a quarter of the free memory: a second
-    copy of ViT-H/14's weights is 2.5 GB, which a small machine should keep for the images instead."""
+    """Whether this torch can pack weights and a packed copy of the model's linear weights takes at most a quarter
+    of the free memory: a second copy of ViT-H/14's weights is 2.5 GB, which a small machine should keep for the
+    images instead."""
+    if not packing_available():
+        return False
     need = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
     free = available_memory_bytes()
     return free is None or need <= free // 4
