@@ -1,7 +1,8 @@
 """The torch inference engine with its weights packed once into oneDNN's layout (models/fast_linear.PackedWeights,
 what `--engine torch` and the torch candidate of `--engine auto` run) against the same model called plainly under
-`inference_mode` (oneDNN reorders each weight inside every call), interleaved in one process with a pause before
-each timed call, median of the rounds; also the largest logit difference between the two.
+`inference_mode` (oneDNN reorders each weight inside every call), timed as `--engine auto` times its candidates
+(`engine.choose.interleaved_speeds`: interleaved, a pause before each call, median of the rounds); also the largest
+logit difference between the two.
 
     python benchmarks/packed_weights.py                       # torch's default threads
     python benchmarks/packed_weights.py --threads 1
@@ -10,23 +11,15 @@ each timed call, median of the rounds; also the largest logit difference between
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import vitlab
+from vitlab.engine import choose
 from vitlab.engine.torch_engines import TorchEngine
 
 
-def timed(fn, pause_s: float) -> float:
-    time.sleep(pause_s)
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def compare(name: str, batch: int, rounds: int, pause_s: float) -> tuple[float, float, float]:
+def compare(name: str, batch: int, rounds: int) -> tuple[float, float, float]:
     """images/s plain, images/s packed, max |logit difference|."""
     torch.manual_seed(0)
     model = vitlab.create_model(name).eval()
@@ -35,17 +28,13 @@ def compare(name: str, batch: int, rounds: int, pause_s: float) -> tuple[float, 
     x = torch.randn(batch, 3, 224, 224)
     engine = TorchEngine(model)
 
-    def plain():
+    def plain(images: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return model(x)
+            return model(images)
 
-    diff = float((engine(x) - plain()).abs().max())
-    times = {"plain": [], "packed": []}
-    calls = {"plain": plain, "packed": lambda: engine(x)}
-    for r in range(rounds):
-        for key in (("plain", "packed") if r % 2 else ("packed", "plain")):
-            times[key].append(timed(calls[key], pause_s))
-    return batch / statistics.median(times["plain"]), batch / statistics.median(times["packed"]), diff
+    diff = float((engine(x) - plain(x)).abs().max())
+    speeds = choose.interleaved_speeds({"plain": plain, "packed": engine}, x, rounds)  # what `auto` times with
+    return speeds["plain"], speeds["packed"], diff
 
 
 def main() -> None:
@@ -56,11 +45,12 @@ def main() -> None:
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--pause-ms", type=float, default=50)
     args = ap.parse_args()
+    choose.PAUSE_S = args.pause_ms / 1e3
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds, images/s")
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            plain, packed, diff = compare(name, batch, args.rounds, args.pause_ms / 1e3)
+            plain, packed, diff = compare(name, batch, args.rounds)
             print(f"  {name:10s} batch {batch:3d}: plain {plain:8.2f}  packed {packed:8.2f}  (x{packed / plain:.3f})"
                   f"  max |logit difference| {diff:.1e}", flush=True)
 
