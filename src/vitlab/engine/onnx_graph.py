@@ -33,13 +33,16 @@ class SplitQKVAttention(nn.Module):
                     lin.bias.copy_(b)
         self.proj = attn.proj
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, None]:
+    def forward(self, x: torch.Tensor, return_attention: bool = False,
+                queries: int | None = None) -> tuple[torch.Tensor, None]:
         b, n, d = x.shape
-        q = self.q(x).reshape(b, n, self.heads, self.head_dim).permute(0, 2, 1, 3)
+        m = n if queries is None else queries  # the class-token-only last block projects that token's query alone
+        q = self.q(x if queries is None else x[:, :m])  # no Slice node otherwise: ORT's fusion would not match
+        q = q.reshape(b, m, self.heads, self.head_dim).permute(0, 2, 1, 3)
         k = self.k(x).reshape(b, n, self.heads, self.head_dim).permute(0, 2, 3, 1)
         v = self.v(x).reshape(b, n, self.heads, self.head_dim).permute(0, 2, 1, 3)
         probs = (torch.matmul(q, k) / math.sqrt(self.head_dim)).softmax(dim=-1)
-        out = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(b, n, d)
+        out = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(b, m, d)
         return self.proj(out), None
 
 

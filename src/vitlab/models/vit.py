@@ -21,6 +21,21 @@ from vitlab.models.gelu import linear_gelu
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
 
+# The logits of a class-token ViT read only the class token, so the last block computes that token alone: its
+# attention, MLP and the final LayerNorm for 1 row instead of N, the same numbers for that row (every token still
+# serves as a key and value). ViT-B/16 at 224 px: 76 % of the last block's work, 6 % of the model's.
+CLASS_TOKEN_ONLY = True  # tests and benchmarks flip it to compare with the full last block
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _watched(modules: list[nn.Module]) -> bool:
+    """Whether hooks watch any of these modules (feature extractors, Grad-CAM): they get the full tokens."""
+    from torch.nn.modules import module as torch_module
+
+    if any(getattr(torch_module, "_global" + name, None) for name in _HOOKS):
+        return True
+    return any(getattr(m, name, None) for m in modules for name in _HOOKS)
+
 
 class PatchEmbed(nn.Module):
     """Patches -> tokens with one strided convolution; hybrids first run a CNN (BiT ResNet body or conv stem)."""
@@ -83,13 +98,17 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = _dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, return_attention: bool = False,
+                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Self-attention of x (B, N, D); with `queries` only the first that many tokens attend (over all N)."""
         b, n, d = x.shape
         # Split the fused projection along features, then (B, N, H, hd) -> (B, H, N, hd) views: SDPA takes
         # these strides as they are, where a permute of (B, N, 3, H, hd) made it copy (and the backward
         # stack). Attention fwd+bwd, width-64 ViT (128 images) 28.2 -> 24.7 ms, ViT-Ti/16 (16) 62.7 -> 57.2 ms
         # (`python benchmarks/train_parts.py --threads 1 --rounds 20`).
         q, k, v = (t.reshape(b, n, self.heads, self.head_dim).transpose(1, 2) for t in linear(x, self.qkv).chunk(3, dim=-1))
+        if queries is not None:
+            q, n = q[:, :, :queries], queries
         drop = self.attn_drop if self.training else 0.0
         attn = None
         if return_attention:
@@ -147,8 +166,13 @@ class Block(nn.Module):
         self.mlp = Mlp(config.dim, config.mlp_dim, config.gelu, config.dropout)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, attn = self.attn(self.norm1(x), return_attention)
+    def forward(self, x: torch.Tensor, return_attention: bool = False,
+                queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block on x (B, N, D); with `queries` only the first that many tokens are computed (B, queries, D),
+        each attending over all N as in the full block."""
+        y, attn = self.attn(self.norm1(x), return_attention, queries)
+        if queries is not None:
+            x = x[:, :queries]
         x = x + self.drop_path1(y)
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x, attn
@@ -288,7 +312,13 @@ class VisionTransformer(nn.Module):
             self.pos_embed, grid, self.config.grid_size, self.num_prefix_tokens, self.config.posemb_resample
         )
 
-    def _tokens(self, x: torch.Tensor, return_attention: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _class_token_only(self, return_attention: bool) -> bool:
+        """Whether forward may compute the last block for the class token alone (see CLASS_TOKEN_ONLY)."""
+        return (CLASS_TOKEN_ONLY and self.config.classifier == "token" and not return_attention and len(self.blocks) > 0
+                and not _watched([*self.blocks[-1].modules(), *self.norm.modules()]))
+
+    def _tokens(self, x: torch.Tensor, return_attention: bool,
+                class_token_only: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         if x.dim() != 4 or x.shape[1] != self.config.in_chans:
             raise VitlabError(
                 f"expected images of shape (B, {self.config.in_chans}, H, W), got {tuple(x.shape)}"
@@ -298,11 +328,13 @@ class VisionTransformer(nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
         x = self.pos_drop(x + self._pos_embed_for(grid))
         attentions = []
-        for block in self.blocks:
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            queries = 1 if class_token_only and i == last else None
             if self.grad_checkpointing and self.training and not return_attention and torch.is_grad_enabled():
-                x, _ = checkpoint(block, x, use_reentrant=False)
+                x, _ = checkpoint(block, x, False, queries, use_reentrant=False)
             else:
-                x, attn = block(x, return_attention)
+                x, attn = block(x, return_attention, queries)
                 if attn is not None:
                     attentions.append(attn)
         return self.norm(x), attentions
@@ -326,7 +358,7 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
-        tokens, attentions = self._tokens(x, return_attention)
+        tokens, attentions = self._tokens(x, return_attention, self._class_token_only(return_attention))
         logits = self.forward_head(tokens)
         return (logits, attentions) if return_attention else logits
 
