@@ -15,7 +15,8 @@ Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU), as `-
 once into oneDNN's layout); `vitlab onnxruntime` the exact fp32 ORT engine (`--engine onnxruntime`); `vitlab int8
 static|dynamic` what `--int8` builds. Peers run their defaults (timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
 ours and the peers'), and without the pause they took the cores from whichever row ran next (docs/benchmarks.md). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
-fp32 peer, int8 rows by the fastest peer of all, int8 included).
+fp32 peer, int8 rows by the fastest peer of all, int8 included). Before each setting is timed every row runs in turn
+for at least `--settle-s` seconds: on the VMs measured here the first work of a process runs slow for a while.
 """
 
 from __future__ import annotations
@@ -151,10 +152,14 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool)
     return rows
 
 
-def measure(rows: dict, batch: int, rounds: int) -> dict[str, float]:
+def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0) -> dict[str, float]:
     x = torch.randn(batch, 3, 224, 224)
-    for _, engine in rows.values():
-        engine(x)  # warm-up
+    start = time.perf_counter()
+    while True:  # warm-up: every row at least once, in turn until settle_s has passed (the VM's first work runs slow)
+        for _, engine in rows.values():
+            engine(x)
+        if time.perf_counter() - start >= settle_s:
+            break
     times = {label: [] for label in rows}
     labels = list(rows)
     for r in range(rounds):  # interleaved; the order turns each round so no row always follows the same one
@@ -254,6 +259,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--train", default=None, help="time training steps for these sizes (fmnist,ti16) instead")
     ap.add_argument("--steps", type=int, default=3, help="training steps per round (with --train)")
+    ap.add_argument("--settle-s", type=float, default=20.0,
+                    help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import onnxruntime
@@ -271,7 +278,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8)
             for batch in (int(b) for b in args.batches.split(",")):
-                results += report(name, batch, rows, measure(rows, batch, args.rounds))
+                results += report(name, batch, rows, measure(rows, batch, args.rounds, args.settle_s))
     if args.out:
         Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))
 
