@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,8 +25,8 @@ import vitlab.models.vit as vit_module
 from vitlab.engine import choose
 from vitlab.engine.torch_engines import TorchEngine
 
-# (image, channels, patch, dim, depth, heads, mlp, batch): benchmarks/peers.py's training sizes
-TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 192, 12, 3, 768, 16)}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import TRAIN_SIZES  # noqa: E402  (image, channels, patch, dim, depth, heads, mlp, batch)
 
 
 @contextlib.contextmanager
