@@ -6,6 +6,7 @@ fast each engine's worker threads come back from sleep).
 
     python benchmarks/overhead.py                       # ViT-Ti/16's depth; torch's default threads
     python benchmarks/overhead.py --model vit-b/16 --threads 1
+    python benchmarks/overhead.py --profile             # where eager PyTorch's per-call time goes (cProfile)
 """
 
 from __future__ import annotations
@@ -62,11 +63,29 @@ def idle_gaps(model: torch.nn.Module, threads: int, calls: int) -> None:
             print(f"  {name:12s} " + "  ".join(f"{ms_after_idle(engine, x, g, calls):7.2f}" for g in gaps))
 
 
+def profile_eager(model: torch.nn.Module, calls: int = 200, top: int = 15) -> None:
+    """cProfile of the small model in the torch engine: Python functions and the C++ operators they call."""
+    import cProfile
+    import pstats
+
+    engine, x = TorchEngine(model.eval()), torch.randn(1, model.config.in_chans, 16, 16)
+    for _ in range(20):
+        engine(x)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        engine(x)
+    profiler.disable()
+    print(f"  cProfile of {calls} eager calls of the 8-wide model (the profiler itself adds to every Python call):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="vit-ti/16")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=41)
+    ap.add_argument("--profile", action="store_true", help="profile the small model's eager calls instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     real = vitlab.create_model(args.model)
@@ -74,6 +93,9 @@ def main() -> None:
     # Same depth, heads and classes; 8-wide heads, a 16 px image cut into one patch: 2 tokens.
     tiny = vitlab.create_model("custom", depth=cfg.depth, heads=cfg.heads, dim=8 * cfg.heads, mlp_dim=32 * cfg.heads,
                                patch_size=16, image_size=16, num_classes=cfg.num_classes)
+    if args.profile:
+        profile_eager(tiny)
+        return
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} calls back to back, batch 1, "
           "ms per image")
     overhead = ms_per_image(tiny, 16, args.threads, args.rounds)
