@@ -144,3 +144,21 @@ def test_fusable_onnx_copy_computes_the_same_logits():
     model, x = perturbed().eval(), images()
     with torch.no_grad():
         torch.testing.assert_close(fusable_copy(model)(x), model(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("r+vit-ti/16", dict(image_size=64)),  # hybrid: ResNet body, then the blocks
+    ("custom", dict(conv_stem=[16, 32], patch_size=2, dim=32, depth=2, heads=2, mlp_dim=64, image_size=32)),
+    ("vit-ti/16", dict(image_size=32, patch_size=8, depth=2, representation_size=48)),  # pre-logits layer
+])
+def test_same_logits_for_hybrids_and_heads_with_a_representation_layer(name, overrides, monkeypatch):
+    torch.manual_seed(0)
+    model = vitlab.create_model(name, num_classes=7, **overrides).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    x = torch.randn(2, 3, *model.config.image_size)
+    assert model._class_token_only(False)
+    with torch.no_grad():
+        full, short = logits_both_ways(model, x, monkeypatch)
+    torch.testing.assert_close(short, full, rtol=0, atol=1e-5 * full.abs().max().item())
