@@ -26,7 +26,7 @@ from vitlab.engine import choose
 from vitlab.engine.torch_engines import TorchEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import TRAIN_SIZES  # noqa: E402  (image, channels, patch, dim, depth, heads, mlp, batch)
+from peers import TRAIN_SIZES, perturbed  # noqa: E402  (sizes: image, channels, patch, dim, depth, heads, mlp, batch)
 
 
 @contextlib.contextmanager
@@ -45,13 +45,6 @@ def routed(on: bool, fn: Callable) -> Callable:
     return call
 
 
-def perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    with torch.no_grad():  # the official init zeroes the head and biases, which would hide any difference
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
-
-
 def ort_pair(model, kind: str, tmp: Path, threads: int) -> dict[str, Callable]:
     """Two ORT engines of `kind` (fp32 or int8 dynamic): graphs exported with the full and the short last block."""
     from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic
@@ -68,8 +61,7 @@ def ort_pair(model, kind: str, tmp: Path, threads: int) -> dict[str, Callable]:
 
 
 def inference(name: str, batch: int, rounds: int, engines: list[str], threads: int) -> None:
-    torch.manual_seed(0)
-    model = perturbed(vitlab.create_model(name).eval())
+    model = perturbed(vitlab.create_model(name))  # non-zero head and biases, eval mode
     x = torch.randn(batch, 3, 224, 224)
     torch_engine = TorchEngine(model)
     for engine in engines:
@@ -87,7 +79,7 @@ def inference(name: str, batch: int, rounds: int, engines: list[str], threads: i
 def training(size: str, rounds: int) -> None:
     img, ch, p, d, depth, heads, mlp, batch = TRAIN_SIZES[size]
     model = perturbed(vitlab.create_model("custom", num_classes=10, image_size=img, in_chans=ch, patch_size=p, dim=d,
-                                          depth=depth, heads=heads, mlp_dim=mlp, seed=0).train())
+                                          depth=depth, heads=heads, mlp_dim=mlp, seed=0)).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     x, y = torch.randn(batch, ch, img, img), torch.randint(0, 10, (batch,))
 

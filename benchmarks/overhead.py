@@ -28,18 +28,6 @@ def engines(model: torch.nn.Module, size: int, threads: int, tmp: Path) -> dict:
     return {"torch": TorchEngine(model), "onnxruntime": OrtEngine(build_fp32(model, tmp, (size, size)), threads)}
 
 
-def ms_per_image(model: torch.nn.Module, size: int, threads: int, calls: int) -> dict[str, float]:
-    """Median ms per call, back to back (the idle gaps come later), each engine warmed up first."""
-    with tempfile.TemporaryDirectory() as tmp:
-        x = torch.randn(1, model.config.in_chans, size, size)
-        out = {}
-        for name, engine in engines(model.eval(), size, threads, Path(tmp)).items():
-            for _ in range(5):
-                engine(x)
-            out[name] = ms_after_idle(engine, x, 0.0, calls)
-        return out
-
-
 def ms_after_idle(engine, x: torch.Tensor, gap_s: float, calls: int) -> float:
     """Median ms of a call made after the engine sat idle for gap_s (0: back to back)."""
     times = []
@@ -52,15 +40,17 @@ def ms_after_idle(engine, x: torch.Tensor, gap_s: float, calls: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def idle_gaps(model: torch.nn.Module, threads: int, calls: int) -> None:
-    gaps = (0.0, 0.001, 0.005, 0.05)
-    print("  the 8-wide model after an idle gap of " + ", ".join(f"{g * 1e3:g} ms" for g in gaps) + " (ms per call):")
+def ms_per_call(model: torch.nn.Module, size: int, threads: int, calls: int,
+                gaps: tuple[float, ...] = (0.0,)) -> dict[str, list[float]]:
+    """Per engine, the median ms of a batch-1 call after each idle gap (0: back to back), each engine warmed up."""
     with tempfile.TemporaryDirectory() as tmp:
-        x = torch.randn(1, model.config.in_chans, 16, 16)
-        for name, engine in engines(model.eval(), 16, threads, Path(tmp)).items():
+        x = torch.randn(1, model.config.in_chans, size, size)
+        out = {}
+        for name, engine in engines(model.eval(), size, threads, Path(tmp)).items():
             for _ in range(20):
                 engine(x)
-            print(f"  {name:12s} " + "  ".join(f"{ms_after_idle(engine, x, g, calls):7.2f}" for g in gaps))
+            out[name] = [ms_after_idle(engine, x, gap, calls) for gap in gaps]
+        return out
 
 
 def profile_eager(model: torch.nn.Module, calls: int = 200, top: int = 15) -> None:
@@ -98,12 +88,15 @@ def main() -> None:
         return
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} calls back to back, batch 1, "
           "ms per image")
-    overhead = ms_per_image(tiny, 16, args.threads, args.rounds)
-    whole = ms_per_image(real, cfg.image_size[0], args.threads, max(args.rounds // 4, 5))
-    for name in overhead:
-        print(f"  {name:12s} {args.model} {whole[name]:7.2f}   same depth, 8-wide, 2 tokens {overhead[name]:6.2f}"
-              f"   ({100 * overhead[name] / whole[name]:.0f} % of the real model's time)")
-    idle_gaps(tiny, args.threads, args.rounds)
+    gaps = (0.0, 0.001, 0.005, 0.05)
+    small = ms_per_call(tiny, 16, args.threads, args.rounds, gaps)
+    whole = ms_per_call(real, cfg.image_size[0], args.threads, max(args.rounds // 4, 5))
+    for name, (overhead, *_) in small.items():
+        print(f"  {name:12s} {args.model} {whole[name][0]:7.2f}   same depth, 8-wide, 2 tokens {overhead:6.2f}"
+              f"   ({100 * overhead / whole[name][0]:.0f} % of the real model's time)")
+    print("  the 8-wide model after an idle gap of " + ", ".join(f"{g * 1e3:g} ms" for g in gaps) + " (ms per call):")
+    for name, times in small.items():
+        print(f"  {name:12s} " + "  ".join(f"{ms:7.2f}" for ms in times))
 
 
 if __name__ == "__main__":

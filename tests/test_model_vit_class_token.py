@@ -11,12 +11,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import vitlab
 import vitlab.models.vit as vit_module
 
+SMALL = dict(dim=32, depth=3, heads=4, mlp_dim=64, patch_size=4, image_size=16)
 
-def perturbed(seed: int = 0, **kw) -> torch.nn.Module:
-    """A small ViT with random non-zero weights everywhere (the zero-initialised head would hide any difference)."""
-    args = dict(dim=32, depth=3, heads=4, mlp_dim=64, patch_size=4, image_size=16, num_classes=7, seed=seed)
+
+def perturbed(seed: int = 0, name: str = "custom", **kw) -> torch.nn.Module:
+    """A ViT (a small custom one unless named) with random non-zero weights everywhere (the zero-initialised head
+    would hide any difference)."""
+    args = dict(SMALL if name == "custom" else {}, num_classes=7, seed=seed)
     args.update(kw)
-    model = vitlab.create_model("custom", **args)
+    model = vitlab.create_model(name, **args)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -152,12 +155,8 @@ def test_fusable_onnx_copy_computes_the_same_logits():
     ("vit-ti/16", dict(image_size=32, patch_size=8, depth=2, representation_size=48)),  # pre-logits layer
 ])
 def test_same_logits_for_hybrids_and_heads_with_a_representation_layer(name, overrides, monkeypatch):
-    torch.manual_seed(0)
-    model = vitlab.create_model(name, num_classes=7, **overrides).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    x = torch.randn(2, 3, *model.config.image_size)
+    model = perturbed(name=name, **overrides).eval()
+    x = images(n=2, size=model.config.image_size[0])
     assert model._class_token_only(False)
     with torch.no_grad():
         full, short = logits_both_ways(model, x, monkeypatch)
