@@ -20,7 +20,7 @@ import vitlab
 from vitlab.errors import VitlabError
 
 # The order sub-commands are listed in `vitlab --help`; modules not named here follow.
-_ORDER = ["demo", "models", "data", "train", "finetune", "evaluate", "compare", "predict", "inspect", "convert", "export"]
+_ORDER = ["demo", "models", "data", "train", "finetune", "evaluate", "compare", "predict", "serve", "inspect", "convert", "export"]
 
 # Unexpected messages longer than this are cut at a sentence end (the full text: VITLAB_DEBUG=1).
 _MAX_MESSAGE = 300

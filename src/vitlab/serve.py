@@ -1,0 +1,437 @@
+"""Classify images over HTTP (`vitlab serve`), running requests that arrive together as one batch.
+
+    vitlab serve runs/demo-20261124-212148/model --int8             # http://127.0.0.1:8000
+    curl --data-binary @shoe.png http://127.0.0.1:8000/predict
+    curl -F image=@a.png -F image=@b.jpg 'http://127.0.0.1:8000/predict?top_k=3'
+
+Each connection's thread decodes and preprocesses its images (as `vitlab predict` does) and queues them; one
+worker thread runs the model. The worker takes the oldest queued image and whatever else is queued within
+`max_wait_ms` of it, up to `max_batch` images, as one batch: under load requests share batches, which run at the
+engine's batch speed instead of its batch-1 speed (`python benchmarks/serve.py`). It waits only while other
+requests are being decoded, so a lone request runs at once. Python's standard `http.server`, so serving installs nothing more.
+
+Endpoints: POST /predict (a raw image body, multipart/form-data files, or JSON {"images": [base64, ...]});
+GET /health (status and counters); GET /info (model, classes, preprocessing, engine, limits).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.parser
+import email.policy
+import io
+import json
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import torch
+import torch.nn as nn
+
+from vitlab.errors import VitlabError
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How the server batches and what it refuses."""
+
+    max_batch: int = 32  # images per model call
+    max_wait_ms: float = 5.0  # how long the oldest queued image waits for others to share its batch
+    top_k: int = 5  # classes per image unless the request asks (?top_k=N)
+    max_body_mb: float = 20.0  # larger request bodies: 413
+    max_images: int = 64  # images per request
+    max_queue: int = 512  # images waiting for the model; beyond: 503 (retry later)
+    max_connections: int = 256  # open connections (one thread each); beyond: 503 and closed
+    timeout_s: float = 30.0  # a connection that sends nothing for this long is closed
+
+    def check(self) -> None:
+        for name in ("max_batch", "max_images", "max_queue", "max_connections"):
+            if getattr(self, name) < 1:
+                raise VitlabError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_wait_ms", "max_body_mb", "timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise VitlabError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.top_k < 1:
+            raise VitlabError(f"--top-k must be at least 1, got {self.top_k}")
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status and the one line the client gets as {"error": ...}."""
+
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class MicroBatcher:
+    """Runs `run(batch)` on one worker thread over images queued from many threads (see the module docstring)."""
+
+    def __init__(self, run: Callable[[torch.Tensor], torch.Tensor], max_batch: int, max_wait_s: float,
+                 max_queue: int):
+        self._run, self.max_batch, self.max_wait_s, self.max_queue = run, max_batch, max_wait_s, max_queue
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = 0  # images queued or in the running batch
+        self._arriving = 0  # images of requests being decoded: worth waiting for
+        self.batches = self.images = 0
+        self._worker = threading.Thread(target=self._loop, name="vitlab-serve-model", daemon=True)
+        self._worker.start()
+
+    def expect(self, count: int) -> None:
+        """`count` images of a request are being decoded: the worker may wait for them (up to max_wait).
+        `submit(..., expected=count)` or `expect(-count)` (the request failed) ends the expectation."""
+        with self._lock:
+            self._arriving += count
+
+    def submit(self, images: list[torch.Tensor], expected: int = 0) -> list[Future]:
+        """Queue the images of one request (all or none); each future gets that image's logits."""
+        futures = [Future() for _ in images]
+        now = time.monotonic()
+        with self._lock:  # queued and no longer expected in one step: the worker never sees neither
+            self._arriving -= expected
+            if self._waiting + len(images) > self.max_queue:
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE,
+                                   f"the server is busy ({self._waiting} images waiting); retry shortly")
+            self._waiting += len(images)
+            for image, future in zip(images, futures):
+                self._queue.put((image, future, now))
+        return futures
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=60)
+
+    def _next_batch(self) -> list | None:
+        first = self._queue.get()
+        if first is None:
+            return None
+        batch = [first]
+        deadline = first[2] + self.max_wait_s  # counted from when the oldest image was queued
+        while len(batch) < self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._arriving:  # nothing more is coming soon: run what there is
+                    break
+                try:  # short polls, so that a request that fails to decode does not hold the batch back
+                    item = self._queue.get(timeout=min(remaining, 0.001))
+                except queue.Empty:
+                    continue
+            if item is None:  # closing: finish this batch, then stop
+                self._queue.put(None)
+                break
+            batch.append(item)
+        return batch
+
+    def _loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                with torch.inference_mode():
+                    logits = self._run(torch.stack([image for image, _, _ in batch])).float().cpu()
+            except Exception as exc:  # noqa: BLE001 - the requests of this batch get the error, the server lives on
+                for _, future, _ in batch:
+                    future.set_exception(exc)
+            else:
+                for row, (_, future, _) in zip(logits, batch):
+                    future.set_result(row)
+                self.batches += 1
+                self.images += len(batch)
+            finally:
+                with self._lock:
+                    self._waiting -= len(batch)
+
+
+class ImageClassifier:
+    """Image bytes -> the model's input tensor -> top-k classes: `vitlab predict`'s preprocessing and names."""
+
+    def __init__(self, model: nn.Module, meta: dict):
+        from vitlab.predict import class_names_for, preprocess_for
+
+        num_classes = model.config.num_classes
+        if not num_classes:
+            raise VitlabError("these weights have no classification head (a feature extractor); "
+                              "fine-tune them first (vitlab.load(..., num_classes=K))")
+        self.preprocess = preprocess_for(model, meta)
+        self.names = class_names_for(meta, num_classes)
+
+    def tensor(self, data: bytes, name: str) -> torch.Tensor:
+        from vitlab.data.images import decode_image
+
+        if not data:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"empty image: {name}")
+        try:
+            return self.preprocess(decode_image(io.BytesIO(data), name))
+        except VitlabError as exc:
+            raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
+
+    def top(self, logits: torch.Tensor, k: int) -> list[dict]:
+        if not torch.isfinite(logits).all():
+            from vitlab.predict import non_finite_error
+
+            raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR, str(non_finite_error(1, 1)))
+        probs = logits.softmax(dim=-1)
+        values, indices = probs.topk(min(k, len(self.names)))
+        return [{"rank": r + 1, "label": self.names[i], "index": i, "probability": p}
+                for r, (p, i) in enumerate(zip(values.tolist(), indices.tolist()))]
+
+
+def _multipart_images(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
+    """The file parts of a multipart/form-data body as (file name, bytes)."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    if not message.is_multipart() or message.defects:
+        raise RequestError(HTTPStatus.BAD_REQUEST, "malformed multipart/form-data body")
+    parts = [part for part in message.iter_parts() if part.get_filename() is not None]
+    if not parts:
+        raise RequestError(HTTPStatus.BAD_REQUEST, "no file in the form; send images as files "
+                                                   "(curl -F image=@photo.jpg URL/predict)")
+    return [(part.get_filename() or f"file {i + 1}", part.get_payload(decode=True) or b"")
+            for i, part in enumerate(parts)]
+
+
+def _json_images(body: bytes) -> list[tuple[str, bytes]]:
+    """{"images": [base64, ...]} or {"image": base64} as (name, bytes)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(HTTPStatus.BAD_REQUEST, "the body is not valid JSON") from None
+    items = doc.get("images", [doc["image"]] if "image" in doc else None) if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise RequestError(HTTPStatus.BAD_REQUEST, 'JSON bodies look like {"images": ["<base64>", ...]}')
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append((f"image {i + 1}", base64.b64decode(item.split(",")[-1], validate=True)))
+        except (binascii.Error, ValueError):  # the split drops a data-URL prefix ("data:image/png;base64,")
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"image {i + 1} is not valid base64") from None
+    return out
+
+
+def request_images(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
+    """The (name, bytes) images of a /predict body, by its Content-Type."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        return _multipart_images(body, content_type)
+    if kind == "application/json":
+        return _json_images(body)
+    return [("image", body)]
+
+
+class InferenceServer(ThreadingHTTPServer):
+    """The HTTP server: `serve_forever()` answers requests until `close()` (both thread-safe, as in http.server)."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, classifier: ImageClassifier, run: Callable[[torch.Tensor], torch.Tensor], info: dict,
+                 options: ServeOptions = ServeOptions(), host: str = "127.0.0.1", port: int = 8000,
+                 log: bool = True):
+        options.check()
+        self.classifier, self.options, self.log = classifier, options, log
+        self.batcher = MicroBatcher(run, options.max_batch, options.max_wait_ms / 1e3, options.max_queue)
+        self.info = {**info, "classes": classifier.names, "limits": asdict(options)}
+        self.started = time.time()
+        self._connections = threading.BoundedSemaphore(options.max_connections)
+        try:
+            super().__init__((host, port), _Handler)
+        except OSError as exc:
+            self.batcher.close()
+            raise VitlabError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                              "choose another --port (0: any free one) or --host") from None
+
+    def process_request(self, request, client_address) -> None:
+        """One thread per connection, up to max_connections: more (a flood of idle sockets) get 503 and are closed."""
+        if not self._connections.acquire(blocking=False):
+            body = json.dumps({"error": f"too many connections (at most {self.options.max_connections}); "
+                                        "retry shortly"}).encode()
+            head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+            try:
+                request.sendall(head + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def predict(self, images: list[tuple[str, bytes]], top_k: int) -> list[dict]:
+        if not images:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "no image in the request")
+        if len(images) > self.options.max_images:
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               f"{len(images)} images in one request; at most {self.options.max_images}")
+        self.batcher.expect(len(images))
+        try:
+            tensors = [self.classifier.tensor(data, name) for name, data in images]
+        except BaseException:
+            self.batcher.expect(-len(images))
+            raise
+        futures = self.batcher.submit(tensors, expected=len(images))
+        return [{"name": name, "top": self.classifier.top(future.result(), top_k)}
+                for (name, _), future in zip(images, futures)]
+
+    def health(self) -> dict:
+        b = self.batcher
+        return {"status": "ok", "uptime_s": round(time.time() - self.started, 1), "images": b.images,
+                "batches": b.batches, "mean_batch": round(b.images / b.batches, 2) if b.batches else None}
+
+    def close(self) -> None:
+        """Stop answering (call from another thread than `serve_forever`'s) and stop the model's worker."""
+        self.shutdown()
+        self.server_close()
+        self.batcher.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: InferenceServer
+    protocol_version = "HTTP/1.1"  # keep-alive: a client sending many requests reuses its connection
+    # Headers and body go out in two writes; with Nagle's algorithm the body then waits for the client's
+    # delayed ACK, 40 ms per request on Linux (single-client latency 56 ms against 13 ms of model time).
+    disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        self.timeout = self.server.options.timeout_s or None
+        super().setup()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        if path == "/health":
+            self._reply(HTTPStatus.OK, self.server.health())
+        elif path in ("/", "/info"):
+            self._reply(HTTPStatus.OK, self.server.info)
+        elif path == "/predict":
+            self._error(HTTPStatus.METHOD_NOT_ALLOWED, "POST an image to /predict", allow="POST")
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"no such endpoint {path}; use POST /predict, GET /health or GET /info")
+
+    def do_POST(self) -> None:  # noqa: N802
+        url = urlsplit(self.path)
+        try:
+            if url.path.rstrip("/") != "/predict":
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {url.path}; POST images to /predict")
+            top_k = self._top_k(url.query)
+            body = self._body()
+            started = time.perf_counter()
+            results = self.server.predict(request_images(body, self.headers.get("Content-Type", "")), top_k)
+            self._reply(HTTPStatus.OK, {"results": results, "ms": round(1e3 * (time.perf_counter() - started), 2)})
+        except RequestError as exc:
+            self._error(exc.status, str(exc))
+        except Exception as exc:  # noqa: BLE001 - the model failed: the client gets one line, the server lives on
+            from vitlab.cli import one_line
+
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, one_line(f"inference failed: {exc}", 300))
+
+    def _top_k(self, query: str) -> int:
+        values = parse_qs(query).get("top_k")
+        if not values:
+            return self.server.options.top_k
+        try:
+            k = int(values[-1])
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"top_k must be a positive integer, got {values[-1]!r}")
+        return k
+
+    def _body(self) -> bytes:
+        """The request body, read whole; refused (and the connection closed) when it has no length or is too big."""
+        length = self.headers.get("Content-Length")
+        if length is None:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send the image with a Content-Length "
+                                                           "(curl --data-binary @photo.jpg URL/predict)")
+        try:
+            size = int(length)
+        except ValueError:
+            size = -1
+        if size < 0:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}")
+        limit = int(self.server.options.max_body_mb * 2**20)
+        if size > limit:
+            self.close_connection = True  # the body is not read: this connection cannot carry another request
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               f"request body of {size / 2**20:.1f} MB; at most {self.server.options.max_body_mb:g} MB "
+                               "(--max-body-mb)")
+        body = self.rfile.read(size)
+        if len(body) < size:
+            self.close_connection = True
+            raise RequestError(HTTPStatus.BAD_REQUEST, "the request body ended early")
+        return body
+
+    def _error(self, status: HTTPStatus, message: str, **headers: str) -> None:
+        self._reply(status, {"error": message}, **headers)
+
+    def _reply(self, status: HTTPStatus, doc: dict, **headers: str) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in headers.items():
+            self.send_header(key.title(), value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+        if self.server.log:
+            print(f"vitlab serve: {self.address_string()} {format % args}", file=sys.stderr, flush=True)
+
+
+def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: ServeOptions = ServeOptions(),
+                engine: str = "auto", int8: str | None = None, calibration=None, device: str | None = "auto",
+                log: bool = True, quiet: bool = False, **load_overrides) -> InferenceServer:
+    """Load `weights` (anything `vitlab.load` reads, or a model name: random weights), pick the engine as
+    `vitlab predict` does (on the CPU: `engine`, `int8`), warm it up at `options.max_batch` images, and return
+    the server, listening. Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
+    from vitlab.engine import prepare_engine
+    from vitlab.runtime import resolve_device
+    from vitlab.weights import load_with_meta, resolve_model
+
+    options.check()
+    model, meta = load_with_meta(weights, **load_overrides)
+    classifier = ImageClassifier(model, meta)
+    dev = resolve_device(device)
+    model = model.to(dev).eval()
+    runner, note = model, f"torch ({dev})"
+    if dev.type == "cpu":
+        runner = prepare_engine(model, engine, int8=int8, calibration=calibration, batch_size=options.max_batch,
+                                source=resolve_model(weights), command="serve", quiet=quiet)
+        note = runner.note
+    elif engine not in ("auto", "torch") or int8:
+        raise VitlabError(f"--engine {engine}{' --int8' if int8 else ''} runs on the CPU; add --device cpu")
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return runner(x.to(dev))
+
+    size = tuple(model.config.image_size)
+    with torch.inference_mode():  # warm-up: the first request should not pay for allocations and kernel choices
+        run(torch.zeros(options.max_batch, model.config.in_chans, *size))
+    import vitlab
+
+    info = {"model": str(weights), "name": model.config.name, "image_size": list(size),
+            "in_chans": model.config.in_chans, "preprocess": classifier.preprocess.to_dict(),
+            "engine": note.split("engine: ", 1)[-1], "device": str(dev), "threads": torch.get_num_threads(),
+            "vitlab": vitlab.__version__}
+    return InferenceServer(classifier, run, info, options, host, port, log)

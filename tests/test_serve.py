@@ -1,0 +1,382 @@
+"""`vitlab serve`: the same classes and probabilities as the model over HTTP (raw, form and JSON bodies),
+requests sharing batches, one-line JSON errors for bad requests, and a server that outlives them."""
+
+import base64
+import http.client
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.data.preprocess import Preprocess
+from vitlab.models.registry import create_model
+from vitlab.serve import (
+    ImageClassifier,
+    InferenceServer,
+    MicroBatcher,
+    RequestError,
+    ServeOptions,
+    make_server,
+)
+from vitlab.weights import save_native
+
+NAMES = ["apple", "banana", "cherry", "date", "elder", "fig"]
+MEAN, STD = (0.2, 0.4, 0.6), (0.3, 0.2, 0.1)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve") / "w"
+    model = create_model("custom", dim=32, depth=1, heads=4, mlp_dim=64, patch_size=4, image_size=16,
+                         num_classes=len(NAMES), seed=0).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=2.0, generator=torch.Generator().manual_seed(0))
+    save_native(model, folder, class_names=NAMES, preprocess=Preprocess(image_size=(16, 16), mean=MEAN, std=STD))
+    return model, folder
+
+
+def png(seed: int) -> tuple[np.ndarray, bytes]:
+    arr = np.random.default_rng(seed).integers(0, 256, (16, 16, 3), dtype=np.uint8)  # the model's size: no resize
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return arr, buf.getvalue()
+
+
+def reference(model, arr: np.ndarray) -> np.ndarray:
+    """Probabilities with the stored preprocessing done by hand: (x / 255 - mean) / std."""
+    x = (arr.astype(np.float32) / 255.0 - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
+    with torch.no_grad():
+        return model(torch.from_numpy(x.transpose(2, 0, 1))[None]).softmax(-1)[0].numpy()
+
+
+class Running:
+    """A server answering on a free port from a background thread."""
+
+    def __init__(self, server: InferenceServer):
+        self.server = server
+        self.thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self.thread.start()
+        self.host, self.port = server.server_address[:2]
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        doc = json.loads(response.read())
+        conn.close()
+        return response.status, doc
+
+    def close(self):
+        self.server.close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture()
+def served(weights):
+    running = Running(make_server(weights[1], port=0, engine="torch", log=False, quiet=True,
+                                  options=ServeOptions(max_batch=8, max_wait_ms=200, max_body_mb=0.01, max_images=4)))
+    yield weights[0], running
+    running.close()
+
+
+def check_top(model, arr, top, k=5):
+    ref = reference(model, arr)
+    order = np.argsort(-ref)[:k]
+    assert [t["label"] for t in top] == [NAMES[i] for i in order]
+    assert [t["index"] for t in top] == order.tolist()
+    assert [t["rank"] for t in top] == list(range(1, k + 1))
+    assert np.allclose([t["probability"] for t in top], ref[order], atol=1e-5)
+
+
+def test_raw_body_gives_the_models_probabilities(served):
+    model, srv = served
+    arr, data = png(0)
+    status, doc = srv.request("POST", "/predict?top_k=3", data, {"Content-Type": "image/png"})
+    assert status == 200
+    [result] = doc["results"]
+    check_top(model, arr, result["top"], k=3)
+
+
+def test_form_files_in_order_and_json_base64(served):
+    model, srv = served
+    (a, pa), (b, pb) = png(1), png(2)
+    boundary = "vitlab-test-boundary"
+    parts = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="{name}"\r\n'
+        f"Content-Type: image/png\r\n\r\n".encode() + data + b"\r\n"
+        for name, data in (("a.png", pa), ("b.png", pb)))
+    parts += f'--{boundary}\r\nContent-Disposition: form-data; name="note"\r\n\r\nnot a file\r\n--{boundary}--\r\n'.encode()
+    status, doc = srv.request("POST", "/predict", parts, {"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 200, doc
+    assert [r["name"] for r in doc["results"]] == ["a.png", "b.png"]  # the PNGs hold \r\n bytes: kept intact
+    check_top(model, a, doc["results"][0]["top"])
+    check_top(model, b, doc["results"][1]["top"])
+    body = json.dumps({"images": [base64.b64encode(pb).decode(), "data:image/png;base64," + base64.b64encode(pa).decode()]})
+    status, doc = srv.request("POST", "/predict", body.encode(), {"Content-Type": "application/json"})
+    assert status == 200, doc
+    check_top(model, b, doc["results"][0]["top"])
+    check_top(model, a, doc["results"][1]["top"])
+
+
+def test_concurrent_requests_share_batches(served):
+    model, srv = served
+    images = [png(10 + i) for i in range(12)]
+    results = [None] * len(images)
+    start = threading.Barrier(len(images))
+
+    def client(i):
+        start.wait()
+        results[i] = srv.request("POST", "/predict", images[i][1])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(images))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for (arr, _), (status, doc) in zip(images, results):
+        assert status == 200
+        check_top(model, arr, doc["results"][0]["top"])
+    health = srv.request("GET", "/health")[1]
+    assert health["images"] == 12
+    assert health["batches"] < 12  # requests waited for each other instead of running one by one
+    assert health["mean_batch"] > 1
+
+
+@pytest.mark.parametrize("method, path, body, headers, status, words", [
+    ("POST", "/predict", b"", {}, 400, "empty image"),
+    ("POST", "/predict", b"hello", {}, 400, "not an image"),
+    ("POST", "/predict", png(0)[1][:60], {}, 400, "corrupt or truncated"),
+    ("POST", "/predict", b"\0" * 20000, {}, 413, "at most 0.01 MB"),
+    ("POST", "/predict?top_k=0", png(0)[1], {}, 400, "top_k must be a positive integer"),
+    ("POST", "/predict?top_k=abc", png(0)[1], {}, 400, "top_k must be a positive integer"),
+    ("POST", "/predict", b"{not json", {"Content-Type": "application/json"}, 400, "not valid JSON"),
+    ("POST", "/predict", b'{"images": ["@@@"]}', {"Content-Type": "application/json"}, 400, "not valid base64"),
+    ("POST", "/predict", b'{"pictures": []}', {"Content-Type": "application/json"}, 400, '{"images"'),
+    ("POST", "/predict", b'{"images": []}', {"Content-Type": "application/json"}, 400, "no image"),
+    ("POST", "/predict", json.dumps({"images": [base64.b64encode(png(0)[1]).decode()] * 5}).encode(),
+     {"Content-Type": "application/json"}, 413, "at most 4"),
+    ("POST", "/predict", b"garbage", {"Content-Type": "multipart/form-data; boundary=x"}, 400, "multipart"),
+    ("POST", "/predict", b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\nb\r\n--x--\r\n',
+     {"Content-Type": "multipart/form-data; boundary=x"}, 400, "no file in the form"),
+    ("POST", "/classify", png(0)[1], {}, 404, "POST images to /predict"),
+    ("GET", "/predict", None, {}, 405, "POST an image"),
+    ("GET", "/nope", None, {}, 404, "no such endpoint"),
+])
+def test_bad_requests_get_one_json_line(served, method, path, body, headers, status, words):
+    _, srv = served
+    got, doc = srv.request(method, path, body, headers)
+    assert got == status
+    assert words in doc["error"] and "\n" not in doc["error"]
+    assert srv.request("GET", "/health")[0] == 200  # and the server answers on
+
+
+def test_refusals_that_close_the_connection(served):
+    _, srv = served
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+    conn.putrequest("POST", "/predict")
+    conn.putheader("Transfer-Encoding", "chunked")  # no length: refused before reading
+    conn.endheaders()
+    response = conn.getresponse()
+    assert response.status == 411 and "Content-Length" in json.loads(response.read())["error"]
+    assert response.getheader("Connection") == "close"
+    conn.close()
+
+
+def test_keep_alive_and_decompression_bomb(served):
+    model, srv = served
+    bomb = io.BytesIO()
+    Image.new("L", (20000, 20000)).save(bomb, format="PNG")  # 400 megapixels in a few hundred KB
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+    arr, data = png(3)
+    for _ in range(2):  # two requests on one connection
+        conn.request("POST", "/predict", body=data)
+        response = conn.getresponse()
+        assert response.status == 200
+        check_top(model, arr, json.loads(response.read())["results"][0]["top"])
+    srv.server.options = ServeOptions(max_body_mb=5)  # room for the bomb's bytes
+    conn.request("POST", "/predict", body=bomb.getvalue())
+    response = conn.getresponse()
+    assert response.status == 400 and "decompression bomb" in json.loads(response.read())["error"]
+    conn.close()
+
+
+def test_health_and_info(served):
+    _, srv = served
+    status, info = srv.request("GET", "/info")
+    assert status == 200
+    assert info["classes"] == NAMES and info["image_size"] == [16, 16] and info["in_chans"] == 3
+    assert info["preprocess"]["mean"] == list(MEAN)
+    assert info["limits"]["max_batch"] == 8 and info["engine"].startswith("torch")
+    assert srv.request("GET", "/")[1] == info
+    status, health = srv.request("GET", "/health/")
+    assert status == 200 and health["status"] == "ok" and health["images"] == 0  # the warm-up is not counted
+
+
+def test_batcher_refuses_beyond_its_queue_and_recovers():
+    release = threading.Event()
+
+    def slow(x):
+        release.wait(10)
+        return x.flatten(1)[:, :3]
+
+    batcher = MicroBatcher(slow, max_batch=1, max_wait_s=0, max_queue=2)
+    first = batcher.submit([torch.zeros(1, 2, 2), torch.ones(1, 2, 2)])
+    with pytest.raises(RequestError) as refused:
+        batcher.submit([torch.zeros(1, 2, 2)])
+    assert refused.value.status == 503 and "busy" in str(refused.value)
+    release.set()
+    assert [f.result(10).tolist() for f in first] == [[0, 0, 0], [1, 1, 1]]
+    assert batcher.submit([torch.full((1, 2, 2), 2.0)])[0].result(10).tolist() == [2, 2, 2]
+    batcher.close()
+
+
+def test_a_failing_model_answers_500_and_the_server_lives_on(weights):
+    model, folder = weights
+    from vitlab.weights import load_with_meta
+
+    loaded, meta = load_with_meta(folder)
+    calls = []
+
+    def flaky(x):
+        calls.append(len(x))
+        if len(calls) == 1:
+            raise RuntimeError("boom\nsecond line")
+        return loaded(x)
+
+    srv = Running(InferenceServer(ImageClassifier(loaded, meta), flaky, {}, ServeOptions(max_wait_ms=0), port=0,
+                                  log=False))
+    try:
+        arr, data = png(4)
+        status, doc = srv.request("POST", "/predict", data)
+        assert status == 500 and doc["error"] == "inference failed: boom second line"
+        status, doc = srv.request("POST", "/predict", data)
+        assert status == 200
+        check_top(model, arr, doc["results"][0]["top"])
+    finally:
+        srv.close()
+
+
+def test_non_finite_logits_are_an_error_not_nan_probabilities(weights):
+    _, folder = weights
+    from vitlab.weights import load_with_meta
+
+    loaded, meta = load_with_meta(folder)
+    srv = Running(InferenceServer(ImageClassifier(loaded, meta), lambda x: loaded(x) * float("nan"), {},
+                                  ServeOptions(max_wait_ms=0), port=0, log=False))
+    try:
+        status, doc = srv.request("POST", "/predict", png(5)[1])
+        assert status == 500 and "non-finite" in doc["error"]
+    finally:
+        srv.close()
+
+
+def test_onnxruntime_engine_serves_the_same_probabilities(weights):
+    pytest.importorskip("onnxruntime")
+    model, folder = weights
+    srv = Running(make_server(folder, port=0, engine="onnxruntime", log=False, quiet=True))
+    try:
+        assert srv.server.info["engine"].startswith("onnxruntime")
+        arr, data = png(6)
+        status, doc = srv.request("POST", "/predict", data)
+        assert status == 200
+        check_top(model, arr, doc["results"][0]["top"])
+    finally:
+        srv.close()
+
+
+def test_bad_options_and_port_in_use(weights, capsys):
+    _, folder = weights
+    with pytest.raises(Exception, match="max-batch must be at least 1"):
+        make_server(folder, port=0, options=ServeOptions(max_batch=0), log=False, quiet=True)
+    srv = Running(make_server(folder, port=0, engine="torch", log=False, quiet=True))
+    try:
+        assert main(["serve", str(folder), "--port", str(srv.port), "--engine", "torch", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "cannot listen on" in err and "--port" in err and len(err.splitlines()) == 1
+    finally:
+        srv.close()
+    assert main(["serve", str(folder), "--port", "70000"]) == 2
+    assert "--port must be 0-65535" in capsys.readouterr().err
+
+
+def test_cli_serves_until_sigterm(weights):
+    _, folder = weights
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "vitlab", "serve", str(folder), "--port", "0", "--engine", "torch"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = None
+        deadline = time.time() + 120
+        lines = []
+        while url is None and time.time() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"listening on (http://\S+)", line)
+            url = found.group(1) if found else None
+        assert url, "".join(lines)
+        parts = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        conn.request("POST", "/predict", body=png(7)[1])
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        rest = proc.stderr.read()
+        assert '"POST /predict HTTP/1.1" 200' in rest and "stopped after 1 images in 1 batches" in rest
+    finally:
+        proc.kill()
+
+
+def test_connections_beyond_the_limit_get_503(weights):
+    _, folder = weights
+    srv = Running(make_server(folder, port=0, engine="torch", log=False, quiet=True,
+                              options=ServeOptions(max_connections=1, timeout_s=20)))
+    idle = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+    try:
+        idle.connect()  # holds the one connection thread, sending nothing
+        time.sleep(0.2)
+        status, doc = srv.request("GET", "/health")
+        assert status == 503 and "too many connections (at most 1)" in doc["error"]
+        idle.close()
+        deadline = time.time() + 10
+        while srv.request("GET", "/health")[0] != 200:  # the slot comes back once the idle socket is gone
+            assert time.time() < deadline
+            time.sleep(0.1)
+    finally:
+        idle.close()
+        srv.close()
+
+
+def test_batcher_waits_only_for_images_on_their_way():
+    sizes = []
+
+    def run(x):
+        sizes.append(len(x))
+        return x.flatten(1)
+
+    batcher = MicroBatcher(run, max_batch=8, max_wait_s=5, max_queue=64)
+    started = time.perf_counter()
+    batcher.submit([torch.zeros(1)])[0].result(10)
+    assert time.perf_counter() - started < 2  # a lone request does not sit out max_wait
+    batcher.expect(2)  # two images are being decoded
+    first = batcher.submit([torch.ones(1)], expected=1)[0]
+    time.sleep(0.3)
+    assert not first.done()  # it waits for the other one...
+    second = batcher.submit([torch.ones(1)], expected=1)[0]
+    assert first.result(10).tolist() == second.result(10).tolist() == [1.0]
+    assert sizes == [1, 2]  # ...and they run as one batch
+    batcher.close()
