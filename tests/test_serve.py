@@ -380,3 +380,32 @@ def test_batcher_waits_only_for_images_on_their_way():
     assert first.result(10).tolist() == second.result(10).tolist() == [1.0]
     assert sizes == [1, 2]  # ...and they run as one batch
     batcher.close()
+
+
+def test_close_lets_requests_in_flight_finish(weights):
+    model, folder = weights
+    from vitlab.weights import load_with_meta
+
+    loaded, meta = load_with_meta(folder)
+    entered, answered = threading.Event(), threading.Event()
+
+    class SlowToAnswer(ImageClassifier):
+        def top(self, logits, k):
+            entered.set()
+            time.sleep(1.0)  # the model is done; the answer is still being made
+            answered.set()
+            return super().top(logits, k)
+
+    srv = Running(InferenceServer(SlowToAnswer(loaded, meta), loaded, {}, ServeOptions(max_wait_ms=0), port=0,
+                                  log=False))
+    arr, data = png(8)
+    answer = []
+    client = threading.Thread(target=lambda: answer.append(srv.request("POST", "/predict", data)))
+    client.start()
+    assert entered.wait(30)
+    srv.close()
+    assert answered.is_set()  # close() returned only after the request in flight was answered
+    client.join(30)
+    status, doc = answer[0]
+    assert status == 200
+    check_top(model, arr, doc["results"][0]["top"])

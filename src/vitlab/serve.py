@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import email.parser
 import email.policy
 import io
@@ -26,7 +27,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
@@ -241,6 +242,8 @@ class InferenceServer(ThreadingHTTPServer):
         self.info = {**info, "classes": classifier.names, "limits": asdict(options)}
         self.started = time.time()
         self._connections = threading.BoundedSemaphore(options.max_connections)
+        self._in_flight = 0  # /predict requests between their first byte read and their answer sent
+        self._idle = threading.Condition()
         try:
             super().__init__((host, port), _Handler)
         except OSError as exc:
@@ -295,9 +298,24 @@ class InferenceServer(ThreadingHTTPServer):
         return {"status": "ok", "uptime_s": round(time.time() - self.started, 1), "images": b.images,
                 "batches": b.batches, "mean_batch": round(b.images / b.batches, 2) if b.batches else None}
 
-    def close(self) -> None:
-        """Stop answering (call from another thread than `serve_forever`'s) and stop the model's worker."""
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around one /predict request: `close()` lets it finish."""
+        with self._idle:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    def close(self, grace_s: float = 30.0) -> None:
+        """Stop taking connections, let the requests in flight get their answers (up to `grace_s`), then stop
+        the model's worker. Call it from another thread than `serve_forever`'s."""
         self.shutdown()
+        with self._idle:
+            self._idle.wait_for(lambda: self._in_flight == 0, timeout=grace_s)
         self.server_close()
         self.batcher.close()
 
@@ -325,6 +343,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.NOT_FOUND, f"no such endpoint {path}; use POST /predict, GET /health or GET /info")
 
     def do_POST(self) -> None:  # noqa: N802
+        with self.server.answering():
+            self._predict()
+
+    def _predict(self) -> None:
         url = urlsplit(self.path)
         try:
             if url.path.rstrip("/") != "/predict":
