@@ -409,3 +409,26 @@ def test_close_lets_requests_in_flight_finish(weights):
     status, doc = answer[0]
     assert status == 200
     check_top(model, arr, doc["results"][0]["top"])
+
+
+def test_int8_without_calibration_images_is_dynamic(weights):
+    pytest.importorskip("onnxruntime")
+    model, folder = weights
+    srv = Running(make_server(folder, port=0, int8="auto", log=False, quiet=True))
+    try:
+        engine = srv.server.info["engine"]
+        assert "no calibration images" in engine and "int8-dynamic" in engine
+        arr, data = png(9)
+        status, doc = srv.request("POST", "/predict", data)
+        assert status == 200
+        top = doc["results"][0]["top"]
+        ref = reference(model, arr)
+        assert np.allclose([t["probability"] for t in top], ref[[t["index"] for t in top]], atol=0.05)  # int8
+    finally:
+        srv.close()
+
+
+def test_a_bare_model_name_is_refused(capsys):
+    assert main(["serve", "vit-ti/16", "--port", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a model name (random weights), not weights" in err and len(err.splitlines()) == 1

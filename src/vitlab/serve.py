@@ -424,7 +424,7 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: ServeOptions = ServeOptions(),
                 engine: str = "auto", int8: str | None = None, calibration=None, device: str | None = "auto",
                 log: bool = True, quiet: bool = False, **load_overrides) -> InferenceServer:
-    """Load `weights` (anything `vitlab.load` reads, or a model name: random weights), pick the engine as
+    """Load `weights` (anything `vitlab.load` reads; a bare model name is refused), pick the engine as
     `vitlab predict` does (on the CPU: `engine`, `int8`), warm it up at `options.max_batch` images, and return
     the server, listening. Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
     from vitlab.engine import prepare_engine

@@ -346,7 +346,8 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
             raise VitlabError(f"--int8 static needs at least {MIN_CALIBRATION} calibration images, got {have} "
                               "(--calibration DATA); or use --int8 dynamic")
         modes = ["dynamic"]
-        notes.append(f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization")
+        notes.append(f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization" if have else
+                     "int8: no calibration images (--calibration DATA for static): dynamic quantization")
     engines = {m: builder.int8(m, calib) for m in modes}
     if len(engines) == 1:
         only = next(iter(engines.values()))
