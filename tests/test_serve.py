@@ -168,6 +168,11 @@ def test_concurrent_requests_share_batches(served):
     ("POST", "/predict", json.dumps({"images": [base64.b64encode(png(0)[1]).decode()] * 5}).encode(),
      {"Content-Type": "application/json"}, 413, "at most 4"),
     ("POST", "/predict", b"garbage", {"Content-Type": "multipart/form-data; boundary=x"}, 400, "multipart"),
+    ("POST", "/predict", b"".join(b'--x\r\nContent-Disposition: form-data; filename="%d"\r\n\r\n.\r\n' % i
+                                  for i in range(5)) + b"--x--", {"Content-Type": "multipart/form-data; boundary=x"},
+     413, "5 images in one request; at most 4"),
+    ("POST", "/predict", b"--x\r\n\r\n\r\n" * 21 + b"--x--", {"Content-Type": "multipart/form-data; boundary=x"},
+     413, "more than 20 parts"),
     ("POST", "/predict", b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\nb\r\n--x--\r\n',
      {"Content-Type": "multipart/form-data; boundary=x"}, 400, "no file in the form"),
     ("POST", "/classify", png(0)[1], {}, 404, "POST images to /predict"),
@@ -180,6 +185,30 @@ def test_bad_requests_get_one_json_line(served, method, path, body, headers, sta
     assert got == status
     assert words in doc["error"] and "\n" not in doc["error"]
     assert srv.request("GET", "/health")[0] == 200  # and the server answers on
+
+
+def test_form_parts_are_cut_at_their_delimiters_only(served):
+    model, srv = served
+    arr, data = png(11)
+    image = (b"preamble\r\n--b \r\nContent-Disposition: form-data; name=\"x\"; filename*=UTF-8''%C3%A9t%C3%A9.png\r\n"
+             b"Content-Type: image/png\r\n\r\n" + data)
+    lines = b"\r\n--b\r\nContent-Disposition: form-data; filename=\"lines.bin\"\r\n\r\n" + b"\r\n" * 3000 + b"x--b"
+    form = {"Content-Type": 'multipart/form-data; boundary="b"'}
+    status, doc = srv.request("POST", "/predict", image + lines + b"\r\n--b--\r\nepilogue", form)
+    assert status == 400 and doc["error"].startswith("not an image") and "lines.bin" in doc["error"]
+    status, doc = srv.request("POST", "/predict", image + b"\r\n--b\r\n\r\nno headers: not a file\r\n--b--", form)
+    assert status == 200 and [r["name"] for r in doc["results"]] == ["\u00e9t\u00e9.png"]
+    check_top(model, arr, doc["results"][0]["top"])
+    for bad in (b"--b\r\nno blank line", b"--b\r\nContent-Disposition: form-data; filename=\"a\"\r\n\r\nabc",
+                image + b"\r\n--b inside\r\n--b--"):
+        status, doc = srv.request("POST", "/predict", bad, form)
+        assert status == 400 and "malformed multipart" in doc["error"]
+
+
+def test_http_servers_own_refusals_are_json(served):
+    _, srv = served
+    status, doc = srv.request("DELETE", "/predict")
+    assert status == 501 and "Unsupported method" in doc["error"]
 
 
 def test_refusals_that_close_the_connection(served):
