@@ -461,3 +461,34 @@ def test_a_bare_model_name_is_refused(capsys):
     assert main(["serve", "vit-ti/16", "--port", "0", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "is a model name (random weights), not weights" in err and len(err.splitlines()) == 1
+
+
+def test_fast_jpeg_decodes_large_photos_at_a_smaller_scale(weights):
+    model, folder = weights
+    from vitlab.weights import load_with_meta
+
+    loaded, meta = load_with_meta(folder)
+    rng = np.random.default_rng(0)
+    small = Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    small.resize((640, 480), Image.BICUBIC).save(buf, format="JPEG", quality=95)
+    full, fast = ImageClassifier(loaded, meta), ImageClassifier(loaded, meta, fast_jpeg=True)
+    assert full.draft is None and fast.draft == (32, 32)  # twice the 16 px input
+    from vitlab.data.images import decode_image
+
+    assert decode_image(io.BytesIO(buf.getvalue()), "x", draft=fast.draft).size == (80, 60)  # 1/8: still >= 32
+    a, b = full.tensor(buf.getvalue(), "x"), fast.tensor(buf.getvalue(), "x")
+    assert a.shape == b.shape == (3, 16, 16)
+    assert 0 < float((a - b).abs().max()) < 0.1  # another decode, nearly the same input
+    png_bytes = png(0)[1]
+    assert torch.equal(full.tensor(png_bytes, "p"), fast.tensor(png_bytes, "p"))  # other formats: untouched
+    srv = Running(make_server(folder, port=0, engine="torch", log=False, quiet=True,
+                              options=ServeOptions(fast_jpeg=True)))
+    try:
+        status, doc = srv.request("POST", "/predict", buf.getvalue())
+        assert status == 200 and srv.server.info["limits"]["fast_jpeg"] is True
+        expected = loaded(b[None]).softmax(-1)[0]
+        assert np.allclose([t["probability"] for t in doc["results"][0]["top"]],
+                           expected[[t["index"] for t in doc["results"][0]["top"]]].detach().numpy(), atol=1e-5)
+    finally:
+        srv.close()

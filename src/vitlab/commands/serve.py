@@ -30,6 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-images", type=positive_int, default=64, help="images per request (default 64)")
     p.add_argument("--max-queue", type=positive_int, default=512,
                    help="images waiting for the model before requests are refused with 503 (default 512)")
+    p.add_argument("--fast-jpeg", action="store_true",
+                   help="decode JPEGs at a reduced scale (at least twice the model's input size) before resizing: "
+                        "1.7x faster at 1080p, 4.3x at 12 MP; inputs up to 3 levels of 255 off a full decode "
+                        "(docs/serving.md)")
     p.add_argument("--image-size", type=positive_int, help="model input size (resamples ViT position embeddings)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default auto: cuda when available)")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
@@ -53,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise VitlabError(f"--port must be 0-65535, got {args.port}")
     options = ServeOptions(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
-                           max_body_mb=args.max_body_mb, max_images=args.max_images, max_queue=args.max_queue)
+                           max_body_mb=args.max_body_mb, max_images=args.max_images, max_queue=args.max_queue,
+                           fast_jpeg=args.fast_jpeg)
     runtime = setup_runtime(args.device, args.threads)
     runtime.announce("serve", args.quiet)
     overrides, image_size = load_overrides(args)

@@ -1,0 +1,78 @@
+"""What decoding a JPEG costs before a ViT sees it, full (`vitlab predict`, `vitlab serve`) and with
+`vitlab serve --fast-jpeg` (libjpeg's DCT scaling down to at least twice the model's input, then the same resize),
+and how far apart the two model inputs are, in levels of 255.
+
+The photos are synthetic (noise at several scales, so that every JPEG frequency band holds detail), saved at
+quality 90: no labelled photos are at hand here, so this measures speed and the input difference, not accuracy.
+
+    python benchmarks/decode.py
+    python benchmarks/decode.py --image-size 384 --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.serve import ImageClassifier
+
+SIZES = ((640, 480), (1920, 1080), (4032, 3024))
+
+
+def photo(width: int, height: int, seed: int = 0) -> bytes:
+    """A JPEG with detail at every scale: noise upsampled from 1/64, 1/8 and full size, summed."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((height, width, 3), np.float32)
+    for factor, weight in ((64, 0.5), (8, 0.3), (1, 0.2)):
+        small = rng.integers(0, 256, (max(height // factor, 1), max(width // factor, 1), 3), dtype=np.uint8)
+        out += weight * np.asarray(Image.fromarray(small).resize((width, height), Image.BICUBIC), np.float32)
+    buf = io.BytesIO()
+    Image.fromarray(out.clip(0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def median_ms(fn, rounds: int) -> float:
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = vitlab.create_model("vit-ti/16", image_size=args.image_size, num_classes=10)
+    full, fast = ImageClassifier(model, {}), ImageClassifier(model, {}, fast_jpeg=True)
+    levels = 255 * full.preprocess.std[0]  # normalised units -> levels of 255 (std 0.5 for every channel here)
+    print(f"{args.image_size} px model input, {args.threads} threads, torch {torch.__version__}, median of "
+          f"{args.rounds}; decode + preprocess per image")
+    print(f"{'photo':>10s} {'JPEG KB':>8s} {'full ms':>8s} {'--fast-jpeg ms':>15s} {'speed-up':>9s} "
+          f"{'decoded at':>11s} {'max diff':>9s} {'mean diff':>10s} (levels of 255)")
+    for width, height in SIZES:
+        data = photo(width, height)
+        a, b = full.tensor(data, "photo"), fast.tensor(data, "photo")
+        decoded = Image.open(io.BytesIO(data))
+        decoded.draft(None, fast.draft)
+        t_full = median_ms(lambda: full.tensor(data, "photo"), args.rounds)  # noqa: B023 - called at once
+        t_fast = median_ms(lambda: fast.tensor(data, "photo"), args.rounds)  # noqa: B023
+        diff = (a - b).abs() * levels
+        print(f"{width:>5d}x{height:<4d} {len(data) // 1024:8d} {t_full:8.1f} {t_fast:15.1f} {t_full / t_fast:8.1f}x "
+              f"{decoded.size[0]:>5d}x{decoded.size[1]:<5d} {float(diff.max()):9.2f} {float(diff.mean()):10.3f}")
+
+
+if __name__ == "__main__":
+    main()
