@@ -8,7 +8,8 @@ Each connection's thread decodes and preprocesses its images (as `vitlab predict
 worker thread runs the model. The worker takes the oldest queued image and whatever else is queued within
 `max_wait_ms` of it, up to `max_batch` images, as one batch: under load requests share batches, which run at the
 engine's batch speed instead of its batch-1 speed (`python benchmarks/serve.py`). It waits only while other
-requests are being decoded, so a lone request runs at once. Python's standard `http.server`, so serving installs nothing more.
+requests are being decoded, so a lone request runs at once. Python's standard `http.server`: serving installs
+nothing more.
 
 Endpoints: POST /predict (a raw image body, multipart/form-data files, or JSON {"images": [base64, ...]});
 GET /health (status and counters); GET /info (model, classes, preprocessing, engine, limits).
