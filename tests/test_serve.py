@@ -205,10 +205,17 @@ def test_form_parts_are_cut_at_their_delimiters_only(served):
         assert status == 400 and "malformed multipart" in doc["error"]
 
 
-def test_http_servers_own_refusals_are_json(served):
+def test_http_servers_own_refusals_are_json_and_head_probes_work(served):
     _, srv = served
     status, doc = srv.request("DELETE", "/predict")
     assert status == 501 and "Unsupported method" in doc["error"]
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+    for _ in range(2):  # HEAD sends the headers alone: the connection stays usable
+        conn.request("HEAD", "/health")
+        response = conn.getresponse()
+        assert response.status == 200 and response.read() == b"" and int(response.getheader("Content-Length")) > 0
+        assert response.getheader("Server").startswith("vitlab-serve")
+    conn.close()
 
 
 def test_refusals_that_close_the_connection(served):

@@ -372,6 +372,7 @@ class InferenceServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: InferenceServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client sending many requests reuses its connection
+    server_version = "vitlab-serve"
     # Headers and body go out in two writes; with Nagle's algorithm the body then waits for the client's
     # delayed ACK, 40 ms per request on Linux (single-client latency 56 ms against 13 ms of model time).
     disable_nagle_algorithm = True
@@ -390,6 +391,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.METHOD_NOT_ALLOWED, "POST an image to /predict", allow="POST")
         else:
             self._error(HTTPStatus.NOT_FOUND, f"no such endpoint {path}; use POST /predict, GET /health or GET /info")
+
+    def do_HEAD(self) -> None:  # noqa: N802 - monitors and load balancers probe /health this way
+        self.do_GET()
 
     def do_POST(self) -> None:  # noqa: N802
         with self.server.answering():
@@ -470,7 +474,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
         if self.server.log:
