@@ -100,7 +100,7 @@ class MicroBatcher:
         """Queue the images of one request (all or none); each future gets that image's logits."""
         futures = [Future() for _ in images]
         now = time.monotonic()
-        with self._lock:  # queued and no longer expected in one step: the worker never sees neither
+        with self._lock:  # queued and no longer expected in one step: the worker always sees one or the other
             self._arriving -= expected
             if self._waiting + len(images) > self.max_queue:
                 raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE,
@@ -142,6 +142,8 @@ class MicroBatcher:
             try:
                 with torch.inference_mode():
                     logits = self._run(torch.stack([image for image, _, _ in batch])).float().cpu()
+                if logits.shape[0] != len(batch):
+                    raise RuntimeError(f"the model returned {logits.shape[0]} rows for {len(batch)} images")
             except Exception as exc:  # noqa: BLE001 - the requests of this batch get the error, the server lives on
                 for _, future, _ in batch:
                     future.set_exception(exc)
