@@ -499,3 +499,13 @@ def test_fast_jpeg_decodes_large_photos_at_a_smaller_scale(weights):
                            expected[[t["index"] for t in doc["results"][0]["top"]]].detach().numpy(), atol=1e-5)
     finally:
         srv.close()
+
+
+def test_a_model_returning_too_few_rows_fails_the_batch():
+    batcher = MicroBatcher(lambda x: x.flatten(1)[:1], max_batch=2, max_wait_s=5, max_queue=8)
+    batcher.expect(2)
+    futures = batcher.submit([torch.zeros(1), torch.ones(1)], expected=2)
+    for future in futures:
+        with pytest.raises(RuntimeError, match="returned 1 rows for 2 images"):
+            future.result(10)
+    batcher.close()
