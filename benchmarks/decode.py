@@ -7,6 +7,8 @@ quality 90: no labelled photos are at hand here, so this measures speed and the 
 
     python benchmarks/decode.py
     python benchmarks/decode.py --image-size 384 --rounds 9
+    python benchmarks/decode.py --predict 12     # `vitlab predict` on 12 such 12-megapixel photos: reading
+                                                 # ahead in 2 threads (READ_AHEAD_WORKERS) against in turn
 """
 
 from __future__ import annotations
@@ -48,13 +50,47 @@ def median_ms(fn, rounds: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def time_predict(count: int, rounds: int) -> None:
+    """`predict_files` (what `vitlab predict` runs, eager PyTorch) over `count` 4032x3024 photos, images read in
+    turn against read ahead in threads; interleaved rounds, median seconds."""
+    import tempfile
+    from pathlib import Path
+
+    import vitlab.predict as predict
+
+    model = vitlab.create_model("vit-ti/16", num_classes=10).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i in range(count):
+            files.append(Path(tmp) / f"photo{i}.jpg")
+            files[-1].write_bytes(photo(4032, 3024, seed=i))
+        seconds: dict[int, list[float]] = {0: [], predict.READ_AHEAD_WORKERS: []}
+        outputs = {}
+        for _ in range(rounds):
+            for workers in seconds:
+                predict.READ_AHEAD_WORKERS, default = workers, predict.READ_AHEAD_WORKERS
+                start = time.perf_counter()
+                outputs[workers] = predict.predict_files(model, {}, files, batch_size=8)[0]
+                seconds[workers].append(time.perf_counter() - start)
+                predict.READ_AHEAD_WORKERS = default
+        same = all(a.probs == b.probs for a, b in zip(*outputs.values()))
+        (before, *_), (after, *_) = ([statistics.median(v)] for v in seconds.values())
+        print(f"predict {count} photos of 4032x3024 (ViT-Ti/16, batch 8, {torch.get_num_threads()} threads), median of "
+              f"{rounds}: read in turn {before:.2f} s, read ahead in {max(seconds)} threads {after:.2f} s "
+              f"({before / after:.2f}x); the same probabilities: {same}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--predict", type=int, default=0, help="time `vitlab predict` on this many photos instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.predict:
+        time_predict(args.predict, args.rounds)
+        return
     model = vitlab.create_model("vit-ti/16", image_size=args.image_size, num_classes=10)
     full, fast = ImageClassifier(model, {}), ImageClassifier(model, {}, fast_jpeg=True)
     levels = 255 * full.preprocess.std[0]  # normalised units -> levels of 255 (std 0.5 for every channel here)

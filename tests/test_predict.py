@@ -116,3 +116,44 @@ def test_predict_hf_folder_uses_its_preprocessing(tmp_path, capsys):
     order = np.argsort(-ref)
     assert [t["label"] for t in top] == [["x", "y", "z"][i] for i in order]
     assert np.allclose([t["probability"] for t in top], ref[order], atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_images_read_ahead_come_in_order_with_their_errors(workers):
+    from vitlab.errors import VitlabError
+    from vitlab.predict import prefetched
+
+    def work(i):
+        if i == 7:
+            raise VitlabError("bad image 7")
+        return i * i
+
+    seen = []
+    for item, future in prefetched(list(range(20)), work, ahead=4, workers=workers):
+        if item == 7:
+            with pytest.raises(VitlabError, match="bad image 7"):
+                future.result()
+        else:
+            seen.append((item, future.result()))
+    assert seen == [(i, i * i) for i in range(20) if i != 7]
+
+
+def test_reading_ahead_stops_when_the_caller_stops():
+    import threading
+    import time
+
+    from vitlab.predict import prefetched
+
+    calls = []
+    lock = threading.Lock()
+
+    def work(i):
+        with lock:
+            calls.append(i)
+        time.sleep(0.01)
+        return i
+
+    stream = prefetched(list(range(200)), work, ahead=4, workers=2)
+    assert [next(stream)[1].result() for _ in range(3)] == [0, 1, 2]
+    stream.close()  # a bad image in strict mode: the rest is not read
+    assert len(calls) <= 3 + 4 + 2

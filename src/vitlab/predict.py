@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
+import itertools
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +81,43 @@ def preprocess_for(model: nn.Module, meta: dict):
     return pre
 
 
+READ_AHEAD_WORKERS = 2  # threads reading images ahead for `vitlab predict`; 0: in turn (benchmarks/decode.py)
+
+
+def prefetched(items: list, work, ahead: int, workers: int | None = None) -> Iterator[tuple]:
+    """(item, future of work(item)) in order, with up to `ahead` items worked on in threads beforehand: image
+    decoding (Pillow releases the GIL) overlaps the model and the other images. The same numbers as in turn."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    workers = READ_AHEAD_WORKERS if workers is None else workers
+    if workers < 1:
+        for item in items:
+            done: Future = Future()
+            try:
+                done.set_result(work(item))
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, as a worker thread would
+                done.set_exception(exc)
+            yield item, done
+        return
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vitlab-read")
+    try:
+        pending: collections.deque = collections.deque()
+        rest = iter(items)
+        for item in itertools.islice(rest, max(ahead, 1)):
+            pending.append((item, pool.submit(work, item)))
+        while pending:
+            item, future = pending.popleft()
+            following = next(rest, _END)
+            if following is not _END:
+                pending.append((following, pool.submit(work, following)))
+            yield item, future
+    finally:  # also when the caller stops early (a bad image): queued work is dropped, not waited for
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_END = object()
+
+
 @torch.no_grad()
 def predict_files(
     model: nn.Module,
@@ -131,15 +170,19 @@ def predict_files(
             results.append(Prediction(str(path), [names[j] for j in i.tolist()], p.tolist(), i.tolist()))
         batch.clear()
 
-    for path in tqdm(files, desc="predict", unit="img", disable=not progress):
+    def read(path: Path) -> torch.Tensor:
+        return pre(open_image(path))
+
+    for path, tensor in tqdm(prefetched(files, read, ahead=2 * batch_size), total=len(files), desc="predict",
+                             unit="img", disable=not progress):
         try:
-            img = open_image(path)
+            x = tensor.result()
         except VitlabError as exc:
             if strict:
                 raise
             failed.append((str(path), str(exc)))
             continue
-        batch.append((path, pre(img)))
+        batch.append((path, x))
         if len(batch) >= batch_size:
             flush()
     flush()
