@@ -157,3 +157,18 @@ def test_reading_ahead_stops_when_the_caller_stops():
     assert [next(stream)[1].result() for _ in range(3)] == [0, 1, 2]
     stream.close()  # a bad image in strict mode: the rest is not read
     assert len(calls) <= 3 + 4 + 2
+
+
+def test_calibration_images_are_read_ahead_in_order_and_bad_ones_skipped(setup):
+    from vitlab.data.images import open_image
+    from vitlab.engine.calibration import calibration_from_files
+    from vitlab.predict import collect_images
+
+    _, tmp, imgs, _ = setup
+    files = collect_images([imgs])[0]
+    bad = tmp / "broken.png"
+    bad.write_bytes(b"not a png")
+    pre = Preprocess(image_size=(16, 16), mean=(0.2, 0.4, 0.6), std=(0.3, 0.2, 0.1))
+    [batch] = calibration_from_files([files[0], bad, *files[1:]], pre)
+    expected = torch.stack([pre(open_image(f)) for f in files]).numpy()
+    assert batch.shape == (3, 3, 16, 16) and np.array_equal(batch, expected)

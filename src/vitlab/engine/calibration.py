@@ -18,15 +18,17 @@ def _batches(tensors: list[torch.Tensor], batch: int = 32) -> list[np.ndarray]:
 
 
 def calibration_from_files(files: Sequence[str | Path], preprocess, limit: int = CALIBRATION_IMAGES) -> list[np.ndarray]:
-    """Up to `limit` image files (evenly spread over the list), decoded and preprocessed; unreadable ones skipped."""
+    """Up to `limit` image files (evenly spread over the list), decoded and preprocessed (read ahead in threads, as
+    `vitlab predict` reads); unreadable ones skipped."""
     from vitlab.data.images import open_image
+    from vitlab.predict import prefetched
 
     files = list(files)
     step = max(1, len(files) // limit)
     tensors = []
-    for path in files[::step][:limit]:
+    for _, tensor in prefetched(files[::step][:limit], lambda path: preprocess(open_image(path)), ahead=32):
         try:
-            tensors.append(preprocess(open_image(path)))
+            tensors.append(tensor.result())
         except VitlabError:
             continue
     return _batches(tensors)
