@@ -367,12 +367,18 @@ def test_cli_serves_until_sigterm(weights):
         parts = urllib.parse.urlsplit(url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
         conn.request("POST", "/predict", body=png(7)[1])
-        assert conn.getresponse().status == 200
+        response = conn.getresponse()
+        assert response.status == 200
+        response.read()
+        conn.request("POST", "/predict", body=b"hello")
+        assert conn.getresponse().status == 400
         conn.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         rest = proc.stderr.read()
-        assert '"POST /predict HTTP/1.1" 200' in rest and "stopped after 1 images in 1 batches" in rest
+        assert re.search(r'"POST /predict HTTP/1.1" 200 1 image \d+\.\d ms', rest), rest
+        assert '"POST /predict HTTP/1.1" 400 not an image (Pillow cannot identify it): image' in rest, rest
+        assert "stopped after 1 images in 1 batches" in rest
     finally:
         proc.kill()
 

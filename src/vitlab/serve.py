@@ -411,7 +411,9 @@ class _Handler(BaseHTTPRequestHandler):
             started = time.perf_counter()
             images = request_images(body, self.headers.get("Content-Type", ""), self.server.options.max_images)
             results = self.server.predict(images, top_k)
-            self._reply(HTTPStatus.OK, {"results": results, "ms": round(1e3 * (time.perf_counter() - started), 2)})
+            ms = round(1e3 * (time.perf_counter() - started), 2)
+            self.log_detail = f"{len(results)} image{'s' if len(results) != 1 else ''} {ms:.1f} ms"
+            self._reply(HTTPStatus.OK, {"results": results, "ms": ms})
         except RequestError as exc:
             self._error(exc.status, str(exc))
         except Exception as exc:  # noqa: BLE001 - the model failed: the client gets one line, the server lives on
@@ -464,6 +466,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(status, message or status.phrase)
 
     def _error(self, status: HTTPStatus, message: str, **headers: str) -> None:
+        self.log_detail = message
         self._reply(status, {"error": message}, **headers)
 
     def _reply(self, status: HTTPStatus, doc: dict, **headers: str) -> None:
@@ -479,9 +482,20 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
+    log_detail = ""  # what the access line adds after the status (images, time, or the error)
+
+    def log_request(self, code="-", size="-") -> None:
+        """One access line per answer: client, request, status and what came of it."""
+        status = code.value if isinstance(code, HTTPStatus) else code
+        self.log_message('"%s" %s %s', self.requestline, status, self.log_detail)
+        self.log_detail = ""
+
+    def log_error(self, format: str, *args) -> None:  # noqa: A002 - the refusal itself is in the access line
+        pass
+
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
         if self.server.log:
-            print(f"vitlab serve: {self.address_string()} {format % args}", file=sys.stderr, flush=True)
+            print(f"vitlab serve: {self.address_string()} {format % args}".rstrip(), file=sys.stderr, flush=True)
 
 
 def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: ServeOptions = ServeOptions(),
