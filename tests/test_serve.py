@@ -515,3 +515,21 @@ def test_a_model_returning_too_few_rows_fails_the_batch():
         with pytest.raises(RuntimeError, match="returned 1 rows for 2 images"):
             future.result(10)
     batcher.close()
+
+
+def test_static_int8_calibrates_on_a_folder(weights, tmp_path):
+    pytest.importorskip("onnxruntime")
+    model, folder = weights
+    for i in range(32):
+        (tmp_path / f"{i}.png").write_bytes(png(100 + i)[1])
+    srv = Running(make_server(folder, port=0, int8="static", calibration=str(tmp_path), log=False, quiet=True))
+    try:
+        assert "int8-static" in srv.server.info["engine"]
+        arr, data = png(12)
+        status, doc = srv.request("POST", "/predict", data)
+        assert status == 200
+        top = doc["results"][0]["top"]
+        ref = reference(model, arr)
+        assert np.allclose([t["probability"] for t in top], ref[[t["index"] for t in top]], atol=0.05)  # int8
+    finally:
+        srv.close()

@@ -28,6 +28,26 @@ class Prediction:
     probs: list[float]
     indices: list[int]
 
+    def top(self) -> list[dict]:
+        """The ranked classes as JSON objects (`--format json`, `vitlab serve`)."""
+        return [{"rank": r + 1, "label": label, "index": i, "probability": p}
+                for r, (label, p, i) in enumerate(zip(self.labels, self.probs, self.indices))]
+
+
+def top_predictions(logits: torch.Tensor, names: list[str], k: int, paths: list) -> list[Prediction]:
+    """The top-k classes of each row of (B, K) logits, as Predictions named by `paths`."""
+    top = logits.float().softmax(dim=-1).cpu().topk(k, dim=-1)
+    return [Prediction(str(path), [names[j] for j in i.tolist()], p.tolist(), i.tolist())
+            for path, p, i in zip(paths, top.values, top.indices)]
+
+
+def classes_of(model: nn.Module) -> int:
+    """The model's number of classes; a feature extractor (no head) is refused in one line."""
+    if not model.config.num_classes:
+        raise VitlabError("these weights have no classification head (a feature extractor); "
+                          "fine-tune them first (vitlab.load(..., num_classes=K))")
+    return model.config.num_classes
+
 
 def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple[str, str]]]:
     """Image files named directly or found (recursively, sorted) in folders; (files, skipped non-images)."""
@@ -140,10 +160,7 @@ def predict_files(
 
     from vitlab.data.images import open_image
 
-    num_classes = model.config.num_classes
-    if not num_classes:
-        raise VitlabError("these weights have no classification head (a feature extractor); "
-                          "fine-tune them first (vitlab.load(..., num_classes=K))")
+    num_classes = classes_of(model)
     pre = preprocess_for(model, meta)
     names = class_names_for(meta, num_classes)
     k = max(1, min(top_k, num_classes))
@@ -164,10 +181,7 @@ def predict_files(
         with torch.inference_mode():
             logits = runner(x).float()
         non_finite[0] += int((~torch.isfinite(logits).all(dim=-1)).sum())
-        probs = logits.softmax(dim=-1).cpu()
-        top = probs.topk(k, dim=-1)
-        for (path, _), p, i in zip(batch, top.values, top.indices):
-            results.append(Prediction(str(path), [names[j] for j in i.tolist()], p.tolist(), i.tolist()))
+        results.extend(top_predictions(logits, names, k, [path for path, _ in batch]))
         batch.clear()
 
     def read(path: Path) -> torch.Tensor:
@@ -194,9 +208,7 @@ def predict_files(
 def format_predictions(preds: list[Prediction], fmt: str = "table") -> str:
     """Render as an aligned text table, JSON (a list of objects) or CSV (one row per image and rank)."""
     if fmt == "json":
-        return json.dumps([{"path": p.path, "top": [{"rank": r + 1, "label": lab, "index": i, "probability": pr}
-                                                     for r, (lab, pr, i) in enumerate(zip(p.labels, p.probs, p.indices))]}
-                           for p in preds], indent=2)
+        return json.dumps([{"path": p.path, "top": p.top()} for p in preds], indent=2)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")

@@ -165,14 +165,10 @@ class ImageClassifier:
     from the full decode by up to 3 levels of 255 (`python benchmarks/decode.py`, docs/serving.md)."""
 
     def __init__(self, model: nn.Module, meta: dict, fast_jpeg: bool = False):
-        from vitlab.predict import class_names_for, preprocess_for
+        from vitlab.predict import class_names_for, classes_of, preprocess_for
 
-        num_classes = model.config.num_classes
-        if not num_classes:
-            raise VitlabError("these weights have no classification head (a feature extractor); "
-                              "fine-tune them first (vitlab.load(..., num_classes=K))")
         self.preprocess = preprocess_for(model, meta)
-        self.names = class_names_for(meta, num_classes)
+        self.names = class_names_for(meta, classes_of(model))
         side = 2 * max(*self.preprocess.image_size, self.preprocess.effective_resize or 0)
         self.draft = (side, side) if fast_jpeg else None
 
@@ -191,10 +187,9 @@ class ImageClassifier:
             from vitlab.predict import non_finite_error
 
             raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR, str(non_finite_error(1, 1)))
-        probs = logits.softmax(dim=-1)
-        values, indices = probs.topk(min(k, len(self.names)))
-        return [{"rank": r + 1, "label": self.names[i], "index": i, "probability": p}
-                for r, (p, i) in enumerate(zip(values.tolist(), indices.tolist()))]
+        from vitlab.predict import top_predictions
+
+        return top_predictions(logits[None], self.names, min(k, len(self.names)), [""])[0].top()
 
 
 def _too_many(count: int, most: int) -> RequestError:
@@ -332,8 +327,6 @@ class InferenceServer(ThreadingHTTPServer):
     def predict(self, images: list[tuple[str, bytes]], top_k: int) -> list[dict]:
         if not images:
             raise RequestError(HTTPStatus.BAD_REQUEST, "no image in the request")
-        if len(images) > self.options.max_images:
-            raise _too_many(len(images), self.options.max_images)
         self.batcher.expect(len(images))
         try:
             tensors = [self.classifier.tensor(data, name) for name, data in images]
@@ -376,7 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client sending many requests reuses its connection
     server_version = "vitlab-serve"
     # Headers and body go out in two writes; with Nagle's algorithm the body then waits for the client's
-    # delayed ACK, 40 ms per request on Linux (single-client latency 56 ms against 13 ms of model time).
+    # delayed ACK, 40 ms per request on Linux.
     disable_nagle_algorithm = True
 
     def setup(self) -> None:
@@ -499,11 +492,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: ServeOptions = ServeOptions(),
-                engine: str = "auto", int8: str | None = None, calibration=None, device: str | None = "auto",
+                engine: str = "auto", int8: str | None = None, calibration: str | None = None,
+                device: str | None = "auto",
                 log: bool = True, quiet: bool = False, **load_overrides) -> InferenceServer:
     """Load `weights` (anything `vitlab.load` reads; a bare model name is refused), pick the engine as
-    `vitlab predict` does (on the CPU: `engine`, `int8`), warm it up at `options.max_batch` images, and return
-    the server, listening. Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
+    `vitlab predict` does (on the CPU: `engine`, `int8`; static int8 calibrates on `calibration`, a folder of
+    images or any --data source), warm it up at `options.max_batch` images, and return the server, listening. Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
     from vitlab.engine import prepare_engine
     from vitlab.runtime import resolve_device
     from vitlab.weights import load_with_meta, resolve_model
@@ -515,7 +509,12 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
     model = model.to(dev).eval()
     runner, note = model, f"torch ({dev})"
     if dev.type == "cpu":
-        runner = prepare_engine(model, engine, int8=int8, calibration=calibration, batch_size=options.max_batch,
+        batches = None
+        if int8 and calibration:
+            from vitlab.engine.calibration import calibration_from_source
+
+            batches = calibration_from_source(calibration, classifier.preprocess)
+        runner = prepare_engine(model, engine, int8=int8, calibration=batches, batch_size=options.max_batch,
                                 source=resolve_model(weights), command="serve", quiet=quiet)
         note = runner.note
     elif engine not in ("auto", "torch") or int8:

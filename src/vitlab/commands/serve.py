@@ -48,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from vitlab.commands._engine_args import calibration_for
     from vitlab.commands._load_args import load_overrides
     from vitlab.errors import VitlabError
     from vitlab.runtime import setup_runtime
@@ -62,15 +61,8 @@ def run(args: argparse.Namespace) -> int:
     runtime = setup_runtime(args.device, args.threads)
     runtime.announce("serve", args.quiet)
     overrides, image_size = load_overrides(args)
-    calibration = None
-    if args.int8 and args.calibration:
-        from vitlab.predict import preprocess_for
-        from vitlab.weights import load_with_meta
-
-        model, meta = load_with_meta(args.weights, image_size=image_size, **overrides)
-        calibration = calibration_for(args, preprocess_for(model, meta))
     server = make_server(args.weights, host=args.host, port=args.port, options=options, engine=args.engine,
-                         int8=args.int8, calibration=calibration, device=str(runtime.device), log=not args.quiet,
+                         int8=args.int8, calibration=args.calibration, device=str(runtime.device), log=not args.quiet,
                          quiet=args.quiet, image_size=image_size, **overrides)
     # SIGTERM (docker stop, systemd) stops it like Ctrl-C: in-flight requests finish, then the process exits 0
     stop = threading.Event()
