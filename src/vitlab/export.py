@@ -114,7 +114,7 @@ def export_for_engine(
     path.parent.mkdir(parents=True, exist_ok=True)
     if int8 is not None:
         built = prepare_engine(model, "onnxruntime", int8=int8, calibration=calibration, source=source,
-                               command="export", quiet=quiet)
+                               command="export", quiet=quiet, sub_batches=False)  # a file is written, not run
         return _copy_built(built.path, path, metadata, built.name)
     if engine == "torch":
         return export_onnx(model, path, metadata=metadata), PORTABLE

@@ -88,20 +88,23 @@ def machine_key(threads: int) -> str:
 PAUSE_S = 0.05  # between timed calls: ORT's spinning threads (and any other engine's) stop before the next one
 
 
-def interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
+def interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5,
+                       batch: dict[str, int] | None = None) -> dict[str, float]:
     """images/s per engine, calls interleaved (A B C, C B A, ...) so a busy moment hits all alike; a short pause
-    before each call so that no engine's leftover threads (ORT spins after a run) slow the next one down."""
-    for engine in engines.values():
-        engine(x)  # warm-up: kernel choice, memory
+    before each call so that no engine's leftover threads (ORT spins after a run) slow the next one down.
+    `batch` gives an engine its own batch size (the first that many images of `x`); the others take all of `x`."""
+    inputs = {name: x[:(batch or {}).get(name, len(x))] for name in engines}
+    for name, engine in engines.items():
+        engine(inputs[name])  # warm-up: kernel choice, memory
     times: dict[str, list[float]] = {name: [] for name in engines}
     order = list(engines)
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             time.sleep(PAUSE_S)
             t = time.perf_counter()
-            engines[name](x)
+            engines[name](inputs[name])
             times[name].append(time.perf_counter() - t)
-    return {name: x.shape[0] / statistics.median(ts) for name, ts in times.items()}
+    return {name: len(inputs[name]) / statistics.median(ts) for name, ts in times.items()}
 
 
 # ------------------------------------------------------------------------------------------ choice
@@ -160,9 +163,10 @@ def open_or_rebuild(make: Callable, files: list[Path], say_building: Callable[[s
 
 
 def keep_fastest(choices: _Choices, key: str, candidates: dict[str, Callable], x: torch.Tensor,
-                 rounds: int = 5) -> tuple[str, dict[str, float]]:
-    """Time the candidates on `x`, record the fastest under `key` in the cache; (picked, images/s per name)."""
-    speeds = interleaved_speeds(candidates, x, rounds)
+                 rounds: int = 5, batch: dict[str, int] | None = None) -> tuple[str, dict[str, float]]:
+    """Time the candidates on `x` (`batch`: as in `interleaved_speeds`), record the fastest under `key` in the
+    cache; (picked, images/s per name)."""
+    speeds = interleaved_speeds(candidates, x, rounds, batch)
     picked = max(speeds, key=speeds.get)
     choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
                       "when": time.strftime("%Y-%m-%d %H:%M:%S")})
@@ -250,11 +254,14 @@ def prepare_engine(
     command: str = "predict",
     quiet: bool = False,
     progress: bool | None = None,
+    sub_batches: bool = True,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The engine that runs `model` for a command. `engine`: auto|torch|onnxruntime|compiled. `int8`:
     None (exact fp32 engines only) or auto|static|dynamic (ONNX Runtime; static calibrated on `calibration`,
-    a list of preprocessed image batches). Prints one line saying what runs and why (`engine.note`), and with
-    `progress` (default: not quiet) a line before building anything, which takes seconds to a minute once."""
+    a list of preprocessed image batches). With `auto` or `int8` and `sub_batches`, batches of `batch_size` run
+    in sub-batches where those measured faster (`engine/sub_batch.py`). Prints one line saying what runs and why
+    (`engine.note`), and with `progress` (default: not quiet) a line before building or timing anything, which
+    takes seconds to a minute once."""
     if engine not in ENGINES:
         raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     if int8 is not None and int8 not in INT8_MODES:
@@ -267,10 +274,12 @@ def prepare_engine(
     folder = artefact_folder(model, source)
     show = (not quiet) if progress is None else progress
 
-    def say_building(what: str) -> None:
+    def say(text: str) -> None:
         if show:
-            print(f"vitlab {command}: engine: building {what} for this model once (kept in {folder})",
-                  file=sys.stderr, flush=True)
+            print(f"vitlab {command}: engine: {text}", file=sys.stderr, flush=True)
+
+    def say_building(what: str) -> None:
+        say(f"building {what} for this model once (kept in {folder})")
 
     builder = _Builder(model, folder, size, threads, say_building)
     notes: list[str] = []
@@ -293,6 +302,8 @@ def prepare_engine(
             raise VitlabError(f"int8 cannot be built for this model ({reason(exc)}); run without --int8") from exc
     else:
         chosen = _choose_exact(builder, folder, f"batch {batch_size}|{size[0]}x{size[1]}", batch_size, notes)
+    if sub_batches and (engine == "auto" or int8 is not None):
+        chosen = _in_best_sub_batches(chosen, builder, batch_size, notes, say)
     return announce(chosen, command, notes, quiet)
 
 
@@ -331,6 +342,37 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     notes.append(f"{picked} (auto: measured {_speeds_text(speeds)} at {shape.replace('|', ', ')}; "
          f"cached in {folder})" + "".join(f"; {n}" for n in left_out))
     return candidates[picked]
+
+
+def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str], say: Callable[[str], None]):
+    """`engine`, or `engine` in sub-batches (`sub_batch.SubBatched`) where those ran faster than whole batches
+    of `batch`; timed once per machine, shape and engine, and cached with the engine's choice."""
+    from vitlab.engine.sub_batch import SubBatched, sub_batch_sizes
+
+    sizes = sub_batch_sizes(batch)
+    if not sizes:
+        return engine
+    size = builder.image_size
+    choices = _Choices(builder.folder)
+    key = f"{machine_key(builder.threads)}|batch {batch}|{size[0]}x{size[1]}|sub-batches of {engine.name}"
+    cached = choices.get(key)
+    timed = [str(s) for s in [batch, *sizes]]
+    if cached and cached["picked"] in timed and all(s in cached.get("images_per_s", {}) for s in timed):
+        picked, speeds, how = int(cached["picked"]), cached["images_per_s"], "chosen before on this machine"
+    else:
+        say(f"timing {engine.name} at batch {batch} against sub-batches of {', '.join(map(str, sizes))} once")
+        x = torch.randn(batch, builder.model.config.in_chans, *size)
+        candidates = {str(s): engine for s in [batch, *sizes]}
+        name, speeds = keep_fastest(choices, key, candidates, x, batch={str(s): s for s in [batch, *sizes]})
+        picked, how = int(name), "measured"
+    others = ", ".join(f"{s}: {speeds[str(s)]:.1f}" for s in [batch, *sizes] if s != picked)
+    if picked == batch:
+        notes.append(f"whole batches of {batch} (auto, {how}: {speeds[str(batch)]:.1f} images/s; "
+                     f"sub-batches of {others})")
+        return engine
+    notes.append(f"in sub-batches of {picked} (auto, {how}: {speeds[str(picked)]:.1f} images/s; "
+                 f"batches of {others})")
+    return SubBatched(engine, picked)
 
 
 def _speeds_text(speeds: dict[str, float]) -> str:

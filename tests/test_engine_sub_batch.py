@@ -1,0 +1,140 @@
+"""Sub-batches (vitlab.engine.sub_batch): a large batch cut into smaller calls gives each image the same logits,
+`--engine auto` and `--int8` keep sub-batches only where they measured faster, and the choice is cached."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vitlab.engine.sub_batch import MIN_SUB_BATCH, SubBatched, sub_batch_sizes
+
+pytest.importorskip("onnxruntime")
+from test_engine import images, tiny  # noqa: E402
+
+from vitlab.engine import choose, prepare_engine  # noqa: E402
+
+
+class Recorder:
+    """A stand-in engine: logits are a fixed function of each image, and every call's batch size is kept."""
+
+    name, exact, path = "recorder", True, "graph.onnx"
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(len(x))
+        return x.flatten(1)[:, :3] * 2
+
+
+def test_sizes_are_the_halvings_down_to_the_minimum():
+    assert MIN_SUB_BATCH == 8
+    assert sub_batch_sizes(32) == [16, 8]
+    assert sub_batch_sizes(64) == [32, 16, 8]
+    assert sub_batch_sizes(48) == [24, 12]
+    assert sub_batch_sizes(16) == [8]
+    assert sub_batch_sizes(15) == [] and sub_batch_sizes(1) == []
+
+
+def test_sub_batches_give_each_image_its_own_logits_in_order():
+    inner = Recorder()
+    engine = SubBatched(inner, 8)
+    x = images(21, size=4)
+    out = engine(x)
+    assert inner.calls == [8, 8, 5]
+    assert torch.equal(out, x.flatten(1)[:, :3] * 2)
+    inner.calls.clear()
+    engine(x[:8])
+    assert inner.calls == [8]  # a batch no larger than the sub-batch is one call
+    assert (engine.name, engine.exact, engine.path) == ("recorder", True, "graph.onnx")
+    with pytest.raises(AttributeError):
+        engine.no_such_attribute
+    with pytest.raises(ValueError):
+        SubBatched(inner, 0)
+
+
+def test_timing_gives_each_candidate_its_own_batch():
+    a, b = Recorder(), Recorder()
+    speeds = choose.interleaved_speeds({"a": a, "b": b}, images(16, size=4), rounds=2, batch={"b": 4})
+    assert set(a.calls) == {16} and set(b.calls) == {4}
+    assert set(speeds) == {"a", "b"} and all(s > 0 for s in speeds.values())
+
+
+def fake_speeds(sub_batch_speeds: dict[str, float], timed: list[dict]):
+    """interleaved_speeds stand-in: onnxruntime beats torch; the sub-batch candidates get the given speeds."""
+
+    def speeds(engines, x, rounds=5, batch=None):
+        timed.append({"names": sorted(engines), "batch": dict(batch or {}), "x": len(x)})
+        if "torch" in engines:
+            return {"torch": 1.0, "onnxruntime": 2.0}
+        return {name: sub_batch_speeds[name] for name in engines}
+
+    return speeds
+
+
+def test_auto_keeps_the_faster_sub_batch_and_caches_it(tmp_path, monkeypatch, capsys):
+    timed: list[dict] = []
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 10.0, "8": 12.5}, timed))
+    model = tiny()
+    engine = prepare_engine(model, "auto", batch_size=16, source=tmp_path, command="evaluate")
+    err = capsys.readouterr().err
+    assert isinstance(engine, SubBatched) and engine.size == 8 and engine.name == "onnxruntime"
+    assert "timing onnxruntime at batch 16 against sub-batches of 8 once" in err
+    assert "in sub-batches of 8 (auto, measured: 12.5 images/s; batches of 16: 10.0)" in engine.note
+    assert timed[-1] == {"names": ["16", "8"], "batch": {"16": 16, "8": 8}, "x": 16}
+    x = images(20)
+    with torch.no_grad():
+        assert (engine(x) - model(x)).abs().max() < 1e-4
+    # the next run reads the choice instead of timing again
+    monkeypatch.setattr(choose, "interleaved_speeds", lambda *a, **k: pytest.fail("timed again"))
+    again = prepare_engine(model, "auto", batch_size=16, source=tmp_path, quiet=True)
+    assert isinstance(again, SubBatched) and again.size == 8
+    assert "in sub-batches of 8 (auto, chosen before on this machine: 12.5 images/s" in again.note
+
+
+def test_whole_batches_stay_whole_where_they_are_faster(tmp_path, monkeypatch):
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"32": 9.0, "16": 8.0, "8": 7.0}, []))
+    engine = prepare_engine(tiny(), "auto", batch_size=32, source=tmp_path, quiet=True)
+    assert not isinstance(engine, SubBatched) and engine.name == "onnxruntime"
+    assert "whole batches of 32 (auto, measured: 9.0 images/s; sub-batches of 16: 8.0, 8: 7.0)" in engine.note
+
+
+def test_small_batches_and_asked_for_engines_are_not_timed_for_sub_batches(tmp_path, monkeypatch):
+    timed: list[dict] = []
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({}, timed))
+    small = prepare_engine(tiny(), "auto", batch_size=15, source=tmp_path, quiet=True)
+    assert not isinstance(small, SubBatched) and [t["names"] for t in timed] == [["onnxruntime", "torch"]]
+    asked = prepare_engine(tiny(), "onnxruntime", batch_size=64, source=tmp_path, quiet=True)
+    assert not isinstance(asked, SubBatched) and len(timed) == 1 and "sub-batch" not in asked.note
+
+
+def test_int8_is_timed_in_sub_batches_but_export_is_not(tmp_path, monkeypatch):
+    timed: list[dict] = []
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 3.0, "8": 4.0}, timed))
+    model = tiny()
+    engine = prepare_engine(model, "auto", int8="dynamic", batch_size=16, source=tmp_path, quiet=True)
+    assert isinstance(engine, SubBatched) and engine.size == 8 and engine.name == "onnxruntime-int8-dynamic"
+    assert engine.path.is_file()  # what export copies is the wrapped engine's graph
+    from vitlab.export import export_for_engine
+
+    before = len(timed)
+    path, what = export_for_engine(model, tmp_path / "out.onnx", "onnxruntime", int8="dynamic", source=tmp_path,
+                                   quiet=True)
+    assert path.is_file() and len(timed) == before
+
+
+def test_a_damaged_cached_sub_batch_choice_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 1.0, "8": 2.0}, []))
+    model = tiny()
+    prepare_engine(model, "auto", batch_size=16, source=tmp_path, quiet=True)
+    cache = choose.artefact_folder(model, tmp_path) / "choices.json"
+    data = json.loads(cache.read_text())
+    key = next(k for k in data if k.endswith("sub-batches of onnxruntime"))
+    data[key] = {"picked": "7", "images_per_s": {"7": 1.0}}
+    cache.write_text(json.dumps(data))
+    timed: list[dict] = []
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 5.0, "8": 1.0}, timed))
+    engine = prepare_engine(model, "auto", batch_size=16, source=tmp_path, quiet=True)
+    assert not isinstance(engine, SubBatched) and [t["names"] for t in timed] == [["16", "8"]]
