@@ -17,6 +17,10 @@ static|dynamic` what `--int8` builds. Peers run their defaults (timm: exact GELU
 ours and the peers'), and without the pause they took the cores from whichever row ran next (docs/benchmarks.md). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
 fp32 peer, int8 rows by the fastest peer of all, int8 included). Before each setting is timed every row runs in turn
 for at least `--settle-s` seconds: on the VMs measured here the first work of a process runs slow for a while.
+
+`--sub-batches 16` adds, at each batch above 16, every row run in sub-batches of 16 (`engine/sub_batch.py`, what
+`--engine auto` and `--int8` run where their timing picks it): vitlab's sub-batched rows are then divided by the
+fastest peer as the peers run (whole batches), and every row also by the fastest peer given the same sub-batches.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 import vitlab
 from vitlab.engine.choose import PAUSE_S
 from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, build_int8_static
+from vitlab.engine.sub_batch import SubBatched
 from vitlab.engine.torch_engines import TorchEngine
 
 TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
@@ -172,17 +177,36 @@ def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0) -> dict[
     return {label: batch / statistics.median(ts) for label, ts in times.items()}
 
 
+SUB = " [sub-batches of "
+
+
+def with_sub_batches(rows: dict, batch: int, sizes: list[int]) -> dict:
+    """`rows` plus each row run in sub-batches of each size below `batch`."""
+    extra = {f"{label}{SUB}{s}]": (kind, SubBatched(engine, s))
+             for s in sizes if s < batch for label, (kind, engine) in rows.items()}
+    return {**rows, **extra}
+
+
 def report(name: str, batch: int, rows: dict, speeds: dict[str, float]) -> list[dict]:
+    """Ratios to the fastest peer as the peers run (whole batches), and where sub-batched rows were timed, also to
+    the fastest peer given the same sub-batches."""
     kinds = {label: kind for label, (kind, _) in rows.items()}
-    best_fp32 = max(v for k, v in speeds.items() if kinds[k] == "peer")
-    best_any = max(v for k, v in speeds.items() if kinds[k].startswith("peer"))
+
+    def best(int8: bool, sub_batched: bool) -> float:
+        return max(v for k, v in speeds.items() if (kinds[k].startswith("peer") if int8 else kinds[k] == "peer")
+                   and (sub_batched or SUB not in k))
+
+    any_sub = any(SUB in k for k in speeds)
     out = []
     for label, v in sorted(speeds.items(), key=lambda kv: -kv[1]):
-        base = best_any if kinds[label].endswith("int8") else best_fp32
+        int8 = kinds[label].endswith("int8")
+        base, base_sub = best(int8, False), best(int8, True)
         out.append({"model": name, "batch": batch, "engine": label, "kind": kinds[label],
-                    "images_per_s": round(v, 2), "vs_best_peer": round(v / base, 3)})
-        print(f"{name:10s} {batch:3d}  {label:38s} {v:8.2f} img/s   x{v / base:.2f} vs best "
-              f"{'peer (int8 incl.)' if kinds[label].endswith('int8') else 'fp32 peer'}")
+                    "images_per_s": round(v, 2), "vs_best_peer": round(v / base, 3)}
+                   | ({"vs_best_peer_sub_batched_too": round(v / base_sub, 3)} if any_sub else {}))
+        print(f"{name:10s} {batch:3d}  {label:58s} {v:8.2f} img/s   x{v / base:.2f} vs best "
+              f"{'peer (int8 incl.)' if int8 else 'fp32 peer'}"
+              + (f"   x{v / base_sub:.2f} vs the same with sub-batches" if any_sub else ""))
     return out
 
 
@@ -259,6 +283,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--train", default=None, help="time training steps for these sizes (fmnist,ti16) instead")
     ap.add_argument("--steps", type=int, default=3, help="training steps per round (with --train)")
+    ap.add_argument("--sub-batches", default="",
+                    help="also time every row in sub-batches of these sizes (comma-separated), at larger batches")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
@@ -277,8 +303,10 @@ def main() -> None:
     for name in ([] if args.train else args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8)
+            sizes = [int(s) for s in args.sub_batches.split(",") if s]
             for batch in (int(b) for b in args.batches.split(",")):
-                results += report(name, batch, rows, measure(rows, batch, args.rounds, args.settle_s))
+                timed = with_sub_batches(rows, batch, sizes)
+                results += report(name, batch, timed, measure(timed, batch, args.rounds, args.settle_s))
     if args.out:
         Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))
 

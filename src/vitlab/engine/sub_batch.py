@@ -34,8 +34,8 @@ class SubBatched:
         if size < 1:
             raise ValueError(f"sub-batch size must be at least 1, got {size}")
         self.engine, self.size = engine, size
-        self.name = engine.name
-        self.exact = engine.exact
+        self.name = getattr(engine, "name", type(engine).__name__)
+        self.exact = getattr(engine, "exact", True)
 
     def __getattr__(self, attr: str):
         # what callers read off an engine (the ONNX path, the session) is the wrapped engine's
