@@ -2,6 +2,10 @@
 
     python benchmarks/engines.py                                   # ViT-Ti/16, S/16, B/16 at batch 1 and 32
     python benchmarks/engines.py --models vit-s/16 --batches 32 --compiled   # also torch.compile (+ compile time)
+    python benchmarks/engines.py --models vit-s/16,vit-b/16 --batches 32 --int8 dynamic   # what --int8 runs
+
+At batches of 16 and more the line also says whether whole batches or sub-batches were kept, with their speeds
+(`engine/sub_batch.py`).
 
 `auto` compares eager PyTorch with the fused fp32 ONNX Runtime graph, both exact; `--compiled` times
 `--engine compiled` on its own (it is not an `auto` candidate: see docs/benchmarks.md).
@@ -28,6 +32,8 @@ def main() -> None:
     ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--compiled", action="store_true")
+    ap.add_argument("--int8", choices=["dynamic", "auto"], default=None,
+                    help="what --int8 runs instead (auto without calibration images is dynamic)")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     for name in args.models.split(","):
@@ -36,7 +42,8 @@ def main() -> None:
             for batch in (int(b) for b in args.batches.split(",")):
                 err = io.StringIO()
                 with redirect_stderr(err):
-                    engine = prepare_engine(model, "auto", batch_size=batch, source=tmp, command="bench")
+                    engine = prepare_engine(model, "auto", int8=args.int8, batch_size=batch, source=tmp,
+                                            command="bench")
                 print(f"{name:10s} batch {batch:3d}: picked {engine.name:12s} | {err.getvalue().strip()}")
                 if args.compiled:
                     start = time.perf_counter()

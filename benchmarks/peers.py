@@ -18,9 +18,10 @@ ours and the peers'), and without the pause they took the cores from whichever r
 fp32 peer, int8 rows by the fastest peer of all, int8 included). Before each setting is timed every row runs in turn
 for at least `--settle-s` seconds: on the VMs measured here the first work of a process runs slow for a while.
 
-`--sub-batches 16` adds, at each batch above 16, every row run in sub-batches of 16 (`engine/sub_batch.py`, what
-`--engine auto` and `--int8` run where their timing picks it): vitlab's sub-batched rows are then divided by the
-fastest peer as the peers run (whole batches), and every row also by the fastest peer given the same sub-batches.
+`--sub-batches 16,8,4` adds, at each larger batch, every row run in sub-batches of each size (`engine/sub_batch.py`:
+what `--engine auto` and `--int8` run where their timing picks it; `--sub-batch-int8-only` for the int8 rows only):
+every row is then divided by the fastest peer as the peers run (whole batches), and also by the fastest peer given
+the same sub-batches.
 """
 
 from __future__ import annotations
@@ -180,10 +181,11 @@ def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0) -> dict[
 SUB = " [sub-batches of "
 
 
-def with_sub_batches(rows: dict, batch: int, sizes: list[int]) -> dict:
-    """`rows` plus each row run in sub-batches of each size below `batch`."""
+def with_sub_batches(rows: dict, batch: int, sizes: list[int], int8_only: bool = False) -> dict:
+    """`rows` plus each row (each int8 row with `int8_only`) run in sub-batches of each size below `batch`."""
     extra = {f"{label}{SUB}{s}]": (kind, SubBatched(engine, s))
-             for s in sizes if s < batch for label, (kind, engine) in rows.items()}
+             for s in sizes if s < batch for label, (kind, engine) in rows.items()
+             if kind.endswith("int8") or not int8_only}
     return {**rows, **extra}
 
 
@@ -285,6 +287,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="training steps per round (with --train)")
     ap.add_argument("--sub-batches", default="",
                     help="also time every row in sub-batches of these sizes (comma-separated), at larger batches")
+    ap.add_argument("--sub-batch-int8-only", action="store_true", help="sub-batches for the int8 rows only")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
@@ -305,7 +308,7 @@ def main() -> None:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8)
             sizes = [int(s) for s in args.sub_batches.split(",") if s]
             for batch in (int(b) for b in args.batches.split(",")):
-                timed = with_sub_batches(rows, batch, sizes)
+                timed = with_sub_batches(rows, batch, sizes, args.sub_batch_int8_only)
                 results += report(name, batch, timed, measure(timed, batch, args.rounds, args.settle_s))
     if args.out:
         Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))

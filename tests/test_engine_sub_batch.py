@@ -29,12 +29,12 @@ class Recorder:
 
 
 def test_sizes_are_the_halvings_down_to_the_minimum():
-    assert MIN_SUB_BATCH == 8
-    assert sub_batch_sizes(32) == [16, 8]
-    assert sub_batch_sizes(64) == [32, 16, 8]
-    assert sub_batch_sizes(48) == [24, 12]
-    assert sub_batch_sizes(16) == [8]
-    assert sub_batch_sizes(15) == [] and sub_batch_sizes(1) == []
+    assert MIN_SUB_BATCH == 4
+    assert sub_batch_sizes(32) == [16, 8, 4]
+    assert sub_batch_sizes(64) == [32, 16, 8, 4]
+    assert sub_batch_sizes(48) == [24, 12, 6]
+    assert sub_batch_sizes(8) == [4] and sub_batch_sizes(15) == [7]
+    assert sub_batch_sizes(7) == [] and sub_batch_sizes(1) == []
 
 
 def test_sub_batches_give_each_image_its_own_logits_in_order():
@@ -75,14 +75,14 @@ def fake_speeds(sub_batch_speeds: dict[str, float], timed: list[dict]):
 
 def test_auto_keeps_the_faster_sub_batch_and_caches_it(tmp_path, monkeypatch, capsys):
     timed: list[dict] = []
-    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 10.0, "8": 12.5}, timed))
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 10.0, "8": 12.5, "4": 11.0}, timed))
     model = tiny()
     engine = prepare_engine(model, "auto", batch_size=16, source=tmp_path, command="evaluate")
     err = capsys.readouterr().err
     assert isinstance(engine, SubBatched) and engine.size == 8 and engine.name == "onnxruntime"
-    assert "timing onnxruntime at batch 16 against sub-batches of 8 once" in err
-    assert "in sub-batches of 8 (auto, measured: 12.5 images/s; batches of 16: 10.0)" in engine.note
-    assert timed[-1] == {"names": ["16", "8"], "batch": {"16": 16, "8": 8}, "x": 16}
+    assert "timing onnxruntime at batch 16 against sub-batches of 8, 4 once" in err
+    assert "in sub-batches of 8 (auto, measured: 12.5 images/s; batches of 16: 10.0, 4: 11.0)" in engine.note
+    assert timed[-1] == {"names": ["16", "4", "8"], "batch": {"16": 16, "8": 8, "4": 4}, "x": 16}
     x = images(20)
     with torch.no_grad():
         assert (engine(x) - model(x)).abs().max() < 1e-4
@@ -94,16 +94,16 @@ def test_auto_keeps_the_faster_sub_batch_and_caches_it(tmp_path, monkeypatch, ca
 
 
 def test_whole_batches_stay_whole_where_they_are_faster(tmp_path, monkeypatch):
-    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"32": 9.0, "16": 8.0, "8": 7.0}, []))
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"32": 9.0, "16": 8.0, "8": 7.0, "4": 6.0}, []))
     engine = prepare_engine(tiny(), "auto", batch_size=32, source=tmp_path, quiet=True)
     assert not isinstance(engine, SubBatched) and engine.name == "onnxruntime"
-    assert "whole batches of 32 (auto, measured: 9.0 images/s; sub-batches of 16: 8.0, 8: 7.0)" in engine.note
+    assert "whole batches of 32 (auto, measured: 9.0 images/s; sub-batches of 16: 8.0, 8: 7.0, 4: 6.0)" in engine.note
 
 
 def test_small_batches_and_asked_for_engines_are_not_timed_for_sub_batches(tmp_path, monkeypatch):
     timed: list[dict] = []
     monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({}, timed))
-    small = prepare_engine(tiny(), "auto", batch_size=15, source=tmp_path, quiet=True)
+    small = prepare_engine(tiny(), "auto", batch_size=7, source=tmp_path, quiet=True)
     assert not isinstance(small, SubBatched) and [t["names"] for t in timed] == [["onnxruntime", "torch"]]
     asked = prepare_engine(tiny(), "onnxruntime", batch_size=64, source=tmp_path, quiet=True)
     assert not isinstance(asked, SubBatched) and len(timed) == 1 and "sub-batch" not in asked.note
@@ -111,7 +111,7 @@ def test_small_batches_and_asked_for_engines_are_not_timed_for_sub_batches(tmp_p
 
 def test_int8_is_timed_in_sub_batches_but_export_is_not(tmp_path, monkeypatch):
     timed: list[dict] = []
-    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 3.0, "8": 4.0}, timed))
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 3.0, "8": 4.0, "4": 3.5}, timed))
     model = tiny()
     engine = prepare_engine(model, "auto", int8="dynamic", batch_size=16, source=tmp_path, quiet=True)
     assert isinstance(engine, SubBatched) and engine.size == 8 and engine.name == "onnxruntime-int8-dynamic"
@@ -125,7 +125,7 @@ def test_int8_is_timed_in_sub_batches_but_export_is_not(tmp_path, monkeypatch):
 
 
 def test_a_damaged_cached_sub_batch_choice_is_measured_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 1.0, "8": 2.0}, []))
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 1.0, "8": 2.0, "4": 1.5}, []))
     model = tiny()
     prepare_engine(model, "auto", batch_size=16, source=tmp_path, quiet=True)
     cache = choose.artefact_folder(model, tmp_path) / "choices.json"
@@ -134,6 +134,6 @@ def test_a_damaged_cached_sub_batch_choice_is_measured_again(tmp_path, monkeypat
     data[key] = {"picked": "7", "images_per_s": {"7": 1.0}}
     cache.write_text(json.dumps(data))
     timed: list[dict] = []
-    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 5.0, "8": 1.0}, timed))
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 5.0, "8": 1.0, "4": 1.0}, timed))
     engine = prepare_engine(model, "auto", batch_size=16, source=tmp_path, quiet=True)
-    assert not isinstance(engine, SubBatched) and [t["names"] for t in timed] == [["16", "8"]]
+    assert not isinstance(engine, SubBatched) and [t["names"] for t in timed] == [["16", "4", "8"]]

@@ -2,7 +2,7 @@
 
 A ViT's activations grow with the batch: at ViT-B/16, batch 32, one hidden state takes 19 MB and the MLP's inner
 one 77 MB, more than a 32 MB L3 cache, so every layer streams them from main memory. Cut into sub-batches of 16 or
-8, the same products run on activations that stay in the caches: 1.03-1.12x on the 2-core AMD VM of
+8, the same products run on activations that stay in the caches: 1.03-1.18x on the 2-core AMD VM of
 docs/benchmarks.md (section "Sub-batches"), depending on model and engine. Where it pays depends on the caches, so
 `--engine auto` and `--int8` time the chosen engine at the command's batch and its halvings once per machine and
 shape, keep the choice with the engine's (`choose._Choices`), and say what they picked.
@@ -14,11 +14,13 @@ from collections.abc import Callable
 
 import torch
 
-MIN_SUB_BATCH = 8  # below this the per-call costs outweigh what the caches save (4 measured slower than 8 or 16)
+# int8 ran fastest in sub-batches of 4 at ViT-Ti/16, S/16 and B/16, fp32 in 8 or 16 (benchmarks/sub_batch.py);
+# below 4 each call's fixed costs win (batch 1 is slower than 4 in every engine measured)
+MIN_SUB_BATCH = 4
 
 
 def sub_batch_sizes(batch: int) -> list[int]:
-    """The halvings of `batch` down to MIN_SUB_BATCH: the sub-batch sizes worth timing (32 -> [16, 8])."""
+    """The halvings of `batch` down to MIN_SUB_BATCH: the sub-batch sizes worth timing (32 -> [16, 8, 4])."""
     sizes, size = [], batch // 2
     while size >= MIN_SUB_BATCH:
         sizes.append(size)
