@@ -6,7 +6,8 @@ transformer fusions, or int8), and `auto`, which times the candidates once per m
     logits = engine(images)                                    # (B, C, H, W) float tensor -> (B, K) logits
 
 Homes: `onnx_graph.py` (the fusable ONNX export), `ort.py` (sessions, fp32 and int8 builds), `torch_engines.py`
-(eager, compiled), `choose.py` (timing, the cached choice, the artefact folder).
+(eager, compiled), `choose.py` (timing, the cached choice, the artefact folder), `sub_batch.py` (large batches
+cut into the sub-batches that timed faster).
 """
 
 from __future__ import annotations

@@ -88,23 +88,20 @@ def machine_key(threads: int) -> str:
 PAUSE_S = 0.05  # between timed calls: ORT's spinning threads (and any other engine's) stop before the next one
 
 
-def interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5,
-                       batch: dict[str, int] | None = None) -> dict[str, float]:
+def interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
     """images/s per engine, calls interleaved (A B C, C B A, ...) so a busy moment hits all alike; a short pause
-    before each call so that no engine's leftover threads (ORT spins after a run) slow the next one down.
-    `batch` gives an engine its own batch size (the first that many images of `x`); the others take all of `x`."""
-    inputs = {name: x[:(batch or {}).get(name, len(x))] for name in engines}
-    for name, engine in engines.items():
-        engine(inputs[name])  # warm-up: kernel choice, memory
+    before each call so that no engine's leftover threads (ORT spins after a run) slow the next one down."""
+    for engine in engines.values():
+        engine(x)  # warm-up: kernel choice, memory
     times: dict[str, list[float]] = {name: [] for name in engines}
     order = list(engines)
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             time.sleep(PAUSE_S)
             t = time.perf_counter()
-            engines[name](inputs[name])
+            engines[name](x)
             times[name].append(time.perf_counter() - t)
-    return {name: len(inputs[name]) / statistics.median(ts) for name, ts in times.items()}
+    return {name: x.shape[0] / statistics.median(ts) for name, ts in times.items()}
 
 
 # ------------------------------------------------------------------------------------------ choice
@@ -163,10 +160,9 @@ def open_or_rebuild(make: Callable, files: list[Path], say_building: Callable[[s
 
 
 def keep_fastest(choices: _Choices, key: str, candidates: dict[str, Callable], x: torch.Tensor,
-                 rounds: int = 5, batch: dict[str, int] | None = None) -> tuple[str, dict[str, float]]:
-    """Time the candidates on `x` (`batch`: as in `interleaved_speeds`), record the fastest under `key` in the
-    cache; (picked, images/s per name)."""
-    speeds = interleaved_speeds(candidates, x, rounds, batch)
+                 rounds: int = 5) -> tuple[str, dict[str, float]]:
+    """Time the candidates on `x`, record the fastest under `key` in the cache; (picked, images/s per name)."""
+    speeds = interleaved_speeds(candidates, x, rounds)
     picked = max(speeds, key=speeds.get)
     choices.put(key, {"picked": picked, "images_per_s": {k: round(v, 2) for k, v in speeds.items()},
                       "when": time.strftime("%Y-%m-%d %H:%M:%S")})
@@ -344,6 +340,9 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     return candidates[picked]
 
 
+SUB_BATCH_ROUNDS = 3  # each round runs the whole batch once per candidate: a minute at ViT-B/16 fp32, batch 32
+
+
 def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str], say: Callable[[str], None]):
     """`engine`, or `engine` in sub-batches (`sub_batch.SubBatched`) where those ran faster than whole batches
     of `batch`; timed once per machine, shape and engine, and cached with the engine's choice."""
@@ -361,9 +360,11 @@ def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str]
         picked, speeds, how = int(cached["picked"]), cached["images_per_s"], "chosen before on this machine"
     else:
         say(f"timing {engine.name} at batch {batch} against sub-batches of {', '.join(map(str, sizes))} once")
+        # each candidate runs the whole batch, its sub-batches back to back as they will run: one small call
+        # after a pause would count the waking of the threads once per sub-batch and favour whole batches
         x = torch.randn(batch, builder.model.config.in_chans, *size)
-        candidates = {str(s): engine for s in [batch, *sizes]}
-        name, speeds = keep_fastest(choices, key, candidates, x, batch={str(s): s for s in [batch, *sizes]})
+        candidates = {str(batch): engine, **{str(s): SubBatched(engine, s) for s in sizes}}
+        name, speeds = keep_fastest(choices, key, candidates, x, rounds=SUB_BATCH_ROUNDS)
         picked, how = int(name), "measured"
     others = ", ".join(f"{s}: {speeds[str(s)]:.1f}" for s in [batch, *sizes] if s != picked)
     if picked == batch:
