@@ -162,7 +162,8 @@ class ImageClassifier:
 
     With `fast_jpeg` a JPEG is decoded at a reduced DCT scale that keeps it at least twice the model's input
     size, before the same resize: 1.7x faster at 1920x1080 and 4.3x at 12 megapixels, with inputs that differ
-    from the full decode by up to 3 levels of 255 (`python benchmarks/decode.py`, docs/serving.md)."""
+    from the full decode by up to 3 levels of 255 on synthetic photos and 14 on enlarged Fashion-MNIST images
+    (0.2 points less accuracy there; `python benchmarks/decode.py [--accuracy 10000]`, docs/serving.md)."""
 
     def __init__(self, model: nn.Module, meta: dict, fast_jpeg: bool = False):
         from vitlab.predict import class_names_for, classes_of, preprocess_for
