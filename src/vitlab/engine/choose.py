@@ -340,7 +340,9 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     return candidates[picked]
 
 
-SUB_BATCH_ROUNDS = 3  # each round runs the whole batch once per candidate: a minute at ViT-B/16 fp32, batch 32
+# each round runs the whole batch once per candidate (4 candidates at batch 32, plus a warm-up call each): about
+# 90 s once at ViT-B/16 fp32, batch 32, on the 2-core VM of docs/benchmarks.md, 30 s in int8
+SUB_BATCH_ROUNDS = 3
 
 
 def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str], say: Callable[[str], None]):
