@@ -4,7 +4,7 @@
     python benchmarks/engines.py --models vit-s/16 --batches 32 --compiled   # also torch.compile (+ compile time)
     python benchmarks/engines.py --models vit-s/16,vit-b/16 --batches 32 --int8 dynamic   # what --int8 runs
 
-At batches of 16 and more the line also says whether whole batches or sub-batches were kept, with their speeds
+At batches of 8 and more the line also says whether whole batches or sub-batches were kept, with their speeds
 (`engine/sub_batch.py`).
 
 `auto` compares eager PyTorch with the fused fp32 ONNX Runtime graph, both exact; `--compiled` times

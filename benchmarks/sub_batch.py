@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,14 +24,8 @@ import vitlab
 from vitlab.engine.choose import interleaved_speeds
 from vitlab.engine.sub_batch import SubBatched
 
-
-def perturbed(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = vitlab.create_model(name, num_classes=1000).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import perturbed  # noqa: E402  (non-degenerate random weights, as in the peers benchmark)
 
 
 def engines(model: torch.nn.Module, wanted: list[str], folder: Path, threads: int) -> dict:
@@ -67,7 +62,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",") if int(s) < args.batch]
     x = torch.randn(args.batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     for name in args.models.split(","):
-        model = perturbed(name)
+        model = perturbed(vitlab.create_model(name, num_classes=1000))
         with tempfile.TemporaryDirectory() as tmp:
             for label, engine in engines(model, args.engines.split(","), Path(tmp), args.threads).items():
                 runs = {"whole": engine, **{f"sub-batches of {s}": SubBatched(engine, s) for s in sizes}}

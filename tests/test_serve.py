@@ -453,6 +453,16 @@ def test_close_lets_requests_in_flight_finish(weights):
     check_top(model, arr, doc["results"][0]["top"])
 
 
+def assert_answers_like_int8(srv: Running, model, seed: int) -> None:
+    """One image posted to an int8 server: answered, with the eager model's probabilities within int8's error."""
+    arr, data = png(seed)
+    status, doc = srv.request("POST", "/predict", data)
+    assert status == 200
+    top = doc["results"][0]["top"]
+    ref = reference(model, arr)
+    assert np.allclose([t["probability"] for t in top], ref[[t["index"] for t in top]], atol=0.05)
+
+
 def test_int8_without_calibration_images_is_dynamic(weights):
     pytest.importorskip("onnxruntime")
     model, folder = weights
@@ -460,12 +470,7 @@ def test_int8_without_calibration_images_is_dynamic(weights):
     try:
         engine = srv.server.info["engine"]
         assert "no calibration images" in engine and "int8-dynamic" in engine
-        arr, data = png(9)
-        status, doc = srv.request("POST", "/predict", data)
-        assert status == 200
-        top = doc["results"][0]["top"]
-        ref = reference(model, arr)
-        assert np.allclose([t["probability"] for t in top], ref[[t["index"] for t in top]], atol=0.05)  # int8
+        assert_answers_like_int8(srv, model, 9)
     finally:
         srv.close()
 
@@ -525,11 +530,6 @@ def test_static_int8_calibrates_on_a_folder(weights, tmp_path):
     srv = Running(make_server(folder, port=0, int8="static", calibration=str(tmp_path), log=False, quiet=True))
     try:
         assert "int8-static" in srv.server.info["engine"]
-        arr, data = png(12)
-        status, doc = srv.request("POST", "/predict", data)
-        assert status == 200
-        top = doc["results"][0]["top"]
-        ref = reference(model, arr)
-        assert np.allclose([t["probability"] for t in top], ref[[t["index"] for t in top]], atol=0.05)  # int8
+        assert_answers_like_int8(srv, model, 12)
     finally:
         srv.close()

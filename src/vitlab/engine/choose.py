@@ -357,8 +357,9 @@ def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str]
     choices = _Choices(builder.folder)
     key = f"{machine_key(builder.threads)}|batch {batch}|{size[0]}x{size[1]}|sub-batches of {engine.name}"
     cached = choices.get(key)
-    timed = [str(s) for s in [batch, *sizes]]
-    if cached and cached["picked"] in timed and all(s in cached.get("images_per_s", {}) for s in timed):
+    timed = [batch, *sizes]  # the whole batch first
+    names = [str(s) for s in timed]
+    if cached and cached["picked"] in names and all(n in cached.get("images_per_s", {}) for n in names):
         picked, speeds, how = int(cached["picked"]), cached["images_per_s"], "chosen before on this machine"
     else:
         say(f"timing {engine.name} at batch {batch} against sub-batches of {', '.join(map(str, sizes))} once")
@@ -368,7 +369,7 @@ def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str]
         candidates = {str(batch): engine, **{str(s): SubBatched(engine, s) for s in sizes}}
         name, speeds = keep_fastest(choices, key, candidates, x, rounds=SUB_BATCH_ROUNDS)
         picked, how = int(name), "measured"
-    others = ", ".join(f"{s}: {speeds[str(s)]:.1f}" for s in [batch, *sizes] if s != picked)
+    others = ", ".join(f"{s}: {speeds[str(s)]:.1f}" for s in timed if s != picked)
     if picked == batch:
         notes.append(f"whole batches of {batch} (auto, {how}: {speeds[str(batch)]:.1f} images/s; "
                      f"sub-batches of {others})")

@@ -1,8 +1,8 @@
 """Large batches run in smaller sub-batches where that is faster on the machine at hand.
 
 A ViT's activations grow with the batch: at ViT-B/16, batch 32, one hidden state takes 19 MB and the MLP's inner
-one 77 MB, more than a 32 MB L3 cache, so every layer streams them from main memory. Cut into sub-batches of 16 or
-8, the same products run on activations that stay in the caches: 1.03-1.18x on the 2-core AMD VM of
+one 77 MB, more than a 32 MB L3 cache, so every layer streams them from main memory. Cut into sub-batches of 16, 8
+or 4, the same products run on activations that stay in the caches: 1.03-1.18x on the 2-core AMD VM of
 docs/benchmarks.md (section "Sub-batches"), depending on model and engine. Where it pays depends on the caches, so
 `--engine auto` and `--int8` time the chosen engine at the command's batch and its halvings once per machine and
 shape, keep the choice with the engine's (`choose._Choices`), and say what they picked.
@@ -29,8 +29,9 @@ def sub_batch_sizes(batch: int) -> list[int]:
 
 
 class SubBatched:
-    """`engine` run on at most `size` images per call, the outputs concatenated in order. Each image's logits are
-    the engine's own for that image (only the order of fp32 sums inside a matrix product may differ)."""
+    """`engine` run on at most `size` images per call, the outputs concatenated in order. An exact engine gives
+    each image the same logits as in one call (measured identical in fp32); dynamic int8 quantizes each call's
+    activations with one scale, so there an image's logits depend a little on the images that share its call."""
 
     def __init__(self, engine: Callable[[torch.Tensor], torch.Tensor], size: int):
         if size < 1:
