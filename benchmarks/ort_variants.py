@@ -33,9 +33,9 @@ from vitlab.engine.ort import (
     _quiet_tools,
     build_fp32,
     build_int8_dynamic,
-    build_int8_static,
     optimize_vit_graph,
 )
+from vitlab.engine.static_int8 import build_int8_static
 from vitlab.export import export_onnx
 from vitlab.models.vit import Block
 
@@ -53,6 +53,41 @@ def dynamic(src: Path, out: Path, split_bias: bool = True, **kw) -> Path:
     options.update(kw)
     with _quiet_tools():
         quantize_dynamic(str(src), str(out), **options)
+    return out
+
+
+def qdq_static(fp32: Path, out: Path, calibration: list[np.ndarray]) -> Path:
+    """ORT's own static quantizer (QDQ, MinMax ranges on the same images) on the MatMuls, the fused attention
+    blocks dynamic QAttention (the static quantizer does not cover them): vitlab's static int8 until
+    2026-11-25, and what `quantize_static` gives a user."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter(calibration)
+
+        def get_next(self):
+            x = next(self.batches, None)
+            return None if x is None else {"images": x}
+
+    source, pre, staged = _int8_source(fp32, out), out.with_suffix(".pre.onnx"), out.with_suffix(".qdq.onnx")
+    with _quiet_tools():
+        # shape inference first: without known types the fused graph's activations are not quantized at all
+        quant_pre_process(str(source), str(pre), skip_optimization=True)
+        quantize_static(str(pre), str(staged), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                        nodes_to_exclude=_head_nodes(pre), calibrate_method=CalibrationMethod.MinMax,
+                        extra_options=FLOAT)
+        quantize_dynamic(str(staged), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["Attention"],
+                         extra_options=FLOAT)
     return out
 
 
@@ -77,8 +112,10 @@ class BranchFirstBlock(Block):
     and does not try the other; in the first block `x` is itself an Add (tokens + position embeddings), so with
     `x + branch` that block's attention stays unfused (11 of 12 blocks fuse). Written this way all 12 fuse."""
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
-        y, _ = self.attn(self.norm1(x), return_attention)
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None):
+        y, _ = self.attn(self.norm1(x), return_attention, queries)
+        if queries is not None:
+            x = x[:, :queries]
         x = self.drop_path1(y) + x
         return x + self.drop_path2(self.mlp(self.norm2(x))), None
 
@@ -122,6 +159,7 @@ def variants(name: str, d: Path) -> dict[str, Path]:
             unfused, d / "dyn_core.onnx", op_types_to_quantize=["MatMul"], extra_options={**FLOAT, "MatMulConstBOnly": False}),
         "int8 dynamic of the portable export": dynamic(export_onnx(model, d / "portable.onnx"), d / "dyn_portable.onnx"),
         "int8 static (vitlab)": build_int8_static(fp32, d / "static.onnx", calibration),
+        "int8 static, ORT's quantize_static (QDQ)": qdq_static(fp32, d / "static_qdq.onnx", calibration),
     }
 
 

@@ -42,7 +42,8 @@ import torch
 
 import vitlab
 from vitlab.engine.choose import PAUSE_S
-from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, build_int8_static
+from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic
+from vitlab.engine.static_int8 import build_int8_static
 from vitlab.engine.sub_batch import SubBatched
 from vitlab.engine.torch_engines import TorchEngine
 

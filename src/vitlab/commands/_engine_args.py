@@ -15,8 +15,10 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
                         f"(fused fp32 graph), compiled (torch.compile) (default {default})")
     if int8:
         p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
-                       help="int8 inference in ONNX Runtime: static (calibrated on your images), dynamic, or auto "
-                            "(the faster of the two whose top-1 agrees with fp32 on >= 99%% of held-out images)")
+                       help="int8 inference in ONNX Runtime: static (activation ranges calibrated on your images), "
+                            "dynamic (ranges per call), or auto (static unless dynamic times over 5%% faster, of "
+                            "those whose top-1 agrees with fp32 on >= 99%% of held-out images; dynamic without "
+                            "calibration images)")
         p.add_argument("--calibration", metavar="DATA",
                        help="images for static int8: a folder of images or any --data source (default: the images "
                             "the command runs on)")

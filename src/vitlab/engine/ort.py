@@ -1,5 +1,6 @@
-"""ONNX Runtime engines: the fp32 graph with the transformer fusions, and int8 (static, calibrated on the
-user's images, or dynamic). Facts behind the choices: ../shared/reference/fast-inference.md, sections 1-2.
+"""ONNX Runtime engines: the fp32 graph with the transformer fusions, and dynamic int8 (static int8, calibrated on
+the user's images, builds on it: engine/static_int8.py). Facts behind the choices:
+../shared/reference/fast-inference.md, sections 1-2.
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -148,8 +149,10 @@ def _head_nodes(path: Path) -> list[str]:
     goes straight into the logits and costs almost nothing to avoid."""
     import onnx
 
-    names = [n.name for n in onnx.load(str(path)).graph.node if n.op_type in ("MatMul", "Gemm")]
-    return names[-1:]
+    heads = [n for n in onnx.load(str(path)).graph.node if n.op_type in ("MatMul", "Gemm")][-1:]
+    # ORT's quantizers first rewrite a Gemm into MatMul + Add under the name NAME_MatMul, and exclude by the
+    # names they see then: without that name the classifier was quantized after all (until 2026-11-25)
+    return [name for n in heads for name in ([n.name, f"{n.name}_MatMul"] if n.op_type == "Gemm" else [n.name])]
 
 
 # The patch embedding stays fp32: ORT's ConvInteger took 9.5 % of int8 ViT-S/16's time for 1 % of its FLOPs, and
@@ -203,52 +206,4 @@ def build_int8_dynamic(fp32_path: Path, out: Path) -> Path:
                          per_channel=True, nodes_to_exclude=_head_nodes(source),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     source.unlink()
-    return out
-
-
-class _Batches:
-    """ONNX Runtime's CalibrationDataReader over batches of preprocessed images."""
-
-    def __init__(self, batches: Iterable[np.ndarray], input_name: str = "images"):
-        self._it = iter(batches)
-        self.input_name = input_name
-
-    def get_next(self):
-        x = next(self._it, None)
-        return None if x is None else {self.input_name: np.ascontiguousarray(x, dtype=np.float32)}
-
-
-def build_int8_static(fp32_path: Path, out: Path, calibration: list[np.ndarray]) -> Path:
-    """Activation ranges calibrated on the user's images (QDQ, uint8 activations x int8 weights, as ORT
-    advises for x86); the fused Attention blocks, which the static quantizer does not cover, get
-    dynamic QAttention. The classifier stays fp32."""
-    import onnx
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_dynamic,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    if not calibration:
-        raise VitlabError("static int8 needs calibration images (--calibration DATA); or use --int8 dynamic")
-    reader = type("Reader", (_Batches, CalibrationDataReader), {})(calibration)
-    source = _int8_source(fp32_path, out)
-    pre = out.with_name(out.stem + ".pre.onnx")
-    staged = out.with_name(out.stem + ".qdq.onnx")
-    tensor_type = {"DefaultTensorType": onnx.TensorProto.FLOAT}
-    with _quiet_tools():
-        # shape inference first: without known types the fused graph's activations are not quantized at all
-        quant_pre_process(str(source), str(pre), skip_optimization=True)
-        quantize_static(str(pre), str(staged), reader, quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=["MatMul"], nodes_to_exclude=_head_nodes(pre),
-                        calibrate_method=CalibrationMethod.MinMax, extra_options=tensor_type)
-        quantize_dynamic(str(staged), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["Attention"],
-                         extra_options=tensor_type)
-    for temporary in (source, pre, staged):
-        temporary.unlink(missing_ok=True)
     return out

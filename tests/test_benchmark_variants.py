@@ -1,0 +1,41 @@
+"""benchmarks/ort_variants.py's alternatives stay the same model as vitlab's (they are timed against it, so a
+variant that computes something else, or no longer runs, would make docs/benchmarks.md's table meaningless)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import ort_variants  # noqa: E402
+
+from test_engine import images, tiny  # noqa: E402
+from vitlab.engine.ort import OrtEngine, build_fp32  # noqa: E402
+from vitlab.models.vit import Block  # noqa: E402
+
+
+def test_branch_first_blocks_compute_the_same_logits():
+    model = tiny()
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if type(module) is Block:
+            module.__class__ = ort_variants.BranchFirstBlock
+    x = images(3)
+    with torch.no_grad():
+        assert (twin(x) - model(x)).abs().max() < 1e-5
+
+
+def test_ort_quantize_static_variant_runs_and_approximates_the_model(tmp_path):
+    model = tiny()
+    fp32 = build_fp32(model, tmp_path, (32, 32))
+    calibration = [images(16, seed=s).numpy() for s in (2, 3)]
+    x = images(4)
+    out = OrtEngine(ort_variants.qdq_static(fp32, tmp_path / "qdq.onnx", calibration), 1)(x)
+    with torch.no_grad():
+        ref = model(x)
+    assert (out - ref).abs().max() < 0.15 * ref.abs().max()
