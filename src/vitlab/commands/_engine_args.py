@@ -17,8 +17,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
         p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
                        help="int8 inference in ONNX Runtime: static (activation ranges calibrated on your images), "
                             "dynamic (ranges per call), or auto (static unless dynamic times over 5%% faster, of "
-                            "those whose top-1 agrees with fp32 on >= 99%% of held-out images; dynamic without "
-                            "calibration images)")
+                            "those whose top-1 agreement with fp32 on held-out images is not measurably below 99%%; "
+                            "dynamic without calibration images)")
         p.add_argument("--calibration", metavar="DATA",
                        help="images for static int8: a folder of images or any --data source (default: the images "
                             "the command runs on)")

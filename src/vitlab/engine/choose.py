@@ -2,8 +2,8 @@
 artefacts (ONNX files, Inductor kernels) beside the model, and say what was picked and why.
 
 Only engines that give the eager model's logits (max abs difference <= EXACT_TOL) count as exact; int8 is
-never picked unless asked for (`--int8`), and then only variants whose top-1 agrees with fp32 on held-out
-images at least MIN_AGREEMENT of the time are preferred.
+never picked unless asked for (`--int8`), and then variants whose top-1 agreement with fp32 on held-out
+images is not measurably below MIN_AGREEMENT are preferred.
 """
 
 from __future__ import annotations
@@ -217,9 +217,7 @@ class _Builder:
         path = self.folder / f"int8-{mode}.onnx"
         if mode == "static":
             # calibrated artefacts depend on the images: rebuilt when the calibration changes
-            tag = hashlib.blake2b(b"".join(np.ascontiguousarray(c).tobytes() for c in calibration or []),
-                                  digest_size=8).hexdigest()
-            path = self.folder / f"int8-static-{tag}.onnx"
+            path = self.folder / f"int8-static-{calibration_tag(calibration)}.onnx"
             if not path.is_file():
                 fp32 = self.fp32_path()
                 self.say_building("the static int8 graph (calibrating)")
@@ -399,22 +397,55 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
         modes = ["dynamic"]
         notes.append(f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization" if have else
                      "int8: no calibration images (--calibration DATA for static): dynamic quantization")
-    engines = {m: builder.int8(m, calib) for m in modes}
-    if len(engines) == 1:
-        only = next(iter(engines.values()))
+    if len(modes) == 1:
+        only = builder.int8(modes[0], calib)
         agreement = _agreement(only, builder.torch(), holdout)
         notes.append(f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
                                                f"{agreement[0]:.1%})" if agreement else ""))
         return only
+    # kept per machine, image size and calibration images, as the fp32 choice is: a second timing could pick the
+    # other mode, and the same command would give another score
+    choices = _Choices(builder.folder)
+    size = builder.image_size
+    key = f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|int8 auto|calibration {calibration_tag(calibration)}"
+    cached = choices.get(key)
+    if cached and cached["picked"] in modes and isinstance(cached.get("detail"), str):
+        notes.append(f"onnxruntime-int8-{cached['picked']} (int8 auto, chosen before on this machine: "
+                     f"{cached['detail']})")
+        return builder.int8(cached["picked"], calib)
+    engines = {m: builder.int8(m, calib) for m in modes}
     reference = builder.torch()
     agreements = {m: _agreement(e, reference, holdout) for m, e in engines.items()}
     x = torch.from_numpy(np.concatenate(calib))[:32]
     speeds = interleaved_speeds(engines, x)
-    good = [m for m in engines if agreements[m] and agreements[m][0] >= MIN_AGREEMENT] or list(engines)
+    good = [m for m in engines if _agrees_enough(agreements[m])] or list(engines)
     picked = max(good, key=lambda m: speeds[m] * (STATIC_INT8_MARGIN if m == "static" else 1.0))
     detail = "; ".join(f"{m} {speeds[m]:.1f} images/s, agreement {agreements[m][0]:.1%}" for m in engines)
-    notes.append(f"{engines[picked].name} (int8 auto: {detail} on {len(holdout)} held-out images)")
+    detail += f" on {len(holdout)} held-out images"
+    choices.put(key, {"picked": picked, "images_per_s": {m: round(v, 2) for m, v in speeds.items()},
+                      "detail": detail, "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+    notes.append(f"{engines[picked].name} (int8 auto: {detail})")
     return engines[picked]
+
+
+def calibration_tag(batches: list[np.ndarray] | None) -> str:
+    """A short hash of the calibration images: what a static graph, or the int8 choice, was made from."""
+    digest = hashlib.blake2b(digest_size=8)
+    for batch in batches or []:
+        digest.update(np.ascontiguousarray(batch).tobytes())
+    return digest.hexdigest()
+
+
+def _agrees_enough(agreement: tuple[float, int] | None) -> bool:
+    """Top-1 agreement not measurably below MIN_AGREEMENT: the upper end of its 95 % Wilson interval reaches it.
+    On the 64 held-out images of a 256-image calibration one disagreement reads 98.4 %, which says nothing
+    against 99 % (interval 91.7-99.7 %); three do (87.1-98.4 %)."""
+    from vitlab.evaluate.metrics import wilson_interval
+
+    if not agreement:
+        return False
+    share, n = agreement
+    return wilson_interval(round(share * n), n)[1] >= MIN_AGREEMENT
 
 
 def _agreement(engine, reference, holdout: np.ndarray | None) -> tuple[float, int] | None:

@@ -30,8 +30,9 @@ def sub_batch_sizes(batch: int) -> list[int]:
 
 class SubBatched:
     """`engine` run on at most `size` images per call, the outputs concatenated in order. An exact engine gives
-    each image the same logits as in one call (measured identical in fp32); dynamic int8 quantizes each call's
-    activations with one scale, so there an image's logits depend a little on the images that share its call."""
+    each image the same logits as in one call (measured identical in fp32), and so does static int8 (its scales
+    are fixed); dynamic int8 quantizes each call's activations with one scale, so there an image's logits depend a
+    little on the images that share its call."""
 
     def __init__(self, engine: Callable[[torch.Tensor], torch.Tensor], size: int):
         if size < 1:
