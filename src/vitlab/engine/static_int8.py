@@ -5,7 +5,7 @@ quantize). Here the range is measured once on calibration images, so each call o
 with a constant scale), and the int8 products take their scales as constants (MatMulIntegerToFloat, QAttention).
 Two things follow: an image's logits no longer depend on the other images in its batch, and the graph keeps the
 dynamic graph's fusions (fused attention as QAttention, per-channel weights, fc1's bias in the int8 product).
-ORT's own `quantize_static` (QDQ) was 6-10 % slower here: its Q/DQ pairs around the MatMuls were not all fused
+ORT's own `quantize_static` (QDQ) was 5-10 % slower here: its Q/DQ pairs around the MatMuls were not all fused
 (benchmarks/ort_variants.py, docs/benchmarks.md).
 
 The range of each activation is taken as DynamicQuantizeLinear takes it, over all calibration images at once:
