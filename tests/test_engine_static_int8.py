@@ -151,3 +151,22 @@ def test_int8_auto_choice_is_kept_for_the_same_calibration_images(tmp_path, monk
     prepare_engine(tiny(), "onnxruntime", int8="auto", calibration=[images(64, seed=9).numpy()], source=tmp_path,
                    quiet=True, sub_batches=False)
     assert len(timed) == 2  # other calibration images: another static graph, timed anew
+
+
+def test_int8_is_refused_for_a_model_without_transformer_blocks(tmp_path):
+    import vitlab
+
+    resnet = vitlab.create_model("resnet-50", num_classes=5, image_size=32).eval()
+    with pytest.raises(VitlabError, match="resnet-50 has none"):
+        prepare_engine(resnet, "auto", int8="dynamic", source=tmp_path, quiet=True)
+
+
+def test_static_int8_of_a_gap_vit(tmp_path):
+    """Global-average-pooled ViTs (no class token: every block fuses but the first) quantize the same way."""
+    model = tiny(classifier="gap")
+    fp32 = build_fp32(model, tmp_path, (32, 32))
+    static = build_int8_static(fp32, tmp_path / "static.onnx", [images(16, seed=3).numpy()])
+    x = images(4)
+    with torch.no_grad():
+        ref = model(x)
+    assert (OrtEngine(static, 1)(x) - ref).abs().max() < 0.1 * ref.abs().max()

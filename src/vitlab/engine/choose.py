@@ -268,6 +268,8 @@ def prepare_engine(
     if int8 is not None and engine in ("torch", "compiled"):
         raise VitlabError(f"--int8 runs in ONNX Runtime; drop --engine {engine} (or use --engine onnxruntime)")
     cfg = model.config
+    if int8 is not None:
+        _refuse_int8_without_transformer(model)
     size = tuple(image_size or cfg.image_size)
     threads = torch.get_num_threads()
     folder = artefact_folder(model, source)
@@ -304,6 +306,17 @@ def prepare_engine(
     if sub_batches and (engine == "auto" or int8 is not None):
         chosen = _in_best_sub_batches(chosen, builder, batch_size, notes, say)
     return announce(chosen, command, notes, quiet)
+
+
+def _refuse_int8_without_transformer(model: nn.Module) -> None:
+    """int8 covers the matrix products of a ViT's blocks (convolutions stay fp32: ORT's ConvInteger was slower
+    than fp32, docs/benchmarks.md); a CNN would come back fp32 under an int8 name, so it is refused instead."""
+    from vitlab.engine.ort import is_vit
+
+    if not is_vit(model):
+        name = getattr(model.config, "name", None) or type(model).__name__
+        raise VitlabError(f"--int8 quantizes a Vision Transformer's attention and MLP layers; {name} has none "
+                          "(its convolutions stay fp32), so drop --int8: --engine auto runs the faster fp32 engine")
 
 
 def check_exact(candidate, reference, in_chans: int, size: tuple[int, int], max_diff=_max_diff) -> float:

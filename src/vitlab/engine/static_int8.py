@@ -34,6 +34,8 @@ def activation_ranges(path: Path, calibration: list[np.ndarray]) -> dict[str, tu
 
     proto = onnx.load(str(path))
     names = list(dict.fromkeys(n.input[0] for n in proto.graph.node if n.op_type == "DynamicQuantizeLinear"))
+    if not names:  # nothing is quantized per call (asking ORT for no outputs would return all of them)
+        return {}
     for i, name in enumerate(names):
         for reduce in ("ReduceMin", "ReduceMax"):
             out = f"calibration_{reduce}_{i}"
