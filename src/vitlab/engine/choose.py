@@ -423,9 +423,9 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
     key = f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|int8 auto|calibration {calibration_tag(calibration)}"
     cached = choices.get(key)
     if cached and cached["picked"] in modes and isinstance(cached.get("detail"), str):
-        notes.append(f"onnxruntime-int8-{cached['picked']} (int8 auto, chosen before on this machine: "
-                     f"{cached['detail']})")
-        return builder.int8(cached["picked"], calib)
+        kept = builder.int8(cached["picked"], calib)
+        notes.append(f"{kept.name} (int8 auto, chosen before on this machine: {cached['detail']})")
+        return kept
     engines = {m: builder.int8(m, calib) for m in modes}
     reference = builder.torch()
     agreements = {m: _agreement(e, reference, holdout) for m, e in engines.items()}
