@@ -206,18 +206,20 @@ class _Builder:
         return open_or_rebuild(lambda: OrtEngine(self.fp32_path(), self.threads), [self.folder / "fp32.onnx"],
                                self.say_building)
 
-    def int8(self, mode: str, calibration: list[np.ndarray] | None):
-        return open_or_rebuild(lambda: self._int8(mode, calibration),
+    def int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None = None):
+        """The int8 engine of `mode`; static is calibrated on `calibration`, whose `calibration_tag` may be given
+        when the caller has it already (hashing 256 images takes a fifth of a second)."""
+        return open_or_rebuild(lambda: self._int8(mode, calibration, tag),
                                [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")], self.say_building)
 
-    def _int8(self, mode: str, calibration: list[np.ndarray] | None):
+    def _int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None):
         from vitlab.engine.ort import OrtEngine, build_int8_dynamic
         from vitlab.engine.static_int8 import build_int8_static
 
         path = self.folder / f"int8-{mode}.onnx"
         if mode == "static":
             # calibrated artefacts depend on the images: rebuilt when the calibration changes
-            path = self.folder / f"int8-static-{calibration_tag(calibration)}.onnx"
+            path = self.folder / f"int8-static-{tag or calibration_tag(calibration)}.onnx"
             if not path.is_file():
                 fp32 = self.fp32_path()
                 self.say_building("the static int8 graph (calibrating)")
@@ -420,13 +422,16 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
     # other mode, and the same command would give another score
     choices = _Choices(builder.folder)
     size = builder.image_size
-    key = f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|int8 auto|calibration {calibration_tag(calibration)}"
+    # the calibration part and the held-out part hashed apart, each once: the static graph is named by the first
+    tag = calibration_tag(calib)
+    key = (f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|int8 auto|"
+           f"calibration {tag}+{calibration_tag([holdout])}")
     cached = choices.get(key)
     if cached and cached["picked"] in modes and isinstance(cached.get("detail"), str):
-        kept = builder.int8(cached["picked"], calib)
+        kept = builder.int8(cached["picked"], calib, tag)
         notes.append(f"{kept.name} (int8 auto, chosen before on this machine: {cached['detail']})")
         return kept
-    engines = {m: builder.int8(m, calib) for m in modes}
+    engines = {m: builder.int8(m, calib, tag) for m in modes}
     reference = builder.torch()
     agreements = {m: _agreement(e, reference, holdout) for m, e in engines.items()}
     x = torch.from_numpy(np.concatenate(calib))[:32]

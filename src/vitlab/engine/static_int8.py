@@ -14,6 +14,7 @@ The range of each activation is taken as DynamicQuantizeLinear takes it, over al
 
 from __future__ import annotations
 
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,37 +23,40 @@ import numpy as np
 from vitlab.errors import VitlabError
 
 
-def activation_ranges(path: Path, calibration: list[np.ndarray]) -> dict[str, tuple[float, float]]:
-    """Per activation that `path` quantizes per call: (min, max) over all calibration batches, 0 included.
+def activation_ranges(proto, workdir: Path, calibration: list[np.ndarray]) -> dict[str, tuple[float, float]]:
+    """Per activation that the graph `proto` quantizes per call: (min, max) over all calibration batches, 0
+    included.
 
     The graph is run with a ReduceMin and a ReduceMax on each such activation as extra outputs, so only scalars
-    come back (the activations themselves would take gigabytes for the largest models)."""
+    come back (the activations themselves would take gigabytes for the largest models). They are added to
+    `proto` for the run (saved under `workdir`) and taken out again, so the caller's graph is loaded only once."""
     import onnx
     from onnx import helper
 
     from vitlab.engine.ort import make_session
 
-    proto = onnx.load(str(path))
     names = list(dict.fromkeys(n.input[0] for n in proto.graph.node if n.op_type == "DynamicQuantizeLinear"))
     if not names:  # nothing is quantized per call (asking ORT for no outputs would return all of them)
         return {}
+    wanted = []  # min_0, max_0, min_1, ...
     for i, name in enumerate(names):
         for reduce in ("ReduceMin", "ReduceMax"):
-            out = f"calibration_{reduce}_{i}"
-            proto.graph.node.append(helper.make_node(reduce, [name], [out], keepdims=0))
-            proto.graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, []))
-    augmented = path.with_name(path.stem + ".calibrate.onnx")
-    onnx.save(proto, str(augmented))
+            wanted.append(f"calibration_{reduce}_{i}")
+            proto.graph.node.append(helper.make_node(reduce, [name], [wanted[-1]], keepdims=0))
+            proto.graph.output.append(helper.make_tensor_value_info(wanted[-1], onnx.TensorProto.FLOAT, []))
+    augmented = workdir / "calibrate.onnx"
     try:
+        onnx.save(proto, str(augmented))
         session = make_session(augmented, threads=0)
         input_name = session.get_inputs()[0].name
-        wanted = [f"calibration_{r}_{i}" for i in range(len(names)) for r in ("ReduceMin", "ReduceMax")]
         lows, highs = np.zeros(len(names)), np.zeros(len(names))
         for batch in calibration:
             values = np.array(session.run(wanted, {input_name: np.ascontiguousarray(batch, np.float32)}))
             lows = np.minimum(lows, values[0::2])
             highs = np.maximum(highs, values[1::2])
     finally:
+        del proto.graph.node[-len(wanted):]
+        del proto.graph.output[-len(wanted):]
         augmented.unlink(missing_ok=True)
     if not np.isfinite(lows).all() or not np.isfinite(highs).all():
         raise VitlabError("static int8: an activation is not finite on the calibration images; "
@@ -167,12 +171,10 @@ def build_int8_static(fp32_path: Path, out: Path, calibration: list[np.ndarray])
     if not all(np.isfinite(batch).all() for batch in calibration):
         raise VitlabError("static int8: a calibration image has NaN or infinite values; check the images, "
                           "or use --int8 dynamic")
-    staged = build_int8_dynamic(fp32_path, out.with_name(out.stem + ".dynamic.onnx"))
-    try:
-        ranges = activation_ranges(staged, calibration)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".static-int8-") as work:
+        staged = build_int8_dynamic(fp32_path, Path(work) / "dynamic.onnx")
         proto = onnx.load(str(staged))
-    finally:
-        staged.unlink(missing_ok=True)
+        ranges = activation_ranges(proto, Path(work), calibration)
     fuse_int_products(proto, fix_activation_scales(proto, ranges))
     onnx.save(proto, str(out))
     return out
