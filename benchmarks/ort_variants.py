@@ -163,20 +163,28 @@ def variants(name: str, d: Path) -> dict[str, Path]:
     }
 
 
-def profile(path: Path, x: np.ndarray, threads: int, runs: int = 3) -> dict[str, float]:
-    """Share of ORT's kernel time per operator type, from ORT's own profiler."""
+def op_times(path: Path, x: np.ndarray, threads: int, runs: int = 3) -> collections.Counter:
+    """ORT's own profiler: ms of kernel time per operator type and run (after one warm-up run)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.enable_profiling = threads, True
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    for _ in range(runs):
+    for _ in range(runs + 1):
         session.run(None, {"images": x})
     trace = Path(session.end_profiling())  # ORT writes it into the working directory: read, then remove
     events = json.loads(trace.read_text())
     trace.unlink()
+    first_run = min((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    warm = first_run["ts"] + first_run["dur"]
     per_op: collections.Counter = collections.Counter()
     for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            per_op[e["args"]["op_name"]] += e["dur"]
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= warm:
+            per_op[e["args"]["op_name"]] += e["dur"] / 1e3 / runs
+    return per_op
+
+
+def profile(path: Path, x: np.ndarray, threads: int, runs: int = 3) -> dict[str, float]:
+    """Share of ORT's kernel time per operator type."""
+    per_op = op_times(path, x, threads, runs)
     total = sum(per_op.values())
     return {op: 100 * t / total for op, t in per_op.most_common(8)}
 

@@ -7,12 +7,16 @@ fast each engine's worker threads come back from sleep).
     python benchmarks/overhead.py                       # ViT-Ti/16's depth; torch's default threads
     python benchmarks/overhead.py --model vit-b/16 --threads 1
     python benchmarks/overhead.py --profile             # where eager PyTorch's per-call time goes (cProfile)
+    python benchmarks/overhead.py --kernels             # the real model at batch 1: kernel time per operator
+                                                        # in each engine, and its matrix products timed alone
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +26,11 @@ import torch
 import vitlab
 from vitlab.engine.ort import OrtEngine, build_fp32
 from vitlab.engine.torch_engines import TorchEngine
+from vitlab.models.fast_linear import PackedWeights, linear
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from int8_gemm import linear_graph, session  # noqa: E402  (one Linear as an ONNX graph; a CPU session)
+from ort_variants import op_times  # noqa: E402  (ORT's per-operator kernel time)
 
 
 def engines(model: torch.nn.Module, size: int, threads: int, tmp: Path) -> dict:
@@ -70,12 +79,78 @@ def profile_eager(model: torch.nn.Module, calls: int = 200, top: int = 15) -> No
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
+def eager_op_times(model: torch.nn.Module, x: torch.Tensor, calls: int) -> collections.Counter:
+    """torch.profiler: ms of self CPU time per operator and call of the torch engine (after warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = TorchEngine(model)
+    for _ in range(10):
+        engine(x)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            engine(x)
+    return collections.Counter({e.key: e.self_cpu_time_total / 1e3 / calls for e in prof.key_averages()})
+
+
+def ms_back_to_back(fn, calls: int = 100) -> float:
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def block_products_alone(model: torch.nn.Module, tokens: int, threads: int, tmp: Path) -> dict[str, tuple[float, float]]:
+    """Each linear layer of the first block on (tokens, in) alone, back to back: ms through vitlab's eager route
+    (oneDNN, weights packed once) and through ORT's MatMul + Add."""
+    out = {}
+    packs = PackedWeights()
+    block = model.blocks[0]
+    for name, fc in (("qkv", block.attn.qkv), ("proj", block.attn.proj), ("fc1", block.mlp.fc1), ("fc2", block.mlp.fc2)):
+        x = torch.randn(1, tokens, fc.in_features)
+        with torch.inference_mode(), packs.active():
+            eager = ms_back_to_back(lambda fc=fc, x=x: linear(x, fc))
+        path = tmp / f"{name}.onnx"
+        linear_graph(fc.in_features, fc.out_features, path)
+        s, xn = session(path, threads), x[0].numpy()
+        out[f"{name} {fc.in_features}->{fc.out_features}"] = (eager, ms_back_to_back(lambda s=s, xn=xn: s.run(None, {"x": xn})))
+    return out
+
+
+def kernels(model: torch.nn.Module, size: int, threads: int, calls: int = 20, top: int = 8) -> None:
+    """Where the real model's batch-1 time goes in each engine, and whether its matrix products alone differ."""
+    model = model.eval()
+    x = torch.randn(1, model.config.in_chans, size, size)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        wall = ms_per_call(model, size, threads, calls)
+        per_engine = {"torch (torch.profiler, self CPU time)": eager_op_times(model, x, calls),
+                      "onnxruntime (ORT's profiler, kernel time)": op_times(
+                          build_fp32(model, tmp / "graph", (size, size)), x.numpy(), threads, calls)}
+        for (label, ops), name in zip(per_engine.items(), wall):
+            print(f"  {label}: wall {wall[name][0]:.2f} ms per image, operators {sum(ops.values()):.2f} ms:")
+            print("    " + ", ".join(f"{op} {ms:.2f}" for op, ms in ops.most_common(top)))
+        tokens = model.pos_embed.shape[1]  # the trained grid's tokens, class token included
+        alone = block_products_alone(model, tokens, threads, tmp)
+        print(f"  one block's matrix products alone, {tokens} tokens, back to back (ms; torch oneDNN packed / ORT):")
+        for name, (eager, ort_ms) in alone.items():
+            print(f"    {name:16s} {eager:7.3f} / {ort_ms:7.3f}")
+        eager_sum, ort_sum = (sum(v[i] for v in alone.values()) for i in (0, 1))
+        print(f"    sum x {len(model.blocks)} blocks  {eager_sum * len(model.blocks):7.2f} / {ort_sum * len(model.blocks):7.2f}"
+              "   (the last block computes the class token alone in both engines: a little less in the model)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="vit-ti/16")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=41)
     ap.add_argument("--profile", action="store_true", help="profile the small model's eager calls instead")
+    ap.add_argument("--kernels", action="store_true",
+                    help="the real model's kernel time per operator in each engine, and its products alone")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     real = vitlab.create_model(args.model)
@@ -85,6 +160,10 @@ def main() -> None:
                                patch_size=16, image_size=16, num_classes=cfg.num_classes)
     if args.profile:
         profile_eager(tiny)
+        return
+    if args.kernels:
+        print(f"torch {torch.__version__}, {args.threads} threads, {args.model}, batch 1")
+        kernels(real, cfg.image_size[0], args.threads)
         return
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} calls back to back, batch 1, "
           "ms per image")

@@ -39,3 +39,16 @@ def test_ort_quantize_static_variant_runs_and_approximates_the_model(tmp_path):
     with torch.no_grad():
         ref = model(x)
     assert (out - ref).abs().max() < 0.15 * ref.abs().max()
+
+
+def test_kernel_breakdown_of_both_engines_runs(tmp_path, capsys):
+    """`benchmarks/overhead.py --kernels`: each engine's per-operator time and one block's products alone."""
+    import overhead
+
+    model = tiny()
+    overhead.kernels(model, 32, threads=1, calls=2)
+    out = capsys.readouterr().out
+    assert "torch (torch.profiler" in out and "onnxruntime (ORT's profiler" in out
+    assert "MatMul" in out and "qkv" in out and "fc2" in out
+    times = ort_variants.op_times(build_fp32(model, tmp_path, (32, 32)), images(2).numpy(), 1, runs=2)
+    assert times and all(ms > 0 for ms in times.values())
