@@ -3,6 +3,11 @@
     python benchmarks/engines.py                                   # ViT-Ti/16, S/16, B/16 at batch 1 and 32
     python benchmarks/engines.py --models vit-s/16 --batches 32 --compiled   # also torch.compile (+ compile time)
     python benchmarks/engines.py --models vit-s/16,vit-b/16 --batches 32 --int8 dynamic   # what --int8 runs
+    python benchmarks/engines.py --batches 1 --default-allocator   # glibc's allocator as it comes
+
+Like the CLI (`vitlab.runtime.setup_runtime`) it first raises glibc's mmap and trim thresholds
+(`tune_cpu_allocator`), so eager PyTorch does not page-fault its activations in on every call;
+`--default-allocator` leaves glibc as it comes.
 
 At batches of 8 and more the line also says whether whole batches or sub-batches were kept, with their speeds
 (`engine/sub_batch.py`).
@@ -25,6 +30,7 @@ import torch
 import vitlab
 from vitlab.engine import prepare_engine
 from vitlab.engine.choose import interleaved_speeds
+from vitlab.runtime import tune_cpu_allocator
 
 
 def main() -> None:
@@ -34,8 +40,11 @@ def main() -> None:
     ap.add_argument("--compiled", action="store_true")
     ap.add_argument("--int8", choices=["dynamic", "auto"], default=None,
                     help="what --int8 runs instead (auto without calibration images is dynamic)")
+    ap.add_argument("--default-allocator", action="store_true", help="leave glibc's allocator as it comes")
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    tuned = False if args.default_allocator else tune_cpu_allocator()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"allocator {'tuned (freed memory kept)' if tuned else 'as it comes'}")
     for name in args.models.split(","):
         model = vitlab.create_model(name).eval()
         with tempfile.TemporaryDirectory() as tmp:

@@ -18,6 +18,10 @@ ours and the peers'), and without the pause they took the cores from whichever r
 fp32 peer, int8 rows by the fastest peer of all, int8 included). Before each setting is timed every row runs in turn
 for at least `--settle-s` seconds: on the VMs measured here the first work of a process runs slow for a while.
 
+`--tune-allocator` first does what every vitlab command on the CPU does (`vitlab.runtime.tune_cpu_allocator`:
+glibc keeps freed memory instead of page-faulting activations in on every call); it is process-wide, so the torch
+peers run with it too, and ONNX Runtime (its own arena) is unaffected.
+
 `--sub-batches 16,8,4` adds, at each larger batch, every row run in sub-batches of each size (`engine/sub_batch.py`:
 what `--engine auto` and `--int8` run where their timing picks it; `--sub-batch-int8-only` for the int8 rows only):
 every row is then divided by the fastest peer as the peers run (whole batches), and also by the fastest peer given
@@ -289,17 +293,25 @@ def main() -> None:
     ap.add_argument("--sub-batches", default="",
                     help="also time every row in sub-batches of these sizes (comma-separated), at larger batches")
     ap.add_argument("--sub-batch-int8-only", action="store_true", help="sub-batches for the int8 rows only")
+    ap.add_argument("--tune-allocator", action="store_true",
+                    help="raise glibc's mmap/trim thresholds first, as every vitlab command on the CPU does "
+                         "(process-wide: the torch peers run with it too)")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.tune_allocator:
+        from vitlab.runtime import tune_cpu_allocator
+
+        args.tune_allocator = tune_cpu_allocator()
     import onnxruntime
     import timm
     import transformers
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, threads {args.threads}; "
           f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}, "
-          f"onnxruntime {onnxruntime.__version__}; load average {os.getloadavg()[0]:.2f}")
+          f"onnxruntime {onnxruntime.__version__}; load average {os.getloadavg()[0]:.2f}; "
+          f"allocator {'tuned (freed memory kept, every row)' if args.tune_allocator else 'as it comes'}")
     results = []
     if args.train:
         for name in args.train.split(","):

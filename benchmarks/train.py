@@ -138,7 +138,7 @@ def main():
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     if args.tune_allocator:
-        from vitlab.train.loop import tune_cpu_allocator
+        from vitlab.runtime import tune_cpu_allocator
 
         print(f"allocator tuned: {tune_cpu_allocator()}")
     if args.threads:

@@ -167,3 +167,38 @@ def test_compare_takes_threads_and_passes_them_to_fine_tuning():
     assert compare._settings(args).train_overrides["threads"] == 1
     args = parser.parse_args(["compare", "--data", "bundled", "--models", "custom"])
     assert "threads" not in compare._settings(args).train_overrides  # automatic: each run decides as train does
+
+
+# ----------------------------------------------------------------------------------- the allocator
+KEEPS_FREED_MEMORY = """
+import os, sys, torch
+from vitlab import runtime
+runtime.setup_runtime("cpu")
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+before = rss_mb()
+x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+del x
+print(rss_mb() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator (Linux)")
+@pytest.mark.parametrize("opt_out", [False, True])
+def test_cpu_commands_keep_freed_memory_unless_told_not_to(opt_out):
+    """setup_runtime raises glibc's thresholds (tune_cpu_allocator): a freed 64 MiB tensor stays with the process
+    (no page faults when the next call allocates it again); VITLAB_NO_MALLOPT=1 leaves glibc as it comes, which
+    hands such a block straight back to the OS."""
+    env = {**os.environ, "VITLAB_NO_MALLOPT": "1"} if opt_out else {
+        k: v for k, v in os.environ.items() if k != "VITLAB_NO_MALLOPT"}
+    out = subprocess.run([sys.executable, "-c", KEEPS_FREED_MEMORY], env=env, capture_output=True, text=True, check=True)
+    kept_mb = float(out.stdout.strip())
+    assert (kept_mb < 8) if opt_out else (kept_mb > 56)
+
+
+def test_only_cpu_runtimes_tune_the_allocator(monkeypatch):
+    calls = []
+    monkeypatch.setattr(runtime, "tune_cpu_allocator", lambda: calls.append(1) or True)
+    runtime.setup_runtime("cpu")
+    assert calls == [1]

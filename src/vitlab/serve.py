@@ -498,9 +498,11 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
                 log: bool = True, quiet: bool = False, **load_overrides) -> InferenceServer:
     """Load `weights` (anything `vitlab.load` reads; a bare model name is refused), pick the engine as
     `vitlab predict` does (on the CPU: `engine`, `int8`; static int8 calibrates on `calibration`, a folder of
-    images or any --data source), warm it up at `options.max_batch` images, and return the server, listening. Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
+    images or any --data source), warm it up at `options.max_batch` images, and return the server, listening.
+    On the CPU it keeps freed memory in glibc's heap, as every vitlab command does (`runtime.tune_cpu_allocator`).
+    Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
     from vitlab.engine import prepare_engine
-    from vitlab.runtime import resolve_device
+    from vitlab.runtime import resolve_device, tune_cpu_allocator
     from vitlab.weights import load_with_meta, resolve_model
 
     options.check()
@@ -510,6 +512,7 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
     model = model.to(dev).eval()
     runner, note = model, f"torch ({dev})"
     if dev.type == "cpu":
+        tune_cpu_allocator()  # a server allocates the same activations on every batch: keep them (runtime.py)
         batches = None
         if int8 and calibration:
             from vitlab.engine.calibration import calibration_from_source

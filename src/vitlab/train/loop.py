@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
-from vitlab.runtime import auto_threads, resolve_device  # one policy for every command (runtime.py)
+from vitlab.runtime import auto_threads, resolve_device, tune_cpu_allocator  # one policy for every command
 from vitlab.train import distributed as D
 from vitlab.train.checkpoint import (
     CheckpointManager,
@@ -66,7 +66,6 @@ from vitlab.train.setup import (
     set_train_mode,
     split_batch,
     step_seed,
-    tune_cpu_allocator,
 )
 from vitlab.train.signals import StopSignals
 from vitlab.train.state import (

@@ -21,26 +21,6 @@ from vitlab.train.optim import build_optimizer, build_scheduler
 from vitlab.train.precision import cpu_bf16_supported, resolve_precision
 
 
-def tune_cpu_allocator() -> bool:
-    """Keep freed training buffers in glibc's heap instead of returning them to the OS after each step.
-
-    By default glibc serves blocks >= 128 KiB with mmap and unmaps them on free, so every step page-faults
-    its activations in again: measured on the 2-core dev machine, 274k page faults and 0.70 s system time
-    per 40 steps, vs 3k and 0.01 s with the thresholds raised (+36% images per CPU-second, docs/training.md).
-    Linux/glibc only; VITLAB_NO_MALLOPT=1 turns it off.
-    """
-    if os.environ.get("VITLAB_NO_MALLOPT") or not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30))
-    except (OSError, AttributeError):
-        return False
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
