@@ -321,7 +321,10 @@ class TrainingRun:
         self.wrapped = D.wrap_model(self.raw_model, info, self.device, fsdp=cfg.fsdp)
         self.optimizer, self.scheduler, self.scaler = build_optimization(cfg, self.wrapped, self.mask, self.plan,
                                                                          self.precision, self.device)
-        self.forward_model = torch.compile(self.wrapped) if cfg.compile else self.wrapped
+        # Static shapes: the training batch and an epoch's last, shorter one make two graphs. Dynamic shapes crashed
+        # Inductor's CUDA codegen in torch 2.11 (an assertion in tiling_utils on the class-token concat's LayerNorm;
+        # tests/test_cuda.py, run on an H200).
+        self.forward_model = torch.compile(self.wrapped, dynamic=False) if cfg.compile else self.wrapped
         self.eval_model = self.wrapped if cfg.fsdp and info.enabled else self.raw_model
 
     def start(self, state: dict[str, Any] | None) -> None:
