@@ -185,3 +185,21 @@ def test_the_cli_trains_under_torchrun_on_the_device(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "cli" / "model" / "model.safetensors").exists()
     assert list((tmp_path / "cli" / "checkpoints").glob("step-*.pt"))
+
+
+def test_a_model_evaluated_on_the_device_can_then_be_fine_tuned():
+    """`vitlab compare` evaluates each model zero-shot, then fine-tunes it. The evaluation moved the CPU model to
+    the GPU inside inference_mode, which made its parameters inference tensors that training cannot use (found
+    on an H200; on the CPU `.to` keeps the same tensors)."""
+    from vitlab.data import Preprocess
+    from vitlab.evaluate.features import run_model
+
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2, image_size=8,
+                                in_chans=1, num_classes=3)
+    out = run_model(model, tiny_data().test, Preprocess(image_size=(8, 8), mean=(0.5,), std=(0.5,), channels=1),
+                    device=DEVICE, progress=False)
+    assert out.logits.shape == (24, 3)
+    assert not any(p.is_inference() for p in model.parameters())
+    x, y = torch.randn(4, 1, 8, 8, device=DEVICE), torch.arange(4, device=DEVICE) % 3
+    F.cross_entropy(model(x), y).backward()
+    assert all(p.grad is not None for p in model.parameters())

@@ -172,3 +172,20 @@ def test_calibration_images_are_read_ahead_in_order_and_bad_ones_skipped(setup):
     [batch] = calibration_from_files([files[0], bad, *files[1:]], pre)
     expected = torch.stack([pre(open_image(f)) for f in files]).numpy()
     assert batch.shape == (3, 3, 16, 16) and np.array_equal(batch, expected)
+
+
+def test_cpu_engine_flags_run_on_the_cpu_of_a_gpu_machine(setup, capsys, monkeypatch):
+    """On a machine with a GPU, `--device auto` with --engine onnxruntime or --int8 runs on the CPU (those
+    engines run nowhere else) instead of refusing, as the serve tests found on an H200; a GPU asked for by name
+    with such a flag is refused in one line."""
+    pytest.importorskip("onnxruntime")
+    model, tmp, imgs, arrays = setup
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what `auto` sees on a GPU machine
+    assert main(["predict", str(tmp / "w"), str(imgs / "a.png"), "--engine", "onnxruntime", "--format", "json",
+                 "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    probs = {p["label"]: p["probability"] for p in out[0]["top"]}
+    ref = _reference_probs(model, arrays[str(imgs / "a.png")])
+    assert probs[NAMES[int(ref.argmax())]] == pytest.approx(float(ref.max()), abs=1e-4)
+    assert main(["predict", str(tmp / "w"), str(imgs / "a.png"), "--engine", "onnxruntime", "--device", "cuda"]) == 2
+    assert "runs on the CPU" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from PIL import Image
 from vitlab import runtime
 from vitlab.cli import main
 from vitlab.data import Preprocess
+from vitlab.errors import VitlabError
 from vitlab.models import create_model
 from vitlab.weights import save_native
 
@@ -202,3 +203,16 @@ def test_only_cpu_runtimes_tune_the_allocator(monkeypatch):
     monkeypatch.setattr(runtime, "tune_cpu_allocator", lambda: calls.append(1) or True)
     runtime.setup_runtime("cpu")
     assert calls == [1]
+
+
+def test_cpu_only_engines_take_the_cpu_when_the_device_is_auto():
+    assert runtime.device_for_engine("auto", "onnxruntime") == "cpu"
+    assert runtime.device_for_engine("auto", "compiled") == "cpu"
+    assert runtime.device_for_engine(None, "auto", "static") == "cpu"
+    assert runtime.device_for_engine("auto", "auto") == "auto"
+    assert runtime.device_for_engine("auto", "torch") == "auto"
+    assert runtime.device_for_engine("cuda", "torch") == "cuda"
+    assert runtime.device_for_engine("cpu", "auto", "dynamic") == "cpu"
+    with pytest.raises(VitlabError, match=r"--engine auto --int8 runs on the CPU; add --device cpu"):
+        runtime.device_for_engine("cuda:1", "auto", "static")
+    assert runtime.device_for_engine("gpu", "onnxruntime") == "gpu"  # resolve_device names the unknown device

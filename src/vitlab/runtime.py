@@ -182,6 +182,23 @@ def tune_cpu_allocator() -> bool:
         return False
 
 
+# ------------------------------------------------------------------------------ CPU-only engines
+CPU_ONLY_ENGINES = ("onnxruntime", "compiled")
+
+
+def device_for_engine(device: str | torch.device | None, engine: str = "auto", int8: str | None = None):
+    """`--device auto` means the CPU when the engine asked for runs only there (`--engine onnxruntime|compiled`,
+    `--int8`): on a GPU machine `vitlab predict --int8` runs int8 on the CPU instead of refusing. A GPU named
+    with such an engine is refused in one line, before anything is loaded."""
+    cpu_only = engine in CPU_ONLY_ENGINES or bool(int8)
+    if device in (None, "auto") and cpu_only:
+        return "cpu"
+    if cpu_only and str(device).split(":")[0] in ("cuda", "mps", "xpu"):
+        raise VitlabError(f"--engine {engine}{' --int8' if int8 else ''} runs on the CPU; add --device cpu, or drop "
+                          "the flag to run on the GPU")
+    return device
+
+
 # ---------------------------------------------------------------------------------- one decision
 @dataclass(frozen=True)
 class Runtime:

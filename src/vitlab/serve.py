@@ -502,13 +502,13 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
     On the CPU it keeps freed memory in glibc's heap, as every vitlab command does (`runtime.tune_cpu_allocator`).
     Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
     from vitlab.engine import prepare_engine
-    from vitlab.runtime import resolve_device, tune_cpu_allocator
+    from vitlab.runtime import device_for_engine, resolve_device, tune_cpu_allocator
     from vitlab.weights import load_with_meta, resolve_model
 
     options.check()
     model, meta = load_with_meta(weights, **load_overrides)
     classifier = ImageClassifier(model, meta, options.fast_jpeg)
-    dev = resolve_device(device)
+    dev = resolve_device(device_for_engine(device, engine, int8))
     model = model.to(dev).eval()
     runner, note = model, f"torch ({dev})"
     if dev.type == "cpu":

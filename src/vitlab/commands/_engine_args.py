@@ -12,7 +12,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
     p.add_argument("--engine", choices=ENGINE_CHOICES, default=default,
                    help="what runs the model on the CPU: auto (time torch and ONNX Runtime once per machine and "
                         "shape, keep the faster exact one; cached beside the model), torch (eager), onnxruntime "
-                        f"(fused fp32 graph), compiled (torch.compile) (default {default})")
+                        f"(fused fp32 graph), compiled (torch.compile) (default {default}); with --device auto, onnxruntime, "
+                        "compiled and --int8 run on the CPU also where a GPU is present")
     if int8:
         p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
                        help="int8 inference in ONNX Runtime: static (activation ranges calibrated on your images), "

@@ -167,11 +167,11 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.commands._load_args import load_overrides
     from vitlab.evaluate.loading import fit_image_size, load_for_eval, weights_path
     from vitlab.evaluate.runner import evaluate_model, rows_markdown, write_report
-    from vitlab.runtime import setup_runtime
+    from vitlab.runtime import device_for_engine, setup_runtime
 
     quiet = args.quiet
     # decided before loading: loading and the data's decoding already compute with torch's threads
-    runtime = setup_runtime(args.device, args.threads)
+    runtime = setup_runtime(device_for_engine(args.device, args.engine, args.int8), args.threads)
     # the one rule of every command (vitlab.weights.resolve_model): weights, run folder, pretrained name,
     # hf:ID or official name -> weights; a registry name -> None; anything else fails here, before the data
     if weights_path(args.model) is not None:

@@ -148,13 +148,13 @@ def _attention_engine(args: argparse.Namespace, model, runtime, n_images: int):
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.inspect import check_inspectable, inspect_model
-    from vitlab.runtime import setup_runtime
+    from vitlab.runtime import device_for_engine, setup_runtime
 
     if args.num_images < 0 or args.rollout_images < 0 or args.batch_size < 1:
         raise VitlabError("--num-images and --rollout-images must be >= 0 and --batch-size >= 1")
     if not 0.0 <= args.discard_ratio < 1.0:
         raise VitlabError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
-    runtime = setup_runtime(args.device, args.threads)
+    runtime = setup_runtime(device_for_engine(args.device, args.engine), args.threads)
     model, class_names, preprocess = load_model(args.model, args.image_size)
     check_inspectable(model)
     preprocess = make_preprocess(model, preprocess)

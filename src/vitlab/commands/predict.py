@@ -36,14 +36,14 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.engine.calibration import calibration_from_files
     from vitlab.errors import VitlabError
     from vitlab.predict import collect_images, format_predictions, predict_files, preprocess_for
-    from vitlab.runtime import setup_runtime
+    from vitlab.runtime import device_for_engine, setup_runtime
     from vitlab.weights import load_with_meta
 
     if args.top_k < 1:
         raise VitlabError(f"--top-k must be at least 1, got {args.top_k}")
     if args.batch_size < 1:
         raise VitlabError(f"--batch-size must be at least 1, got {args.batch_size}")
-    runtime = setup_runtime(args.device, args.threads)
+    runtime = setup_runtime(device_for_engine(args.device, args.engine, args.int8), args.threads)
     files, skipped = collect_images(args.images)
     overrides, image_size = load_overrides(args)
     model, meta = load_with_meta(args.weights, image_size=image_size, **overrides)

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     from vitlab.commands._load_args import load_overrides
     from vitlab.errors import VitlabError
-    from vitlab.runtime import setup_runtime
+    from vitlab.runtime import device_for_engine, setup_runtime
     from vitlab.serve import ServeOptions, make_server
 
     if not 0 <= args.port <= 65535:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
                            max_body_mb=args.max_body_mb, max_images=args.max_images, max_queue=args.max_queue,
                            fast_jpeg=args.fast_jpeg)
-    runtime = setup_runtime(args.device, args.threads)
+    runtime = setup_runtime(device_for_engine(args.device, args.engine, args.int8), args.threads)
     runtime.announce("serve", args.quiet)
     overrides, image_size = load_overrides(args)
     server = make_server(args.weights, host=args.host, port=args.port, options=options, engine=args.engine,

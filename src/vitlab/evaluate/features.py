@@ -39,7 +39,6 @@ def _to_input(images: list[torch.Tensor], preprocess, device: torch.device) -> t
     return torch.cat([preprocess.batch(im.unsqueeze(0).to(device)) for im in images])
 
 
-@torch.inference_mode()
 def run_model(
     model: nn.Module,
     dataset: Dataset,
@@ -59,11 +58,21 @@ def run_model(
     `preprocess` has `.batch(uint8 (B,C,H,W)) -> float (B,C,h,w)` (`vitlab.data.Preprocess`). `engine` (from
     `vitlab.engine.prepare_engine`) computes the logits when no features are asked for.
     """
+    # Moved outside inference_mode: parameters copied to a GPU inside it become inference tensors, and fine-tuning
+    # the same model afterwards failed ("Inference tensors cannot be saved for backward"; `vitlab compare` on an
+    # H200, tests/test_cuda.py). On the CPU `.to` returns the same tensors, which hid it.
+    dev = resolve_device(device)
+    model = model.to(dev).eval()
+    with torch.inference_mode():
+        return _run_model(model, dataset, preprocess, batch_size, dev, indices, want_logits, want_features, progress,
+                          desc, engine)
+
+
+def _run_model(model, dataset, preprocess, batch_size, dev, indices, want_logits, want_features, progress, desc,
+               engine) -> Outputs:
     from vitlab.data import make_loader
     from vitlab.progress import progress_bar
 
-    dev = resolve_device(device)
-    model = model.to(dev).eval()
     data = dataset
     if indices is not None:
         rows = [int(i) for i in indices]

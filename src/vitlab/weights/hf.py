@@ -449,10 +449,13 @@ def channels_note(config: Any) -> str | None:
         return None
     if c == 1:
         return ("This model takes 1-channel (grayscale) images: call ViTImageProcessor with grayscale input, "
-                "e.g. `processor(Image.open(path).convert('L'), return_tensors='pt')`. An RGB image fails in "
-                "the processor with 'mean must have 3 elements' (image_mean/image_std have one value).")
+                "e.g. `processor(Image.open(path).convert('L'), return_tensors='pt')`. An RGB image fails: in "
+                "the processor with 'mean must have 3 elements' (image_mean/image_std have one value) where it "
+                "resizes with PIL (transformers 4, or 5 without torchvision), in the model with 'Expected 1 but "
+                "got 3' where it resizes with torchvision (transformers 5).")
     return (f"This model takes {c}-channel images: call ViTImageProcessor with {c}-channel arrays (H, W, {c}); "
-            "RGB images fail in the processor (image_mean/image_std have one value per model channel).")
+            "RGB images fail in the processor or the model (image_mean/image_std have one value per model "
+            "channel).")
 
 
 # ------------------------------------------------------------------ ResNetForImageClassification
