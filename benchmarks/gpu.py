@@ -10,12 +10,14 @@ over 1000 classes), torch's fused AdamW and bf16 autocast; timm and HF run their
 official numerics (tanh GELU). Rounds are interleaved (each row in turn, `--rounds` times); a round times
 `--steps` steps between CUDA synchronisations; the median round is reported.
 
-MFU = images/s x the model's FLOPs per image / the GPU's peak bf16 rate. The FLOPs are the full ViT-B/16's,
-counted by torch's FlopCounterMode on timm's model (forward; a training step counts 3x forward), the same number for
-every row. vitlab computes the last block for the class token alone (models/vit.py; under FlopCounterMode, whose
-module hooks count as watchers, it runs the full block), so it does about 6 % less work than that count: its MFU
-credits the model, not the kernels. `--peak-tflops` defaults to the H100/H200 SXM
-datasheet's dense bf16 rate (989.4); the run also measures a bf16 8192^3 matrix product as a reachable ceiling.
+MFU = images/s x the model's FLOPs per image / the GPU's peak bf16 rate. The FLOPs are the model's full count:
+2 x its multiply-accumulates (`vitlab.models.registry.analytic_macs`: 17.56 G for ViT-B/16, the paper's and timm's
+figure, so 35.13 GFLOP forward; a training step counts 3x forward), the same for every row. vitlab computes the
+last block for the class token alone (models/vit.py), about 6 % less work than that count: its MFU credits the
+model, not the kernels. torch's FlopCounterMode, also printed, leaves out the fused CPU attention kernel (33.70 G
+on ViT-B/16), which understated the MFU of the first runs by 4 % (docs/benchmarks.md, "GPU"). `--peak-tflops`
+defaults to the H100/H200 SXM datasheet's dense bf16 rate (989.4); the run also measures a bf16 8192^3 matrix
+product as a reachable ceiling.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
+from vitlab.models.registry import analytic_macs
 
 TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
               "vit-b/16": "vit_base_patch16_224", "vit-l/16": "vit_large_patch16_224"}
@@ -187,9 +190,10 @@ def main() -> None:
                                                       if ceiling else ""))
     models = peers(args.model)
     image_size = 224
-    fwd = forward_flops(models.get("timm", models["vitlab"]), image_size)
+    fwd = 2 * analytic_macs(models["vitlab"].config)
     own = {name: forward_flops(m, image_size) for name, m in models.items()}
-    print(f"FLOPs per image, forward (FlopCounterMode): model {fwd / 1e9:.2f} G; counted on each row: "
+    print(f"FLOPs per image, forward: model {fwd / 1e9:.2f} G (2 x multiply-accumulates, attention included); "
+          "FlopCounterMode on each row (CPU: without the fused attention kernel): "
           + ", ".join(f"{k} {v / 1e9:.2f} G" for k, v in own.items()))
     results = {"device": gpu, "torch": torch.__version__, "model": args.model, "batch": args.batch,
                "peak_tflops": args.peak_tflops, "matmul_tflops": ceiling, "forward_flops": fwd,
@@ -202,18 +206,20 @@ def main() -> None:
         memory = {k: peak_memory_gib(fn, x, y, device) for k, fn in rows.items()}
         speeds = time_rows(rows, x, y, args.rounds, args.steps, args.warmup, device)
         per_image = fwd * (3 if kind == "train" else 1)
-        best_peer = max(statistics.median(v) for k, v in speeds.items() if not k.startswith("vitlab"))
+        # the fastest peer row of the same mode (compiled ones included); none when no peer is installed
+        best_peer = max((statistics.median(v) for k, v in speeds.items() if not k.startswith("vitlab")), default=None)
         print(f"\n{kind} (bf16 autocast, batch {batch}): images/s median of {args.rounds} rounds x {args.steps} steps")
         print(f"{'row':<18}{'images/s':>10}{'vs best peer':>14}{'MFU':>8}{'peak GiB':>10}  rounds")
         table = {}
         for k, v in speeds.items():
             med = statistics.median(v)
             mfu = med * per_image / (args.peak_tflops * 1e12)
-            table[k] = {"images_per_s": med, "rounds": v, "vs_best_peer": med / best_peer, "mfu": mfu,
+            ratio = med / best_peer if best_peer else None
+            table[k] = {"images_per_s": med, "rounds": v, "vs_best_peer": ratio, "mfu": mfu,
                         "peak_memory_gib": memory[k], "compile_s": compile_s.get(k)}
             mem = f"{memory[k]:.1f}" if memory[k] is not None else "-"
             extra = f" (compiled in {compile_s[k]:.0f} s)" if k in compile_s else ""
-            print(f"{k:<18}{med:>10.1f}{med / best_peer:>14.3f}{mfu:>8.1%}{mem:>10}  "
+            print(f"{k:<18}{med:>10.1f}{f'{ratio:.3f}' if ratio else '-':>14}{mfu:>8.1%}{mem:>10}  "
                   + " ".join(f"{s:.0f}" for s in v) + extra)
         results["modes"][kind] = {"batch": batch, "rows": table}
         del rows
