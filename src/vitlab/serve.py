@@ -521,8 +521,6 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
         runner = prepare_engine(model, engine, int8=int8, calibration=batches, batch_size=options.max_batch,
                                 source=resolve_model(weights), command="serve", quiet=quiet)
         note = runner.note
-    elif engine not in ("auto", "torch") or int8:
-        raise VitlabError(f"--engine {engine}{' --int8' if int8 else ''} runs on the CPU; add --device cpu")
 
     def run(x: torch.Tensor) -> torch.Tensor:
         return runner(x.to(dev))

@@ -29,14 +29,12 @@ def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_siz
                default_calibration=None, defer_note: bool = False):
     """The engine for this command, or None where eager PyTorch runs as before (--engine torch, or a GPU).
     With `defer_note` the command prints `engine.note` itself, once its inputs have been read."""
-    from vitlab.errors import VitlabError
+    from vitlab.runtime import device_for_engine
 
     int8 = getattr(args, "int8", None)
     quiet = getattr(args, "quiet", False) or defer_note
     if getattr(device, "type", str(device)) != "cpu":
-        if args.engine not in ("auto", "torch") or int8:
-            raise VitlabError(f"--engine {args.engine}{' --int8' if int8 else ''} runs on the CPU; "
-                              "add --device cpu, or drop the flag to run on the GPU")
+        device_for_engine(str(device), args.engine, int8)  # the one refusal of CPU-only engines on a GPU
         return None
     if args.engine == "torch" and not int8:
         return None

@@ -135,8 +135,9 @@ def _attention_engine(args: argparse.Namespace, model, runtime, n_images: int):
     if not n_images or args.engine == "torch":
         return None
     if runtime.device.type != "cpu":
-        if args.engine != "auto":
-            raise VitlabError(f"--engine {args.engine} runs on the CPU; add --device cpu")
+        from vitlab.runtime import device_for_engine
+
+        device_for_engine(str(runtime.device), args.engine)  # the one refusal of CPU-only engines on a GPU
         return None
     from vitlab.commands._engine_args import resolved_source
     from vitlab.engine.attention import prepare_attention_engine

@@ -58,21 +58,14 @@ def run_model(
     `preprocess` has `.batch(uint8 (B,C,H,W)) -> float (B,C,h,w)` (`vitlab.data.Preprocess`). `engine` (from
     `vitlab.engine.prepare_engine`) computes the logits when no features are asked for.
     """
-    # Moved outside inference_mode: parameters copied to a GPU inside it become inference tensors, and fine-tuning
+    from vitlab.data import make_loader
+    from vitlab.progress import progress_bar
+
+    # Moved before inference_mode: parameters copied to a GPU inside it become inference tensors, and fine-tuning
     # the same model afterwards failed ("Inference tensors cannot be saved for backward"; `vitlab compare` on an
     # H200, tests/test_cuda.py). On the CPU `.to` returns the same tensors, which hid it.
     dev = resolve_device(device)
     model = model.to(dev).eval()
-    with torch.inference_mode():
-        return _run_model(model, dataset, preprocess, batch_size, dev, indices, want_logits, want_features, progress,
-                          desc, engine)
-
-
-def _run_model(model, dataset, preprocess, batch_size, dev, indices, want_logits, want_features, progress, desc,
-               engine) -> Outputs:
-    from vitlab.data import make_loader
-    from vitlab.progress import progress_bar
-
     data = dataset
     if indices is not None:
         rows = [int(i) for i in indices]
@@ -82,19 +75,18 @@ def _run_model(model, dataset, preprocess, batch_size, dev, indices, want_logits
     else:  # any other map-style data set of (image, label), images possibly of different sizes
         loader = DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=_collate)
     labels, logits, feats = [], [], []
-    for images, y in progress_bar(loader, desc=desc, unit="batch", enabled=progress):
-        x = _to_input(images, preprocess, dev) if isinstance(images, list) else preprocess.batch(images.to(dev))
-        y = torch.as_tensor(y).long()
-        labels.append(y)
-        if engine is not None and want_logits and not want_features:  # logits only: the chosen engine runs them
-            logits.append(engine(x).float().cpu())
-            continue
-        tokens = model.forward_features(x)
-        if want_features:
-            f = model.forward_head(tokens, pre_logits=True)
-            feats.append(f.float().cpu())
-        if want_logits:
-            logits.append(model.forward_head(tokens).float().cpu())
+    with torch.inference_mode():
+        for images, y in progress_bar(loader, desc=desc, unit="batch", enabled=progress):
+            x = _to_input(images, preprocess, dev) if isinstance(images, list) else preprocess.batch(images.to(dev))
+            labels.append(torch.as_tensor(y).long())
+            if engine is not None and want_logits and not want_features:  # logits only: the chosen engine runs them
+                logits.append(engine(x).float().cpu())
+                continue
+            tokens = model.forward_features(x)
+            if want_features:
+                feats.append(model.forward_head(tokens, pre_logits=True).float().cpu())
+            if want_logits:
+                logits.append(model.forward_head(tokens).float().cpu())
     return Outputs(
         labels=torch.cat(labels).numpy() if labels else np.zeros(0, np.int64),
         logits=torch.cat(logits).numpy() if logits else None,
