@@ -21,19 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
+from peers import perturbed  # non-zero heads and biases: same speed, real value ranges
 
 import vitlab
 from vitlab.engine.ort import build_fp32, build_int8_dynamic, make_session
-
-
-def perturbed(name: str) -> nn.Module:
-    """Random weights with non-zero heads and biases (peers.py does the same): same speed, real value ranges."""
-    torch.manual_seed(0)
-    model = vitlab.create_model(name).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model.requires_grad_(False)
 
 
 def int8_graph(model: nn.Module, folder: Path) -> Path:
@@ -59,7 +50,8 @@ def interleaved(rows: dict, images: int, rounds: int) -> None:
 
 
 def streams(args) -> None:
-    model, x = perturbed(args.model), np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224), np.float32)
+    model = perturbed(vitlab.create_model(args.model))
+    x = np.random.default_rng(0).standard_normal((args.batch, 3, 224, 224), np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         path = int8_graph(model, Path(tmp))
         both, half_a, half_b = make_session(path, 2), make_session(path, 1), make_session(path, 1)
@@ -91,7 +83,8 @@ def torch_int8(args) -> None:
     quantized = tq.quantize_dynamic(hf, {nn.Linear}, dtype=torch.qint8)
     x = torch.randn(args.batch, 3, 224, 224)
     with tempfile.TemporaryDirectory() as tmp:
-        session = make_session(int8_graph(perturbed(args.model), Path(tmp)), torch.get_num_threads())
+        model = perturbed(vitlab.create_model(args.model))
+        session = make_session(int8_graph(model, Path(tmp)), torch.get_num_threads())
         name, xn = session.get_inputs()[0].name, x.numpy()
 
         def torch_rows():
@@ -107,7 +100,7 @@ def torch_int8(args) -> None:
 
 
 def attention(args) -> None:
-    model = perturbed(args.model)
+    model = perturbed(vitlab.create_model(args.model))
     heads, dim = model.config.heads, model.config.dim
     q, k, v = (torch.randn(args.cut, heads, 197, dim // heads) for _ in range(3))
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
@@ -178,7 +171,7 @@ def hybrid(args) -> None:
 
     from vitlab.engine.ort import _quiet_tools
 
-    model = perturbed(args.model)
+    model = perturbed(vitlab.create_model(args.model)).requires_grad_(False)
     dim, heads, n = model.config.dim, model.config.heads, model.pos_embed.shape[1]
     depth = len(model.blocks)
     folder = Path(tempfile.mkdtemp())
