@@ -1,4 +1,5 @@
-"""int8 against fp32 on real data: accuracy, top-1 agreement and speed of what `--int8 static|dynamic` builds.
+"""int8 against fp32 on real data: accuracy, top-1 agreement and speed of what `--int8 static|dynamic` builds, in
+ONNX Runtime and, where installed, OpenVINO (static int8 with the rest in fp32, and in bf16 where the CPU has it).
 
     python benchmarks/int8_accuracy.py                                  # the documented Fashion-MNIST ViT, full test set
     python benchmarks/int8_accuracy.py --model RUN/model --data DATA --calibration 256
@@ -36,6 +37,29 @@ def logits_of(engine, x: torch.Tensor, batch: int = BATCH) -> tuple[np.ndarray, 
     return out, len(x) / (time.perf_counter() - start)
 
 
+def int8_engines(model, calibration, folder):
+    """Every int8 variant `--int8` may run, each as it runs it at this script's batch (in sub-batches where those
+    timed faster: engine/sub_batch.py), calibrated on the same images."""
+    from vitlab.engine.choose import int8_candidates
+
+    for mode in ("static", "dynamic"):
+        yield prepare_engine(model, "onnxruntime", int8=mode, calibration=calibration, source=folder, quiet=True,
+                             batch_size=BATCH)
+    for variant in (m for m in int8_candidates("auto", "static") if m.startswith("openvino")):
+        yield openvino_int8(model, calibration, folder, variant)
+
+
+def openvino_int8(model, calibration, folder, variant: str):
+    """One OpenVINO int8 variant (`--int8 static --engine openvino` times them and keeps the faster), calibrated on
+    the same three quarters of `calibration` as `prepare_engine` uses, in its best sub-batches."""
+    from vitlab.engine import choose
+
+    builder = choose._Builder(model, choose.artefact_folder(model, folder), tuple(model.config.image_size),
+                              torch.get_num_threads())
+    engine = builder.int8(variant, choose._split_calibration(calibration)[0])
+    return choose._in_best_sub_batches(engine, builder, BATCH, [], lambda text: None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=str(KEPT))
@@ -60,10 +84,7 @@ def main() -> None:
         ref = ref_logits.argmax(1)
         rows.append({"engine": "torch fp32", "accuracy": float((ref == y).mean()), "agreement": 1.0,
                      "images_per_s": ref_speed})
-        for mode in ("static", "dynamic"):
-            # as `--int8` runs it at this script's batch: in sub-batches where those timed faster (engine/sub_batch.py)
-            engine = prepare_engine(model, "onnxruntime", int8=mode, calibration=calibration, source=tmp, quiet=True,
-                                    batch_size=BATCH)
+        for engine in int8_engines(model, calibration, tmp):
             out, speed = logits_of(engine, x)
             pred = out.argmax(1)
             rows.append({"engine": engine.name, "accuracy": float((pred == y).mean()),

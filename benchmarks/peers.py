@@ -10,10 +10,15 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
     /work/peers/bin/python benchmarks/peers.py                                  # Ti/S/B-16, batch 1 and 32
     /work/peers/bin/python benchmarks/peers.py --models vit-s/16 --batches 32 --rounds 9 --out /tmp/peers.json
     /work/peers/bin/python benchmarks/peers.py --train fmnist,ti16       # training steps instead (AdamW, fp32)
+    /work/peers/bin/pip install openvino nncf                            # for --openvino all
+    /work/peers/bin/python benchmarks/peers.py --models vit-b/16 --batches 32 --openvino all
 
 Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU), as `--engine torch` runs it (weights packed
 once into oneDNN's layout); `vitlab onnxruntime` the exact fp32 ORT engine (`--engine onnxruntime`); `vitlab int8
-static|dynamic` what `--int8` builds. Peers run their defaults (timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
+static|dynamic` what `--int8` builds. With `--openvino ours`: `vitlab openvino` (`--engine openvino`, exact fp32) and
+`vitlab int8 openvino [bf16]` (OpenVINO's static int8 as `--int8` builds it, the rest in fp32 or bf16); with
+`--openvino all` also a peer user's OpenVINO: `timm -> OpenVINO` (fp32) and `timm -> OpenVINO int8 (NNCF)` (timm's
+export quantized by NNCF with its transformer defaults, run with OpenVINO's defaults). Peers run their defaults (timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
 ours and the peers'), and without the pause they took the cores from whichever row ran next (docs/benchmarks.md). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
 fp32 peer, int8 rows by the fastest peer of all, int8 included). Before each setting is timed every row runs in turn
 for at least `--settle-s` seconds: on the VMs measured here the first work of a process runs slow for a while.
@@ -125,8 +130,51 @@ def hf_model(cfg):
         layer_norm_eps=cfg.layer_norm_eps, attn_implementation="sdpa"))
 
 
-def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool) -> dict[str, tuple[str, object]]:
-    """label -> (kind, engine); kind is 'ours' or 'peer', with '-int8' for int8 rows."""
+def openvino_rows(ours, timm_model, fp32_onnx_timm: Path, tmp: Path, threads: int, calibration,
+                  peers: bool) -> dict[str, tuple[str, object]]:
+    """vitlab's OpenVINO engines (fp32; static int8 with the rest in fp32 and, where the CPU has it, bf16), and with
+    `peers` a peer user's OpenVINO: timm's export in fp32, and quantized by NNCF (OpenVINO's own post-training
+    quantizer, its defaults for transformers, the same calibration images) run with OpenVINO's defaults (bf16 for
+    the rest where the CPU has it)."""
+    from vitlab.engine.openvino import OvEngine, bf16_supported, build_fp32_ir, build_int8_ir
+
+    ir = build_fp32_ir(ours, tmp / "vitlab-ov", (224, 224))
+    int8_ir = build_int8_ir(ir, tmp / "vitlab-ov" / "int8.xml", calibration, threads)
+    rows = {"vitlab openvino": ("ours", OvEngine(ir, threads)),
+            "vitlab int8 openvino": ("ours-int8", OvEngine(int8_ir, threads, exact=False))}
+    if bf16_supported():
+        rows["vitlab int8 openvino bf16"] = ("ours-int8", OvEngine(int8_ir, threads, exact=False, precision="bf16"))
+    if peers:
+        import nncf
+        import openvino as ov
+
+        core = ov.Core()
+        rows["timm -> OpenVINO"] = ("peer", OvEngine(fp32_onnx_timm, threads))
+        quantized = nncf.quantize(core.read_model(str(fp32_onnx_timm)), nncf.Dataset(calibration),
+                                  model_type=nncf.ModelType.TRANSFORMER, subset_size=sum(map(len, calibration)))
+        ov.save_model(quantized, str(tmp / "timm-nncf.xml"), compress_to_fp16=False)
+        rows["timm -> OpenVINO int8 (NNCF)"] = ("peer-int8", PeerOv(tmp / "timm-nncf.xml", threads))
+    return rows
+
+
+class PeerOv:
+    """An OpenVINO model as a peer user runs it: OpenVINO's defaults, only the threads and latency hint set."""
+
+    def __init__(self, path: Path, threads: int):
+        import openvino as ov
+
+        compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                             "PERFORMANCE_HINT": "LATENCY"})
+        self.request = compiled.create_infer_request()
+
+    def __call__(self, x):
+        return torch.from_numpy(np.array(self.request.infer({0: x.numpy()})[0], copy=True))
+
+
+def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
+               openvino: str = "") -> dict[str, tuple[str, object]]:
+    """label -> (kind, engine); kind is 'ours' or 'peer', with '-int8' for int8 rows. `openvino`: "" (none),
+    "ours" (vitlab's OpenVINO engines) or "all" (also the peers' OpenVINO paths)."""
     import timm
 
     ours = perturbed(vitlab.create_model(name, num_classes=1000))
@@ -152,6 +200,8 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool)
     timm_opt = optimized(timm_onnx, cfg.heads, cfg.dim)
     rows["timm -> ORT"] = ("peer", OrtEngine(timm_onnx, threads))
     rows["timm -> ORT optimized"] = ("peer", OrtEngine(timm_opt, threads))
+    if openvino:
+        rows.update(openvino_rows(ours, timm_model, timm_onnx, tmp, threads, calibration, openvino == "all"))
     if peers_int8:
         rows["timm -> ORT int8 dynamic (as exported)"] = ("peer-int8", OrtEngine(
             peer_int8(timm_onnx, tmp / "timm.plain.int8.onnx"), threads))
@@ -296,6 +346,9 @@ def main() -> None:
     ap.add_argument("--tune-allocator", action="store_true",
                     help="raise glibc's mmap/trim thresholds first, as every vitlab command on the CPU does "
                          "(process-wide: the torch peers run with it too)")
+    ap.add_argument("--openvino", choices=["ours", "all"], default=None,
+                    help="also vitlab's OpenVINO engines (ours), and the peers' OpenVINO paths: timm's export in "
+                         "OpenVINO fp32 and quantized by NNCF (all; needs pip install openvino nncf)")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
@@ -308,9 +361,11 @@ def main() -> None:
     import timm
     import transformers
 
+    from vitlab.engine.openvino import openvino_version
+
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, threads {args.threads}; "
           f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}, "
-          f"onnxruntime {onnxruntime.__version__}; load average {os.getloadavg()[0]:.2f}; "
+          f"onnxruntime {onnxruntime.__version__}; openvino {openvino_version()}; load average {os.getloadavg()[0]:.2f}; "
           f"allocator {'tuned (freed memory kept, every row)' if args.tune_allocator else 'as it comes'}")
     results = []
     if args.train:
@@ -318,7 +373,7 @@ def main() -> None:
             results += bench_training(name, args.rounds, args.steps)
     for name in ([] if args.train else args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
-            rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8)
+            rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8, args.openvino or "")
             sizes = [int(s) for s in args.sub_batches.split(",") if s]
             for batch in (int(b) for b in args.batches.split(",")):
                 timed = with_sub_batches(rows, batch, sizes, args.sub_batch_int8_only)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-HEAVY = ["torch", "numpy", "matplotlib", "PIL", "safetensors", "sklearn"]
+HEAVY = ["torch", "numpy", "matplotlib", "PIL", "safetensors", "sklearn", "onnxruntime", "openvino"]
 
 
 def test_parser_does_not_import_heavy_libraries():
@@ -34,3 +34,11 @@ def test_lazy_names_still_resolve():
     assert vitlab.create_model is create_model
     assert vitlab.ViTConfig is ViTConfig
     assert {"create_model", "VisionTransformer", "model_names"} <= set(dir(vitlab))
+
+
+def test_cli_engine_choices_are_the_engine_packages():
+    # spelled out in the CLI so that building the parser imports nothing: kept in step here
+    from vitlab.commands._engine_args import ENGINE_CHOICES, INT8_CHOICES
+    from vitlab.engine import ENGINES, INT8_MODES
+
+    assert ENGINE_CHOICES == ENGINES and INT8_CHOICES == INT8_MODES

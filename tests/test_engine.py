@@ -207,15 +207,17 @@ def test_a_damaged_cached_graph_is_rebuilt(tmp_path, capsys):
 
 
 def test_auto_falls_back_to_torch_when_the_graph_cannot_be_built(tmp_path, monkeypatch, capsys):
-    from vitlab.engine import ort
+    from vitlab.engine import openvino, ort
 
     def broken(*a, **k):
         raise RuntimeError("exporter does not support this operator")
 
     monkeypatch.setattr(ort, "build_fp32", broken)
+    monkeypatch.setattr(openvino, "build_fp32_ir", broken)
     engine = prepare_engine(tiny(), "auto", batch_size=2, source=tmp_path)
     err = capsys.readouterr().err
     assert engine.name == "torch" and "onnxruntime left out: RuntimeError: exporter does not support" in err
+    assert "openvino left out: " in err
     with pytest.raises(VitlabError, match="cannot run this model .RuntimeError"):
         prepare_engine(tiny(), "onnxruntime", source=tmp_path, quiet=True)
 

@@ -55,10 +55,14 @@ def test_predict_engines_agree_with_torch(model_dir, images, capsys):
     assert (next((model_dir / "engines").iterdir()) / "choices.json").is_file()
 
 
-def test_predict_int8_runs_and_names_itself(model_dir, images, capsys):
-    assert main(["predict", str(model_dir), str(images), "--int8", "static", "--top-k", "1"]) == 0
+@pytest.mark.parametrize("engine,named", [("onnxruntime", "engine: onnxruntime-int8-static"),
+                                          ("auto", "-int8-static"), ("openvino", "engine: openvino-int8-static")])
+def test_predict_int8_runs_and_names_itself(model_dir, images, capsys, engine, named):
+    if engine == "openvino":
+        pytest.importorskip("openvino")
+    assert main(["predict", str(model_dir), str(images), "--int8", "static", "--engine", engine, "--top-k", "1"]) == 0
     err = capsys.readouterr().err
-    assert "engine: onnxruntime-int8-static" in err and "held-out images" in err
+    assert named in err and "held-out images" in err
 
 
 def test_evaluate_engine_gives_torchs_accuracy(model_dir, tmp_path, capsys):

@@ -120,7 +120,7 @@ def test_int8_auto_keeps_static_unless_dynamic_is_clearly_faster(tmp_path, monke
     engine = prepare_engine(tiny(), "onnxruntime", int8="auto", calibration=[images(256).numpy()], source=tmp_path,
                             quiet=True, sub_batches=False)
     assert engine.name == f"onnxruntime-int8-{kept}"
-    assert "int8 auto: static 10.0 images/s" in engine.note
+    assert "int8 auto: onnxruntime-int8-static 10.0 images/s" in engine.note
 
 
 def test_agreement_counts_against_int8_only_when_measurably_below_99_percent():
@@ -146,7 +146,7 @@ def test_int8_auto_choice_is_kept_for_the_same_calibration_images(tmp_path, monk
     monkeypatch.setattr(choose, "interleaved_speeds", lambda *a, **k: pytest.fail("timed again"))
     again = prepare_engine(tiny(), "onnxruntime", int8="auto", calibration=calibration, source=tmp_path,
                            quiet=True, sub_batches=False)
-    assert again.name == first.name and "chosen before on this machine: static 10.0 images/s" in again.note
+    assert again.name == first.name and "chosen before on this machine: onnxruntime-int8-static 10.0" in again.note
     monkeypatch.setattr(choose, "interleaved_speeds", speeds)
     prepare_engine(tiny(), "onnxruntime", int8="auto", calibration=[images(64, seed=9).numpy()], source=tmp_path,
                    quiet=True, sub_batches=False)

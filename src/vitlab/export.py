@@ -67,7 +67,7 @@ PORTABLE = "portable ONNX (standard operators)"
 FUSED = "onnxruntime fp32 (fused)"
 
 
-def check_export_engine(engine: str) -> None:
+def check_export_engine(engine: str, path: str | Path | None = None) -> None:
     """The engines export can write a file for; refused in one line (the command calls this before loading)."""
     from vitlab.engine import ENGINES
 
@@ -75,7 +75,26 @@ def check_export_engine(engine: str) -> None:
         raise VitlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     if engine == "compiled":
         raise VitlabError("--engine compiled is torch.compile at run time, not a file; export writes ONNX: "
-                          "use --engine onnxruntime (fused for ORT), torch (portable) or auto")
+                          "use --engine onnxruntime (fused for ORT), torch (portable), openvino or auto")
+    if engine == "openvino" and path is not None and Path(path).suffix != ".xml":
+        raise VitlabError(f"--engine openvino writes an OpenVINO model: name it OUT.xml (its weights go to OUT.bin "
+                          f"beside it), not {Path(path).name}")
+
+
+def _copy_openvino(built, path: Path, metadata: dict | None) -> tuple[Path, str]:
+    """The OpenVINO model an engine runs, as `path` (.xml) and its .bin, with vitlab's metadata in its rt_info."""
+    import openvino as ov
+
+    from vitlab.engine.openvino import core
+
+    kind = "openvino int8 static" if built.name.startswith("openvino-int8") else "openvino fp32"
+    if built.name.endswith("-bf16"):  # a run-time setting, not part of the file: said, and kept in the metadata
+        kind += " (timed fastest with INFERENCE_PRECISION_HINT bf16)"
+    model = core().read_model(str(built.path))
+    if metadata:
+        model.set_rt_info(json.dumps({**metadata, "engine": kind}), ["vitlab"])
+    ov.save_model(model, str(path), compress_to_fp16=False)
+    return path, kind
 
 
 def _copy_built(built: Path, path: Path, metadata: dict | None, kind: str) -> tuple[Path, str]:
@@ -98,20 +117,26 @@ def export_for_engine(
     metadata: dict | None = None,
     quiet: bool = False,
 ) -> tuple[Path, str]:
-    """Write the ONNX file an engine runs; returns (path, what was written).
+    """Write the ONNX file (or for "openvino" the OpenVINO model, .xml and .bin) an engine runs; returns (path, what
+    was written).
 
     engine "torch": the portable graph (standard ONNX operators, any runtime; `export_onnx`).
     "onnxruntime": the fp32 graph with ORT's transformer fusions (contrib operators: ONNX Runtime only).
     "auto": whichever of the two ONNX Runtime runs faster on this machine (timed). `int8` (auto|static|dynamic):
-    the quantized graph `--int8` runs, static calibrated on `calibration`. The built files are kept beside the
+    the quantized graph `--int8` runs, static calibrated on `calibration` (ORT's, or OpenVINO's with engine
+    "openvino"). "openvino": the model OpenVINO runs, fp32 or int8. The built files are kept beside the
     model like every engine's (`vitlab.engine.choose.artefact_folder`).
     """
     from vitlab.engine.choose import interleaved_speeds, prepare_engine
     from vitlab.engine.ort import OrtEngine
 
-    check_export_engine(engine)
+    check_export_engine(engine, path)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if engine == "openvino":
+        built = prepare_engine(model, "openvino", int8=int8, calibration=calibration, source=source,
+                               command="export", quiet=quiet, sub_batches=False)
+        return _copy_openvino(built, path, metadata)
     if int8 is not None:
         built = prepare_engine(model, "onnxruntime", int8=int8, calibration=calibration, source=source,
                                command="export", quiet=quiet, sub_batches=False)  # a file is written, not run

@@ -183,11 +183,11 @@ def tune_cpu_allocator() -> bool:
 
 
 # ------------------------------------------------------------------------------ CPU-only engines
-CPU_ONLY_ENGINES = ("onnxruntime", "compiled")
+CPU_ONLY_ENGINES = ("onnxruntime", "compiled", "openvino")
 
 
 def device_for_engine(device: str | torch.device | None, engine: str = "auto", int8: str | None = None):
-    """`--device auto` means the CPU when the engine asked for runs only there (`--engine onnxruntime|compiled`,
+    """`--device auto` means the CPU when the engine asked for runs only there (`--engine onnxruntime|compiled|openvino`,
     `--int8`): on a GPU machine `vitlab predict --int8` runs int8 on the CPU instead of refusing. A GPU named
     with such an engine is refused in one line, before anything is loaded."""
     cpu_only = engine in CPU_ONLY_ENGINES or bool(int8)

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import argparse
 
-ENGINE_CHOICES = ("auto", "torch", "onnxruntime", "compiled")
+# the same names as vitlab.engine.ENGINES and INT8_MODES (tests/test_cli_startup.py keeps them in step): spelled out
+# here so that `vitlab --help` never imports the engine package
+ENGINE_CHOICES = ("auto", "torch", "onnxruntime", "compiled", "openvino")
 INT8_CHOICES = ("auto", "static", "dynamic")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8: bool = True) -> None:
     p.add_argument("--engine", choices=ENGINE_CHOICES, default=default,
-                   help="what runs the model on the CPU: auto (time torch and ONNX Runtime once per machine and "
-                        "shape, keep the faster exact one; cached beside the model), torch (eager), onnxruntime "
-                        f"(fused fp32 graph), compiled (torch.compile) (default {default}); with --device auto, onnxruntime, "
-                        "compiled and --int8 run on the CPU also where a GPU is present")
+                   help="what runs the model on the CPU: auto (time torch, ONNX Runtime and OpenVINO, where "
+                        "installed, once per machine and shape, keep the fastest exact one; cached beside the model), "
+                        "torch (eager), onnxruntime (fused fp32 graph), compiled (torch.compile), openvino (needs "
+                        f"vitlab[openvino]) (default {default}); with --device auto, onnxruntime, compiled, openvino "
+                        "and --int8 run on the CPU also where a GPU is present")
     if int8:
         p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
-                       help="int8 inference in ONNX Runtime: static (activation ranges calibrated on your images), "
-                            "dynamic (ranges per call), or auto (static unless dynamic times over 5%% faster, of "
-                            "those whose top-1 agreement with fp32 on held-out images is not measurably below 99%%; "
-                            "dynamic without calibration images)")
+                       help="int8 inference in ONNX Runtime or OpenVINO (with --engine auto: both, where installed; "
+                            "timed once, the fastest kept): static (activation ranges calibrated on your images), "
+                            "dynamic (ranges per call; ONNX Runtime only), or auto (static unless dynamic times over "
+                            "5%% faster, of those whose top-1 agreement with fp32 on held-out images is not "
+                            "measurably below 99%%; dynamic without calibration images)")
         p.add_argument("--calibration", metavar="DATA",
                        help="images for static int8: a folder of images or any --data source (default: the images "
                             "the command runs on)")

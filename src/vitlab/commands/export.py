@@ -12,7 +12,7 @@ from vitlab.commands._load_args import WEIGHTS_HELP
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export weights to ONNX (checked with ONNX Runtime when installed)")
     p.add_argument("weights", help=WEIGHTS_HELP)
-    p.add_argument("output", help="the .onnx file to write")
+    p.add_argument("output", help="the .onnx file to write (.xml for --engine openvino)")
     p.add_argument("--image-size", type=int, nargs="+", default=None, metavar="S",
                    help="input size H [W] (default: the model's); resamples position embeddings")
     p.add_argument("--opset", type=int, default=18)
@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_arguments(p, default="torch")
     p.epilog = ("--engine torch writes the portable graph (standard operators, any runtime); onnxruntime the fp32 "
                 "graph with ONNX Runtime's transformer fusions (runs only in ONNX Runtime); auto the faster of the two "
-                "here; --int8 the quantized graph (--calibration DATA for static int8).")
+                "here; openvino an OpenVINO model (OUT.xml and OUT.bin); --int8 the quantized graph (--calibration "
+                "DATA for static int8).")
     p.set_defaults(func=run)
 
 
@@ -70,7 +71,7 @@ def _check_engine_flags(args: argparse.Namespace) -> None:
     from vitlab.errors import VitlabError
     from vitlab.export import check_export_engine
 
-    check_export_engine(args.engine)
+    check_export_engine(args.engine, args.output)
     if (args.engine != "torch" or args.int8) and (args.static_batch or args.opset != 18):
         raise VitlabError("--static-batch and --opset apply to the portable export (--engine torch) only")
     if args.int8 == "static" and not args.calibration:

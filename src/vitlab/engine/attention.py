@@ -94,8 +94,8 @@ def prepare_attention_engine(model: nn.Module, engine: str = "auto", *, batch_si
     reference = TorchAttentionEngine(model)
     if engine == "torch":
         return announce(reference, command, ["torch (as asked)"], quiet)
-    if engine == "compiled":
-        raise VitlabError("--engine compiled is not offered for inspect (attention outputs change every layer's "
+    if engine in ("compiled", "openvino"):
+        raise VitlabError(f"--engine {engine} is not offered for inspect (attention outputs change every layer's "
                           "graph); use auto, torch or onnxruntime")
     size = tuple(image_size or model.config.image_size)
     folder = artefact_folder(model, source)

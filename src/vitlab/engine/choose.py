@@ -9,6 +9,7 @@ images is not measurably below MIN_AGREEMENT are preferred.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -85,7 +86,10 @@ def machine_key(threads: int) -> str:
         ort_version = onnxruntime.__version__
     except ImportError:
         ort_version = "none"
-    return f"{cpu}|{os.cpu_count()} cpus|{threads} threads|torch {torch.__version__}|ort {ort_version}"
+    from vitlab.engine.openvino import openvino_version
+
+    return (f"{cpu}|{os.cpu_count()} cpus|{threads} threads|torch {torch.__version__}|ort {ort_version}"
+            f"|openvino {openvino_version()}")
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -206,11 +210,44 @@ class _Builder:
         return open_or_rebuild(lambda: OrtEngine(self.fp32_path(), self.threads), [self.folder / "fp32.onnx"],
                                self.say_building)
 
+    def openvino_fp32_path(self) -> Path:
+        from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_files
+
+        path = self.folder / FP32_IR
+        if all(f.is_file() for f in ir_files(path)):
+            return path
+        self.say_building("the OpenVINO model")
+        return build_fp32_ir(self.model, self.folder, self.image_size)
+
+    def openvino(self):
+        from vitlab.engine.openvino import FP32_IR, OvEngine, ir_files
+
+        return open_or_rebuild(lambda: OvEngine(self.openvino_fp32_path(), self.threads),
+                               ir_files(self.folder / FP32_IR), self.say_building)
+
     def int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None = None):
-        """The int8 engine of `mode`; static is calibrated on `calibration`, whose `calibration_tag` may be given
-        when the caller has it already (hashing 256 images takes a fifth of a second)."""
+        """The int8 engine of `mode` (a name from `int8_candidates`); the static ones are calibrated on `calibration`,
+        whose `calibration_tag` may be given when the caller has it already (hashing 256 images takes a fifth of
+        a second)."""
+        if mode.startswith("openvino"):
+            from vitlab.engine.openvino import FP32_IR, ir_files
+
+            files = [*ir_files(self.folder / FP32_IR), *self.folder.glob("openvino-int8-*")]
+            return open_or_rebuild(lambda: self._openvino_int8(mode, calibration, tag), files, self.say_building)
         return open_or_rebuild(lambda: self._int8(mode, calibration, tag),
                                [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")], self.say_building)
+
+    def _openvino_int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None):
+        from vitlab.engine.openvino import OvEngine, build_int8_ir, ir_files
+
+        path = self.folder / f"openvino-int8-static-{tag or calibration_tag(calibration)}.xml"
+        if not all(f.is_file() for f in ir_files(path)):
+            fp32 = self.openvino_fp32_path()
+            self.say_building("the OpenVINO static int8 model (calibrating)")
+            build_int8_ir(fp32, path, calibration or [], self.threads)
+        bf16 = mode == "openvino-static-bf16"
+        return OvEngine(path, self.threads, name=f"openvino-int8-static{'-bf16' if bf16 else ''}", exact=False,
+                        precision="bf16" if bf16 else "f32")
 
     def _int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None):
         from vitlab.engine.ort import OrtEngine, build_int8_dynamic
@@ -257,9 +294,10 @@ def prepare_engine(
     progress: bool | None = None,
     sub_batches: bool = True,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The engine that runs `model` for a command. `engine`: auto|torch|onnxruntime|compiled. `int8`:
-    None (exact fp32 engines only) or auto|static|dynamic (ONNX Runtime; static calibrated on `calibration`,
-    a list of preprocessed image batches). With `auto` or `int8` and `sub_batches`, batches of `batch_size` run
+    """The engine that runs `model` for a command. `engine`: auto|torch|onnxruntime|compiled|openvino. `int8`:
+    None (exact fp32 engines only) or auto|static|dynamic (ONNX Runtime, and OpenVINO's static int8 where it is
+    installed and `engine` is auto or openvino; static calibrated on `calibration`, a list of preprocessed image
+    batches). With `auto` or `int8` and `sub_batches`, batches of `batch_size` run
     in sub-batches where those measured faster (`engine/sub_batch.py`). Prints one line saying what runs and why
     (`engine.note`), and with `progress` (default: not quiet) a line before building or timing anything, which
     takes seconds to a minute once."""
@@ -268,7 +306,8 @@ def prepare_engine(
     if int8 is not None and int8 not in INT8_MODES:
         raise VitlabError(f"--int8 {int8!r} is not one of {', '.join(INT8_MODES)}")
     if int8 is not None and engine in ("torch", "compiled"):
-        raise VitlabError(f"--int8 runs in ONNX Runtime; drop --engine {engine} (or use --engine onnxruntime)")
+        raise VitlabError(f"--int8 runs in ONNX Runtime or OpenVINO; drop --engine {engine} (or use --engine "
+                          "onnxruntime or openvino)")
     cfg = model.config
     if int8 is not None:
         _refuse_int8_without_transformer(model)
@@ -298,7 +337,7 @@ def prepare_engine(
         notes.append(f"{chosen.name} (as asked)")
     elif int8 is not None:
         try:
-            chosen = _choose_int8(builder, int8, calibration, notes)
+            chosen = _choose_int8(builder, int8, calibration, notes, engine)
         except VitlabError:
             raise
         except Exception as exc:  # the exporter or ORT's quantizer cannot take this model
@@ -335,20 +374,21 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     choices = _Choices(folder)
     key = f"{machine_key(builder.threads)}|{shape}|fp32"
     cached = choices.get(key)
-    if cached and cached["picked"] in ("torch", "onnxruntime", "compiled"):
+    if cached and cached["picked"] in ("torch", "onnxruntime", "compiled", "openvino"):
         notes.append(f"{cached['picked']} (auto: chosen before on this machine for {shape.replace('|', ', ')}: "
              f"{_speeds_text(cached['images_per_s'])}; cached in {folder})")
         return getattr(builder, cached["picked"])()
     reference = builder.torch()
     candidates = {"torch": reference}
     left_out = []
-    try:
-        candidates["onnxruntime"] = builder.onnxruntime()
-        check_exact(candidates["onnxruntime"], reference, builder.model.config.in_chans, builder.image_size)
-    except Exception as exc:  # auto never fails where eager PyTorch works: the candidate is left out, with why
-        candidates.pop("onnxruntime", None)
-        left_out.append(f"onnxruntime left out: {reason(exc)}")
-    if len(candidates) == 1:  # nothing to compare (onnxruntime missing or refused): not timed, not cached
+    for name in ("onnxruntime", "openvino"):
+        try:
+            candidates[name] = getattr(builder, name)()
+            check_exact(candidates[name], reference, builder.model.config.in_chans, builder.image_size)
+        except Exception as exc:  # auto never fails where eager PyTorch works: the candidate is left out, with why
+            candidates.pop(name, None)
+            left_out.append(f"{name} left out: {reason(exc)}")
+    if len(candidates) == 1:  # nothing to compare (the runtimes missing or refused): not timed, not cached
         notes.append("torch (auto: the only candidate here; " + "; ".join(left_out) + ")")
         return reference
     x = torch.randn(batch, builder.model.config.in_chans, *builder.image_size)
@@ -401,14 +441,44 @@ def _speeds_text(speeds: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in sorted(speeds.items(), key=lambda kv: -kv[1])) + " images/s"
 
 
-def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
+def int8_candidates(engine: str, mode: str) -> list[str]:
+    """The int8 variants `--engine engine --int8 mode` may run, before calibration is considered: ORT's static and
+    dynamic graphs (engine auto|onnxruntime), OpenVINO's static graph with the unquantized rest in fp32 and, where
+    the CPU computes bf16, in bf16 (engine auto|openvino, OpenVINO installed)."""
+    from vitlab.engine.openvino import bf16_supported, require_openvino
+
+    static, dynamic = [], []
+    # asked for by name, a missing runtime says so when it is built; under auto it is just not a candidate
+    if engine == "onnxruntime" or (engine == "auto" and importlib.util.find_spec("onnxruntime") is not None):
+        static.append("static")
+        dynamic.append("dynamic")
+    if engine == "openvino":
+        require_openvino()
+        if mode == "dynamic":
+            raise VitlabError("OpenVINO's int8 is static (calibrated on your images): use --int8 static or auto, "
+                              "or --engine onnxruntime for dynamic int8")
+    if engine in ("auto", "openvino"):
+        try:
+            require_openvino()
+        except VitlabError:  # not installed: ONNX Runtime's variants only
+            pass
+        else:
+            static += ["openvino-static", *(["openvino-static-bf16"] if bf16_supported() else [])]
+    found = {"static": static, "dynamic": dynamic, "auto": static + dynamic}[mode]
+    if not found:  # --engine auto without ONNX Runtime, and OpenVINO missing or dynamic int8 asked for
+        raise VitlabError("this int8 runs in ONNX Runtime: pip install 'vitlab[onnx]' (OpenVINO's static int8: "
+                          "pip install 'vitlab[openvino]')")
+    return found
+
+
+def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], engine: str = "auto"):
     calib, holdout = _split_calibration(calibration)
-    modes = ["static", "dynamic"] if mode == "auto" else [mode]
-    if "static" in modes and not calib:
+    modes = int8_candidates(engine, mode)
+    if not calib and any(m != "dynamic" for m in modes):
         have = 0 if holdout is None else len(holdout)
-        if mode == "static":
+        if mode == "static" or engine == "openvino":
             raise VitlabError(f"--int8 static needs at least {MIN_CALIBRATION} calibration images, got {have} "
-                              "(--calibration DATA); or use --int8 dynamic")
+                              "(--calibration DATA); or use --int8 dynamic with --engine onnxruntime or auto")
         modes = ["dynamic"]
         notes.append(f"int8: {have} calibration images (< {MIN_CALIBRATION}): dynamic quantization" if have else
                      "int8: no calibration images (--calibration DATA for static): dynamic quantization")
@@ -418,13 +488,13 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
         notes.append(f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
                                                f"{agreement[0]:.1%})" if agreement else ""))
         return only
-    # kept per machine, image size and calibration images, as the fp32 choice is: a second timing could pick the
-    # other mode, and the same command would give another score
+    # kept per machine, image size, candidates and calibration images, as the fp32 choice is: a second timing could
+    # pick another variant, and the same command would give another score
     choices = _Choices(builder.folder)
     size = builder.image_size
-    # the calibration part and the held-out part hashed apart, each once: the static graph is named by the first
+    # the calibration part and the held-out part hashed apart, each once: the static graphs are named by the first
     tag = calibration_tag(calib)
-    key = (f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|int8 auto|"
+    key = (f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|int8 {'+'.join(modes)}|"
            f"calibration {tag}+{calibration_tag([holdout])}")
     cached = choices.get(key)
     if cached and cached["picked"] in modes and isinstance(cached.get("detail"), str):
@@ -437,8 +507,9 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str]):
     x = torch.from_numpy(np.concatenate(calib))[:32]
     speeds = interleaved_speeds(engines, x)
     good = [m for m in engines if _agrees_enough(agreements[m])] or list(engines)
-    picked = max(good, key=lambda m: speeds[m] * (STATIC_INT8_MARGIN if m == "static" else 1.0))
-    detail = "; ".join(f"{m} {speeds[m]:.1f} images/s, agreement {agreements[m][0]:.1%}" for m in engines)
+    picked = max(good, key=lambda m: speeds[m] * (1.0 if m == "dynamic" else STATIC_INT8_MARGIN))
+    detail = "; ".join(f"{engines[m].name} {speeds[m]:.1f} images/s, agreement {agreements[m][0]:.1%}"
+                       for m in engines)
     detail += f" on {len(holdout)} held-out images"
     choices.put(key, {"picked": picked, "images_per_s": {m: round(v, 2) for m, v in speeds.items()},
                       "detail": detail, "when": time.strftime("%Y-%m-%d %H:%M:%S")})
