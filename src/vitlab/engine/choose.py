@@ -196,8 +196,9 @@ class _Builder:
         return CompiledEngine(self.model, self.folder)
 
     def fp32_path(self) -> Path:
-        from vitlab.engine.ort import build_fp32
+        from vitlab.engine.ort import build_fp32, require_onnxruntime
 
+        require_onnxruntime()  # not installed: said in one line, before any "building" line
         path = self.folder / "fp32.onnx"
         if path.is_file():
             return path
@@ -211,8 +212,9 @@ class _Builder:
                                self.say_building)
 
     def openvino_fp32_path(self) -> Path:
-        from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_files
+        from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_files, require_openvino
 
+        require_openvino()  # not installed: said in one line, before any "building" line
         path = self.folder / FP32_IR
         if all(f.is_file() for f in ir_files(path)):
             return path

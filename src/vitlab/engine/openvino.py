@@ -84,6 +84,7 @@ def build_fp32_ir(model: nn.Module, folder: Path, image_size: tuple[int, int]) -
     compiles the model)."""
     from vitlab.export import export_onnx
 
+    require_openvino()  # before the export: without OpenVINO or onnx, one line instead of an exporter error
     folder.mkdir(parents=True, exist_ok=True)
     raw = export_onnx(model, folder / "openvino-raw.onnx", image_size=image_size)
     try:
