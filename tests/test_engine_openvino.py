@@ -129,15 +129,19 @@ def test_int8_engine_stays_close_to_fp32(tmp_path, precision):
 def test_int8_choice_includes_openvino_and_is_named(tmp_path, monkeypatch):
     timed = []
 
-    def speeds(engines, *a, **k):
-        timed.append(sorted(engines))
+    def speeds(engines, x, *a, **k):
+        timed.append((sorted(engines), len(x)))
         return {m: {"openvino-static": 30.0}.get(m, 10.0) for m in engines}
 
     monkeypatch.setattr(choose, "interleaved_speeds", speeds)
     monkeypatch.setattr(choose, "_agreement", lambda engine, reference, holdout: (1.0, len(holdout)))
     engine = prepare_engine(tiny(), "auto", int8="auto", calibration=[images(64).numpy()], source=tmp_path,
-                            quiet=True, sub_batches=False)
-    assert engine.name == "openvino-int8-static" and {"static", "dynamic", "openvino-static"} <= set(timed[0])
+                            quiet=True, sub_batches=False, batch_size=5)
+    assert engine.name == "openvino-int8-static" and {"static", "dynamic", "openvino-static"} <= set(timed[0][0])
+    assert timed[0][1] == 5  # timed at the command's batch: the winner changes with it
+    prepare_engine(tiny(), "auto", int8="auto", calibration=[images(64).numpy()], source=tmp_path, quiet=True,
+                   sub_batches=False, batch_size=60)  # more than the 48 calibration images: repeated
+    assert len(timed) == 2 and timed[1][1] == 60
     assert "int8 auto: " in engine.note and "openvino-int8-static 30.0 images/s" in engine.note
     only_ort = choose.int8_candidates("onnxruntime", "auto")
     assert only_ort == ["static", "dynamic"]

@@ -20,7 +20,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
     if int8:
         p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
                        help="int8 inference in ONNX Runtime or OpenVINO (with --engine auto: both, where installed; "
-                            "timed once, the fastest kept): static (activation ranges calibrated on your images), "
+                            "timed once per machine and batch size, the fastest kept): static (activation ranges calibrated on your images), "
                             "dynamic (ranges per call; ONNX Runtime only), or auto (static unless dynamic times over "
                             "5%% faster, of those whose top-1 agreement with fp32 on held-out images is not "
                             "measurably below 99%%; dynamic without calibration images)")

@@ -339,7 +339,7 @@ def prepare_engine(
         notes.append(f"{chosen.name} (as asked)")
     elif int8 is not None:
         try:
-            chosen = _choose_int8(builder, int8, calibration, notes, engine)
+            chosen = _choose_int8(builder, int8, calibration, notes, engine, batch_size)
         except VitlabError:
             raise
         except Exception as exc:  # the exporter or ORT's quantizer cannot take this model
@@ -473,7 +473,8 @@ def int8_candidates(engine: str, mode: str) -> list[str]:
     return found
 
 
-def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], engine: str = "auto"):
+def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], engine: str = "auto",
+                 batch: int = 32):
     calib, holdout = _split_calibration(calibration)
     modes = int8_candidates(engine, mode)
     if not calib and any(m != "dynamic" for m in modes):
@@ -490,13 +491,13 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], en
         notes.append(f"{only.name}" + (f" (top-1 agrees with fp32 on {agreement[1]} held-out images: "
                                                f"{agreement[0]:.1%})" if agreement else ""))
         return only
-    # kept per machine, image size, candidates and calibration images, as the fp32 choice is: a second timing could
-    # pick another variant, and the same command would give another score
+    # kept per machine, batch, image size, candidates and calibration images, as the fp32 choice is: a second timing
+    # could pick another variant, and the same command would give another score
     choices = _Choices(builder.folder)
     size = builder.image_size
     # the calibration part and the held-out part hashed apart, each once: the static graphs are named by the first
     tag = calibration_tag(calib)
-    key = (f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|int8 {'+'.join(modes)}|"
+    key = (f"{machine_key(builder.threads)}|batch {batch}|{size[0]}x{size[1]}|int8 {'+'.join(modes)}|"
            f"calibration {tag}+{calibration_tag([holdout])}")
     cached = choices.get(key)
     if cached and cached["picked"] in modes and isinstance(cached.get("detail"), str):
@@ -506,7 +507,10 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], en
     engines = {m: builder.int8(m, calib, tag) for m in modes}
     reference = builder.torch()
     agreements = {m: _agreement(e, reference, holdout) for m, e in engines.items()}
-    x = torch.from_numpy(np.concatenate(calib))[:32]
+    # timed at the command's batch: which runtime wins changes with it (ViT-B/16: ONNX Runtime's int8 at batch 1,
+    # OpenVINO's at 32; docs/benchmarks.md), as the fp32 choice is per batch too
+    images = np.concatenate(calib)
+    x = torch.from_numpy(np.resize(images, (batch, *images.shape[1:])))
     speeds = interleaved_speeds(engines, x)
     good = [m for m in engines if _agrees_enough(agreements[m])] or list(engines)
     picked = max(good, key=lambda m: speeds[m] * (1.0 if m == "dynamic" else STATIC_INT8_MARGIN))
