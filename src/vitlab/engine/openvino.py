@@ -50,11 +50,14 @@ def core():
 
 
 def openvino_version() -> str:
+    """The installed OpenVINO's version, read from its metadata: every cached engine choice is keyed by it, and
+    importing OpenVINO (0.2 s here) only to ask would cost every command that never runs it."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        import openvino
-    except ImportError:
+        return version("openvino")
+    except PackageNotFoundError:
         return "none"
-    return openvino.get_version().split("-")[0]
 
 
 def bf16_supported() -> bool:
