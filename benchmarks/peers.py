@@ -130,13 +130,13 @@ def hf_model(cfg):
         layer_norm_eps=cfg.layer_norm_eps, attn_implementation="sdpa"))
 
 
-def openvino_rows(ours, timm_model, fp32_onnx_timm: Path, tmp: Path, threads: int, calibration,
+def openvino_rows(ours, fp32_onnx_timm: Path, tmp: Path, threads: int, calibration,
                   peers: bool) -> dict[str, tuple[str, object]]:
     """vitlab's OpenVINO engines (fp32; static int8 with the rest in fp32 and, where the CPU has it, bf16), and with
     `peers` a peer user's OpenVINO: timm's export in fp32, and quantized by NNCF (OpenVINO's own post-training
     quantizer, its defaults for transformers, the same calibration images) run with OpenVINO's defaults (bf16 for
     the rest where the CPU has it)."""
-    from vitlab.engine.openvino import OvEngine, bf16_supported, build_fp32_ir, build_int8_ir
+    from vitlab.engine.openvino import OvEngine, bf16_supported, build_fp32_ir, build_int8_ir, core
 
     ir = build_fp32_ir(ours, tmp / "vitlab-ov", (224, 224))
     int8_ir = build_int8_ir(ir, tmp / "vitlab-ov" / "int8.xml", calibration, threads)
@@ -148,27 +148,14 @@ def openvino_rows(ours, timm_model, fp32_onnx_timm: Path, tmp: Path, threads: in
         import nncf
         import openvino as ov
 
-        core = ov.Core()
         rows["timm -> OpenVINO"] = ("peer", OvEngine(fp32_onnx_timm, threads))
-        quantized = nncf.quantize(core.read_model(str(fp32_onnx_timm)), nncf.Dataset(calibration),
+        quantized = nncf.quantize(core().read_model(str(fp32_onnx_timm)), nncf.Dataset(calibration),
                                   model_type=nncf.ModelType.TRANSFORMER, subset_size=sum(map(len, calibration)))
         ov.save_model(quantized, str(tmp / "timm-nncf.xml"), compress_to_fp16=False)
-        rows["timm -> OpenVINO int8 (NNCF)"] = ("peer-int8", PeerOv(tmp / "timm-nncf.xml", threads))
+        # as a peer user runs it: OpenVINO's defaults, only the threads and the latency hint set
+        rows["timm -> OpenVINO int8 (NNCF)"] = ("peer-int8", OvEngine(tmp / "timm-nncf.xml", threads, exact=False,
+                                                                      precision=None))
     return rows
-
-
-class PeerOv:
-    """An OpenVINO model as a peer user runs it: OpenVINO's defaults, only the threads and latency hint set."""
-
-    def __init__(self, path: Path, threads: int):
-        import openvino as ov
-
-        compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                             "PERFORMANCE_HINT": "LATENCY"})
-        self.request = compiled.create_infer_request()
-
-    def __call__(self, x):
-        return torch.from_numpy(np.array(self.request.infer({0: x.numpy()})[0], copy=True))
 
 
 def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
@@ -201,7 +188,7 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
     rows["timm -> ORT"] = ("peer", OrtEngine(timm_onnx, threads))
     rows["timm -> ORT optimized"] = ("peer", OrtEngine(timm_opt, threads))
     if openvino:
-        rows.update(openvino_rows(ours, timm_model, timm_onnx, tmp, threads, calibration, openvino == "all"))
+        rows.update(openvino_rows(ours, timm_onnx, tmp, threads, calibration, openvino == "all"))
     if peers_int8:
         rows["timm -> ORT int8 dynamic (as exported)"] = ("peer-int8", OrtEngine(
             peer_int8(timm_onnx, tmp / "timm.plain.int8.onnx"), threads))

@@ -21,6 +21,7 @@ from vitlab.engine.openvino import (  # noqa: E402
     OvEngine,
     build_fp32_ir,
     build_int8_ir,
+    core,
     int8_inputs,
     linear_layers,
     require_openvino,
@@ -70,7 +71,7 @@ def test_int8_ranges_are_those_pytorch_measures(tmp_path, monkeypatch):
     model = tiny()
     calibration = [images(16, seed=s).numpy() for s in (3, 4)]
     xml = build_int8_ir(build_fp32_ir(model, tmp_path, (32, 32)), tmp_path / "int8.xml", calibration, threads=1)
-    quantized = ov.Core().read_model(str(xml))
+    quantized = core().read_model(str(xml))
     fq = [op for op in quantized.get_ordered_ops() if op.get_type_name() == "FakeQuantize"]
     depth = model.config.depth
     # qkv, proj, fc1, fc2 of each block: weights and inputs; qkv's input may be the class token's alone in the last
@@ -104,7 +105,7 @@ def test_int8_ranges_are_those_pytorch_measures(tmp_path, monkeypatch):
             assert np.allclose((lo, hi), measured[key], rtol=1e-4, atol=1e-6), key
     assert all(op.get_attributes()["levels"] == 256 for op in activations)
     # the patch embedding and the classifier stay fp32
-    assert len(linear_layers(ov.Core().read_model(str(tmp_path / "openvino-fp32.xml")))) == 4 * depth
+    assert len(linear_layers(core().read_model(str(tmp_path / "openvino-fp32.xml")))) == 4 * depth
     assert int8_inputs(quantized) == 4 * depth
 
 
@@ -192,10 +193,10 @@ def test_export_writes_the_openvino_model_with_metadata(tmp_path):
                                    calibration=calibration, source=tmp_path, metadata={"class_names": ["a"]},
                                    quiet=True)
     assert kind.startswith("openvino int8 static") and path.with_suffix(".bin").is_file()
-    read = ov.Core().read_model(str(path))
+    read = core().read_model(str(path))
     assert json.loads(read.get_rt_info(["vitlab"]).astype(str))["class_names"] == ["a"]
     assert any(op.get_type_name() == "FakeQuantize" for op in read.get_ordered_ops())
-    compiled = ov.Core().compile_model(read, "CPU")
+    compiled = core().compile_model(read, "CPU")
     x = images(3)
     with torch.no_grad():
         assert compiled(x.numpy())[0].shape == (3, 10)

@@ -454,18 +454,17 @@ def int8_candidates(engine: str, mode: str) -> list[str]:
     if engine == "onnxruntime" or (engine == "auto" and importlib.util.find_spec("onnxruntime") is not None):
         static.append("static")
         dynamic.append("dynamic")
-    if engine == "openvino":
-        require_openvino()
-        if mode == "dynamic":
-            raise VitlabError("OpenVINO's int8 is static (calibrated on your images): use --int8 static or auto, "
-                              "or --engine onnxruntime for dynamic int8")
     if engine in ("auto", "openvino"):
         try:
             require_openvino()
-        except VitlabError:  # not installed: ONNX Runtime's variants only
-            pass
+        except VitlabError:  # not installed: asked for by name, said; under auto, ONNX Runtime's variants only
+            if engine == "openvino":
+                raise
         else:
             static += ["openvino-static", *(["openvino-static-bf16"] if bf16_supported() else [])]
+    if engine == "openvino" and mode == "dynamic":
+        raise VitlabError("OpenVINO's int8 is static (calibrated on your images): use --int8 static or auto, "
+                          "or --engine onnxruntime for dynamic int8")
     found = {"static": static, "dynamic": dynamic, "auto": static + dynamic}[mode]
     if not found:  # --engine auto without ONNX Runtime, and OpenVINO missing or dynamic int8 asked for
         raise VitlabError("this int8 runs in ONNX Runtime: pip install 'vitlab[onnx]' (OpenVINO's static int8: "

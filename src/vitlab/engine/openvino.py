@@ -194,13 +194,15 @@ class OvEngine:
     """An OpenVINO model compiled for this CPU; takes and returns torch tensors like the other engines.
 
     `precision` is OpenVINO's INFERENCE_PRECISION_HINT for what runs in floating point: "f32" keeps the model's
-    numbers (the exact engine), "bf16" runs the layers that int8 leaves in floating point in bf16."""
+    numbers (the exact engine), "bf16" runs the layers that int8 leaves in floating point in bf16, None leaves
+    OpenVINO's own default for this CPU (bf16 where the CPU has it: what a user of OpenVINO gets unasked)."""
 
     def __init__(self, path: str | Path, threads: int, name: str = "openvino", exact: bool = True,
-                 precision: str = "f32"):
+                 precision: str | None = "f32"):
         self.path, self.name, self.exact = Path(path), name, exact
-        config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
-                  "INFERENCE_PRECISION_HINT": precision}
+        config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+        if precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = precision
         self.compiled = core().compile_model(str(self.path), "CPU", config)
         self.request = self.compiled.create_infer_request()
         self._lock = threading.Lock()  # one infer request: calls from several threads take turns
