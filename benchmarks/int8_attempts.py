@@ -5,6 +5,9 @@ not adopted (2026-11-26)"). Each part times its candidates interleaved, median o
     python benchmarks/int8_attempts.py torch-int8   # torch's own dynamic int8 (fbgemm) on HF's ViT vs ORT int8
     python benchmarks/int8_attempts.py attention    # the attention core in bf16 vs fp32; fused vs explicit at batch 1
     python benchmarks/int8_attempts.py hybrid       # ORT int8 linear layers per block + torch's attention core
+    python benchmarks/int8_attempts.py profile      # ORT static int8 per node: QAttention against its q, k, v products
+    python benchmarks/int8_attempts.py openvino --model vit-s/16   # variants of vitlab's OpenVINO int8 graph (and
+                                                    # NNCF's quantization of the same export, where nncf is installed)
 
 `--model vit-b/16 --batch 32 --cut 8 --rounds 6` are the defaults (cut: the sub-batch every row runs in).
 """
@@ -247,8 +250,145 @@ def hybrid(args) -> None:
         interleaved(rows, args.batch, args.rounds)
 
 
+def profile(args) -> None:
+    """ORT's profiler per node of vitlab's static int8 graph: the fused QAttention blocks against the first block,
+    which stays unfused (its q, k, v products apart from its attention core)."""
+    import json
+
+    import onnxruntime as ort
+
+    from vitlab.engine.static_int8 import build_int8_static
+
+    model = perturbed(vitlab.create_model(args.model))
+    rng = np.random.default_rng(0)
+    calibration = [rng.standard_normal((16, 3, 224, 224), np.float32) for _ in range(2)]
+    x = rng.standard_normal((args.cut, 3, 224, 224), np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32 = build_fp32(model, Path(tmp), tuple(model.config.image_size))
+        path = build_int8_static(fp32, Path(tmp) / "static.onnx", calibration)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.enable_profiling = args.threads, True
+        opts.profile_file_prefix = str(Path(tmp) / "profile")
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        runs = 3
+        for _ in range(runs + 1):
+            session.run(None, {"images": x})
+        events = json.loads(Path(session.end_profiling()).read_text())
+    first = min((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    per_node: dict[str, list] = {}
+    for e in events:  # after the warm-up run, ms per run
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first["ts"] + first["dur"]:
+            entry = per_node.setdefault(e["name"].removesuffix("_kernel_time"), [e["args"]["op_name"], 0.0])
+            entry[1] += e["dur"] / 1e3 / runs
+    attention = [ms for op, ms in per_node.values() if op == "QAttention"]
+    qkv = sum(ms for name, (_, ms) in per_node.items() if "/blocks.0/attn/" in name and name.split("/")[3] in "qkv")
+    per_image = args.cut
+    print(f"{args.model}, static int8 (ORT), {args.cut} images per run, ms per image and block:")
+    print(f"  QAttention (fused blocks, {len(attention)}): median {statistics.median(attention) / per_image:.2f}")
+    print(f"  block 0's q, k and v products (MatMulIntegerToFloat, unfused): {qkv / per_image:.2f}")
+    total = sum(ms for _, ms in per_node.values())
+    print(f"  whole model: {total / per_image:.2f} ms per image; QAttention {100 * sum(attention) / total:.1f} %")
+
+
+def openvino_variants(args) -> None:
+    """vitlab's OpenVINO int8 graph (`engine/openvino.py`) against changes to it, all run with the rest in bf16:
+    symmetric activation ranges, the patch embedding in int8 too, Q K^T or also A V in int8 (the attention core),
+    and NNCF's own quantization of the same export (SmoothQuant, int8 Q K^T) where nncf is installed."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from vitlab.engine import openvino as vo
+
+    model = perturbed(vitlab.create_model(args.model))
+    rng = np.random.default_rng(0)
+    calibration = [rng.standard_normal((16, 3, 224, 224), np.float32) for _ in range(4)]
+    x = rng.standard_normal((args.batch, 3, 224, 224), np.float32)
+    with torch.inference_mode():
+        reference = model(torch.from_numpy(x)).numpy()
+
+    def attention_matmuls(ov_model):
+        """(Q K^T, A V) MatMuls: both inputs computed; A V's first input comes from the Softmax."""
+        core = [op for op in ov_model.get_ordered_ops() if op.get_type_name() == "MatMul"
+                and vo._constant(op.input_value(1)) is None]
+        return ([op for op in core if op.input_value(0).get_node().get_type_name() != "Softmax"],
+                [op for op in core if op.input_value(0).get_node().get_type_name() == "Softmax"])
+
+    def variant(fp32_xml, symmetric=False, conv=False, core_ops=""):
+        ov_model = vo.core().read_model(str(fp32_xml))
+        layers = vo.linear_layers(ov_model)
+        qk, av = attention_matmuls(ov_model)
+        extra = qk + (av if core_ops == "qk+av" else []) if core_ops else []
+        ports = [(op, 0) for op in layers] + [(op, i) for op in extra for i in (0, 1)]
+        probe = {vo._source_key(op.input_value(i)): op.input_value(i) for op, i in ports}
+        outputs = []
+        for port in probe.values():
+            axes = ops.constant(np.arange(len(port.get_partial_shape()), dtype=np.int64))
+            outputs += [ops.reduce_min(port, axes, False).output(0), ops.reduce_max(port, axes, False).output(0)]
+        compiled = vo.core().compile_model(ov.Model(outputs, ov_model.get_parameters()), "CPU",
+                                           {"INFERENCE_PRECISION_HINT": "f32"})
+        results = [compiled(b) for b in calibration]  # one run per batch, every min and max at once
+        found = np.array([[float(r[i]) for i in range(len(outputs))] for r in results])
+        ranges = dict(zip(probe, zip(found[:, 0::2].min(0), found[:, 1::2].max(0))))
+        done = {}
+        for op, i in ports:
+            key = vo._source_key(op.input_value(i))
+            if key not in done:
+                lo, hi = min(ranges[key][0], 0.0), max(ranges[key][1], 0.0)
+                if symmetric or op in extra:
+                    lo, hi = -max(-lo, hi), max(-lo, hi)
+                done[key] = vo._fake_quantize(op.input_value(i), lo, hi, 256)
+            op.input(i).replace_source_output(done[key])
+        for op in layers:
+            limits = vo._weight_limits(op)
+            op.input(1).replace_source_output(vo._fake_quantize(op.input_value(1), -limits, limits, 255))
+        if conv:
+            c = next(o for o in ov_model.get_ordered_ops() if o.get_type_name() == "Convolution")
+            lo, hi = float(np.min(calibration)), float(np.max(calibration))
+            if symmetric:
+                lo, hi = -max(-lo, hi), max(-lo, hi)
+            c.input(0).replace_source_output(vo._fake_quantize(c.input_value(0), lo, hi, 256))
+            w = vo._constant(c.input_value(1)).get_data().astype(np.float32)
+            limits = np.maximum(np.abs(w).max(axis=(1, 2, 3), keepdims=True), np.finfo(np.float32).tiny)
+            c.input(1).replace_source_output(vo._fake_quantize(c.input_value(1), -limits, limits, 255))
+        ov_model.validate_nodes_and_infer_types()
+        return ov_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32 = vo.build_fp32_ir(model, Path(tmp), tuple(model.config.image_size))
+        models = {"as vitlab builds it": variant(fp32), "symmetric activations": variant(fp32, symmetric=True),
+                  "patch embedding int8 too": variant(fp32, conv=True),
+                  "both": variant(fp32, symmetric=True, conv=True), "Q K^T int8 too": variant(fp32, core_ops="qk"),
+                  "Q K^T and A V int8 too": variant(fp32, core_ops="qk+av")}
+        try:
+            import nncf
+
+            from vitlab.export import export_onnx
+
+            portable = vo.core().read_model(str(export_onnx(model, Path(tmp) / "portable.onnx")))
+            models["NNCF on the same export"] = nncf.quantize(portable, nncf.Dataset(calibration),
+                                                              model_type=nncf.ModelType.TRANSFORMER,
+                                                              subset_size=sum(map(len, calibration)))
+        except ImportError:
+            print("  (nncf not installed: its row is left out)")
+        rows = {}
+        for label, ov_model in models.items():
+            compiled = vo.core().compile_model(ov_model, "CPU", {"INFERENCE_NUM_THREADS": args.threads,
+                                                                  "PERFORMANCE_HINT": "LATENCY",
+                                                                  "INFERENCE_PRECISION_HINT": "bf16"})
+            request = compiled.create_infer_request()
+            rows[label] = lambda xs, r=request: np.array(r.infer({0: xs})[0], copy=True)
+        print(f"{args.model}, batch {args.batch} in cuts of {args.cut}, rest in bf16; "
+              "max |logit - fp32| / max |logit|:")
+        for label, fn in rows.items():
+            out = np.concatenate(in_cuts(fn, x, args.cut))
+            print(f"  {label:<40} {np.abs(out - reference).max() / np.abs(reference).max():.3f}")
+        interleaved({label: (lambda fn=fn: in_cuts(fn, x, args.cut)) for label, fn in rows.items()}, args.batch,
+                    args.rounds)
+
+
 def main() -> None:
-    parts = {"streams": streams, "torch-int8": torch_int8, "attention": attention, "hybrid": hybrid}
+    parts = {"streams": streams, "torch-int8": torch_int8, "attention": attention, "hybrid": hybrid,
+             "profile": profile, "openvino": openvino_variants}
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("part", choices=sorted(parts))
     ap.add_argument("--model", default="vit-b/16", choices=["vit-ti/16", "vit-s/16", "vit-b/16"])
