@@ -68,15 +68,36 @@ def test_inference_and_training_step_unchanged(monkeypatch):
 
 
 def test_routes_apply_only_where_they_are_exact():
-    act, erf = torch.nn.GELU(approximate="tanh"), torch.nn.GELU()
+    act, erf, fc = torch.nn.GELU(approximate="tanh"), torch.nn.GELU(), torch.nn.Linear(3, 3)
     x = torch.randn(2, 3)
-    assert not gelu.fused_cpu_gelu_applies(x, act)  # grad enabled: training takes the autograd route
+    assert not gelu.fused_cpu_gelu_applies(x, act, fc)  # grad enabled: training takes the autograd route
     with torch.no_grad():
-        assert gelu.fused_cpu_gelu_applies(x, act) == onednn_linear_available()
-        assert not gelu.fused_cpu_gelu_applies(x, erf)  # erf GELU: torch's kernel is already fast
-        assert not gelu.fused_cpu_gelu_applies(x.double(), act)
+        assert gelu.fused_cpu_gelu_applies(x, act, fc) == onednn_linear_available()
+        assert not gelu.fused_cpu_gelu_applies(x, erf, fc)  # erf GELU: torch's kernel is already fast
+        assert not gelu.fused_cpu_gelu_applies(x.double(), act, fc)
+        assert not gelu.fused_cpu_gelu_applies(x, torch.nn.ReLU(), fc)  # a replaced activation runs as itself
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert not gelu.fused_cpu_gelu_applies(x, act)
+            assert not gelu.fused_cpu_gelu_applies(x, act, fc)
+
+
+def test_hooked_or_replaced_layers_run_as_their_modules():
+    """The direct routes call fc1's and the GELU's operators; a hook on either, or a layer with a forward of its own,
+    must see (and change) what the module would."""
+    torch.manual_seed(0)
+    fc, act = torch.nn.Linear(6, 5), torch.nn.GELU(approximate="tanh")
+    x = torch.randn(2, 6)
+    seen = []
+    handles = [m.register_forward_hook(lambda mod, i, o: seen.append(type(mod).__name__)) for m in (fc, act)]
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            out = gelu.linear_gelu(x, fc, act)
+        assert seen == ["Linear", "GELU"]
+        assert float((out - act(fc(x))).detach().abs().max()) < 1e-6
+        seen.clear()
+    for h in handles:
+        h.remove()
+    with torch.no_grad():
+        assert float((gelu.linear_gelu(x, fc, torch.nn.ReLU()) - torch.relu(fc(x))).abs().max()) < 1e-6
 
 
 def test_onnx_export_traces_the_plain_gelu(tmp_path):

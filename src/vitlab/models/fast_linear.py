@@ -21,6 +21,7 @@ from contextvars import ContextVar
 
 import torch
 import torch.nn as nn
+from torch.nn.modules import module as torch_module
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -91,10 +92,13 @@ class PackedWeights:
         self._packs = WeakIdKeyDictionary()  # weight -> ((data_ptr, version), packed copy)
 
     def weight_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self.packed(weight, x.numel() // x.shape[-1])
+
+    def packed(self, weight: torch.Tensor, rows: int) -> torch.Tensor:
+        """The packed copy of `weight`, made for products of `rows` rows when it is first asked for (or changed)."""
         stamp = (weight.data_ptr(), weight._version)
         entry = self._packs.get(weight)
         if entry is None or entry[0] != stamp:
-            rows = x.numel() // x.shape[-1]
             entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows))
             self._packs[weight] = entry
         return entry[1]
@@ -147,9 +151,19 @@ def _inference_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return weight if packs is None else packs.weight_for(x, weight)
 
 
+def plain_layer(module: nn.Module, cls: type) -> bool:
+    """Whether `module` is exactly a `cls` (not a subclass or a wrapper with a forward of its own, e.g. a LoRA layer
+    that exposes its base layer's weight) and no hook watches it: only then does computing its operator directly
+    give, and show, what `module(x)` would."""
+    return type(module) is cls and not (
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+        or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks)
+
+
 def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
     """fc(x) by the fastest exact route for where it runs."""
-    if not onednn_linear_applies(x, fc.weight):
+    if not (plain_layer(fc, nn.Linear) and onednn_linear_applies(x, fc.weight)):
         return fc(x)
     if torch.is_grad_enabled() and (x.requires_grad or fc.weight.requires_grad
                                     or (fc.bias is not None and fc.bias.requires_grad)):
@@ -158,5 +172,6 @@ def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
 
 
 def linear_act(x: torch.Tensor, fc: nn.Linear, act: str, algorithm: str) -> torch.Tensor:
-    """act(fc(x)) as one oneDNN call (inference only: the fused op has no backward)."""
+    """act(fc(x)) as one oneDNN call (inference only: the fused op has no backward); the caller checks that
+    `plain_layer(fc, nn.Linear)` holds."""
     return _onednn(x, _inference_weight(x, fc.weight), fc.bias, act, algorithm)

@@ -17,20 +17,22 @@ import math
 import torch
 import torch.nn as nn
 
-from vitlab.models.fast_linear import cpu_fp32_eager, linear, linear_act, onednn_linear_available
+from vitlab.models.fast_linear import cpu_fp32_eager, linear, linear_act, onednn_linear_available, plain_layer
 
 FAST_CPU_GELU = True  # benchmarks flip it to time torch's own kernel
 _TWO_K1 = 2 * math.sqrt(2 / math.pi)  # 2u = x * (2 k1 + 2 k1 k2 x^2), k1 = sqrt(2/pi), k2 = 0.044715
 _TWO_K1_K2 = _TWO_K1 * 0.044715
 
 
-def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.GELU) -> bool:
-    return FAST_CPU_GELU and act.approximate == "tanh" and cpu_fp32_eager(x)
+def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.Module) -> bool:
+    """A plain tanh `nn.GELU` (a replaced or hooked activation runs as its module) on CPU fp32 eager work."""
+    return FAST_CPU_GELU and plain_layer(act, nn.GELU) and act.approximate == "tanh" and cpu_fp32_eager(x)
 
 
-def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.GELU) -> bool:
-    """fc1 + GELU as one oneDNN call: CPU fp32 inference (the oneDNN op has no backward)."""
-    return not torch.is_grad_enabled() and _tanh_gelu_cpu_fp32(x, act) and onednn_linear_available()
+def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.Module, fc: nn.Module) -> bool:
+    """fc1 + GELU as one oneDNN call: CPU fp32 inference (the oneDNN op has no backward) of plain layers."""
+    return (not torch.is_grad_enabled() and _tanh_gelu_cpu_fp32(x, act) and plain_layer(fc, nn.Linear)
+            and onednn_linear_available() and fc.weight.dtype == torch.float32)
 
 
 class SigmoidFormTanhGelu(torch.autograd.Function):
@@ -50,9 +52,9 @@ class SigmoidFormTanhGelu(torch.autograd.Function):
         return torch.ops.aten.sigmoid_backward(inner, s).addcmul_(grad, s)
 
 
-def linear_gelu(x: torch.Tensor, fc: nn.Linear, act: nn.GELU) -> torch.Tensor:
+def linear_gelu(x: torch.Tensor, fc: nn.Linear, act: nn.Module) -> torch.Tensor:
     """act(fc(x)) by the fastest exact route for where it runs."""
-    if fused_cpu_gelu_applies(x, act):
+    if fused_cpu_gelu_applies(x, act, fc):
         return linear_act(x, fc, "gelu", "tanh")
     h = linear(x, fc)
     if torch.is_grad_enabled() and _tanh_gelu_cpu_fp32(h, act):
