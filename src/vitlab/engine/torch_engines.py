@@ -10,12 +10,15 @@ import torch
 import torch.nn as nn
 
 from vitlab.models.fast_linear import PackedWeights, packing_fits
+from vitlab.models.vit import VisionTransformer
+from vitlab.models.vit_direct import DirectInference
 
 
 class TorchEngine:
     """Eager PyTorch under `inference_mode`: the exact reference every other engine is checked against. On the
     CPU its linear layers read weights packed once into oneDNN's layout (`PackedWeights`: same logits, faster),
-    unless that copy would take more than a quarter of the free memory."""
+    unless that copy would take more than a quarter of the free memory, and a ViT's blocks run as direct operator
+    calls (`DirectInference`: the same operators and logits, without the module tree's Python)."""
 
     name = "torch"
     exact = True
@@ -23,10 +26,15 @@ class TorchEngine:
     def __init__(self, model: nn.Module):
         self.model = model.eval()
         self.packed = PackedWeights() if packing_fits(model) else None  # else oneDNN reorders on every call
+        self.direct = DirectInference(model, self.packed) if isinstance(model, VisionTransformer) else None
 
     def __call__(self, images: torch.Tensor, **kwargs):
         packs = self.packed.active() if self.packed is not None else contextlib.nullcontext()
         with torch.inference_mode(), packs:
+            if self.direct is not None and not kwargs:
+                logits = self.direct(images)
+                if logits is not None:
+                    return logits
             return self.model(images, **kwargs)
 
 

@@ -317,8 +317,8 @@ class VisionTransformer(nn.Module):
         return (CLASS_TOKEN_ONLY and self.config.classifier == "token" and not return_attention and len(self.blocks) > 0
                 and not _watched([*self.blocks[-1].modules(), *self.norm.modules()]))
 
-    def _tokens(self, x: torch.Tensor, return_attention: bool,
-                class_token_only: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> the first block's input (B, N, D): patch tokens, class token, position embeddings."""
         if x.dim() != 4 or x.shape[1] != self.config.in_chans:
             raise VitlabError(
                 f"expected images of shape (B, {self.config.in_chans}, H, W), got {tuple(x.shape)}"
@@ -326,7 +326,16 @@ class VisionTransformer(nn.Module):
         x, grid = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-        x = self.pos_drop(x + self._pos_embed_for(grid))
+        return self.pos_drop(x + self._pos_embed_for(grid))
+
+    def _tokens(self, x: torch.Tensor, return_attention: bool,
+                class_token_only: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.encode(self.embed(x), return_attention, class_token_only)
+
+    def encode(self, x: torch.Tensor, return_attention: bool = False,
+               class_token_only: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The blocks and the final LayerNorm on embedded tokens (B, N, D) -> (tokens, attention maps); with
+        `class_token_only` the last block computes the class token alone (see CLASS_TOKEN_ONLY)."""
         attentions = []
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):

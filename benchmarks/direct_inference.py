@@ -1,0 +1,138 @@
+"""`--engine torch` with a ViT's blocks as direct operator calls (models/vit_direct.DirectInference) against the
+same engine running them through the module tree, timed as `--engine auto` times its candidates
+(`engine.choose.interleaved_speeds`: interleaved, a pause before each call, median of the rounds); also the largest
+logit difference between the two (0: the same operators on the same values).
+
+    python benchmarks/direct_inference.py                       # torch's default threads
+    python benchmarks/direct_inference.py --threads 1 --models vit-ti/16 --batches 1
+    python benchmarks/direct_inference.py --attempts --models vit-ti/16,vit-s/16,vit-b/16
+
+`--attempts` times two variants of the direct route that were tried and not kept (docs/benchmarks.md, "Tried and
+not adopted"): the residual adds fused into the proj and fc2 products (oneDNN's binary post-op), and the attention
+core of 197-token blocks as two batched products and a softmax instead of torch's fused kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import vitlab
+from vitlab.engine import choose
+from vitlab.engine.torch_engines import TorchEngine
+from vitlab.models import vit_direct
+from vitlab.runtime import tune_cpu_allocator
+
+KEPT_BLOCK = vit_direct._block  # the direct route's block as shipped (the attempts swap it out)
+FMNIST = dict(image_size=28, patch_size=4, dim=64, depth=6, heads=4, mlp_dim=128, num_classes=10, in_chans=1)
+
+
+def model_and_images(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    if name == "fmnist":  # the Fashion-MNIST-size ViT of benchmarks/linear.py
+        model, shape = vitlab.create_model("custom", **FMNIST), (1, 28, 28)
+    else:
+        model, shape = vitlab.create_model(name), (3, 224, 224)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)  # non-zero heads and biases: a difference would show
+    return model.eval(), torch.randn(batch, *shape)
+
+
+def compare(name: str, batch: int, rounds: int) -> tuple[float, float, float]:
+    """images/s through the modules, images/s direct, max |logit difference|."""
+    model, x = model_and_images(name, batch)
+    engine = TorchEngine(model)
+
+    def route(direct: bool):
+        def run(images: torch.Tensor) -> torch.Tensor:
+            vit_direct.DIRECT_INFERENCE = direct
+            return engine(images)
+        return run
+
+    modules, direct = route(False), route(True)
+    diff = float((direct(x) - modules(x)).abs().max())
+    speeds = choose.interleaved_speeds({"modules": modules, "direct": direct}, x, rounds)
+    vit_direct.DIRECT_INFERENCE = True
+    return speeds["modules"], speeds["direct"], diff
+
+
+def _fused_add_block(x, p, queries, fused_gelu):
+    """`vit_direct._block` with x + proj(out) and x + fc2(h) as oneDNN products with a binary-add post-op."""
+    add = torch.ops.mkldnn._linear_pointwise.binary
+    b, n, d = x.shape
+    qkv = vit_direct._linear(F.layer_norm(x, *p.norm1), p.qkv_weight, p.qkv_bias).view(b, n, 3, p.heads, p.head_dim)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    if queries is not None:
+        q, n, x = q[:, :, :queries], queries, x[:, :queries]
+    out = vit_direct.attention(q, k, v, 0.0).transpose(1, 2).reshape(b, n, d)
+    x = add(out, x, p.proj_weight, p.proj_bias, "add")
+    h = vit_direct._linear(F.layer_norm(x, *p.norm2), p.fc1_weight, p.fc1_bias, "gelu", "tanh")
+    return add(h, x, p.fc2_weight, p.fc2_bias, "add")
+
+
+def _explicit_core_block(x, p, queries, fused_gelu):
+    """`vit_direct._block` with every full block's attention core in the explicit form (any sequence length)."""
+    from vitlab.models import attention_core
+
+    limit = attention_core.EXPLICIT_MAX_TOKENS
+    attention_core.EXPLICIT_MAX_TOKENS = 10**9 if queries is None else limit
+    try:
+        return KEPT_BLOCK(x, p, queries, fused_gelu)
+    finally:
+        attention_core.EXPLICIT_MAX_TOKENS = limit
+
+
+def attempts(name: str, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """images/s at batch 1 of the direct route as kept and of each variant tried, with max |logit difference|."""
+    model, x = model_and_images(name, 1)
+    engine = TorchEngine(model)
+    kept = KEPT_BLOCK
+
+    def variant(block):
+        def run(images: torch.Tensor) -> torch.Tensor:
+            vit_direct._block = block
+            try:
+                return engine(images)
+            finally:
+                vit_direct._block = kept
+        return run
+
+    runs = {"direct": variant(kept), "fused residual add": variant(_fused_add_block),
+            "explicit core at 197 tokens": variant(_explicit_core_block)}
+    reference = engine(x)
+    diffs = {label: float((run(x) - reference).abs().max()) for label, run in runs.items()}
+    return choose.interleaved_speeds(runs, x, rounds), diffs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16,fmnist")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--pause-ms", type=float, default=50)
+    ap.add_argument("--attempts", action="store_true", help="time the variants tried and not kept (batch 1)")
+    args = ap.parse_args()
+    choose.PAUSE_S = args.pause_ms / 1e3
+    torch.set_num_threads(args.threads)
+    tune_cpu_allocator()  # as every vitlab command on the CPU runs
+    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds, images/s")
+    if args.attempts:
+        for name in args.models.split(","):
+            speeds, diffs = attempts(name, args.rounds)
+            print(f"  {name:10s} batch   1: " + "  ".join(
+                f"{label} {v:.2f} (x{v / speeds['direct']:.3f}, max |logit difference| {diffs[label]:.1e})"
+                for label, v in speeds.items()), flush=True)
+        return
+    for name in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            modules, direct, diff = compare(name, batch, args.rounds)
+            print(f"  {name:10s} batch {batch:3d}: modules {modules:8.2f}  direct {direct:8.2f}  "
+                  f"(x{direct / modules:.3f})  max |logit difference| {diff:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""ViT inference on the CPU as direct operator calls: what `VisionTransformer.forward` computes in eval mode,
+without the Python of its module tree.
+
+At batch 1 a ViT's blocks are many small operators, and the Python around each one (module calls, the per-layer
+route checks of fast_linear and gelu, the packed-weight look-ups) adds up: up to 2 of ViT-Ti/16's 17 ms per image
+on the 2-core VM of docs/benchmarks.md (`python benchmarks/direct_inference.py`). `DirectInference` reads each
+block's parameters once into a flat plan (the linear weights packed into oneDNN's layout when it is given a
+`PackedWeights`) and runs the operators the modules run, on the same tensors, in the same order: the same logits
+to the last bit (tests/test_model_vit_direct.py).
+
+It checks on every call that nothing would see a difference. A call it does not cover (autograd, another dtype or
+device, autocast, the model in training mode or watched by a hook) returns None, and the caller runs the model.
+Blocks it does not cover (a replaced or wrapped layer, e.g. LoRA's; a forward hook on a block or any layer of one;
+a layer left in training mode) run through their modules. A replaced layer or parameter, a weight changed in place
+(an optimizer step, `load_state_dict`) or a changed constant (LayerNorm eps, heads, the GELU kind) makes it build
+the plan anew. Everything outside the blocks (patch embedding, class token and position embeddings, final
+LayerNorm, head) runs through the model's own modules.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.modules import module as torch_module
+
+from vitlab.models import fast_linear, gelu
+from vitlab.models.attention_core import attention
+from vitlab.models.fast_linear import PackedWeights
+from vitlab.models.vit import Attention, Block, DropPath, Mlp, VisionTransformer
+
+DIRECT_INFERENCE = True  # tests and benchmarks flip it to compare with the module route
+
+# The sub-layers a block may have for the plan to compute what it computes (dropouts are identities in eval mode).
+_STANDARD = {
+    "norm1": (nn.LayerNorm,), "norm2": (nn.LayerNorm,), "attn": (Attention,), "mlp": (Mlp,),
+    "drop_path1": (nn.Identity, DropPath), "drop_path2": (nn.Identity, DropPath),
+    "qkv": (nn.Linear,), "proj": (nn.Linear,), "proj_drop": (nn.Identity, nn.Dropout),
+    "fc1": (nn.Linear,), "act": (nn.GELU,), "drop1": (nn.Identity, nn.Dropout), "fc2": (nn.Linear,),
+    "drop2": (nn.Identity, nn.Dropout),
+}
+_HOOKS = operator.attrgetter("_forward_hooks")
+_PRE_HOOKS = operator.attrgetter("_forward_pre_hooks")
+_TRAINING = operator.attrgetter("training")
+
+
+class _BlockPlan(NamedTuple):
+    """One block's tensors and constants, in the order `_block` uses them."""
+
+    norm1: tuple  # (normalized_shape, weight, bias, eps)
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    heads: int
+    head_dim: int
+    proj_weight: torch.Tensor
+    proj_bias: torch.Tensor | None
+    norm2: tuple
+    fc1_weight: torch.Tensor
+    fc1_bias: torch.Tensor | None
+    gelu: str  # the GELU's `approximate`: "tanh" (official) or "none"
+    fc2_weight: torch.Tensor
+    fc2_bias: torch.Tensor | None
+
+
+def _layers(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The block and every layer under it, named as in `_STANDARD` (the block itself as "block")."""
+    mods = block._modules
+    layers = [("block", block), *mods.items()]
+    for name in ("attn", "mlp"):
+        if name in mods:
+            layers.extend(mods[name]._modules.items())
+    return layers
+
+
+def _norm(ln: nn.LayerNorm) -> tuple:
+    return ln.normalized_shape, ln.weight, ln.bias, ln.eps
+
+
+class DirectInference:
+    """A ViT's CPU fp32 inference as direct operator calls (module docstring). `direct(images)` -> the logits of
+    `model(images)`, or None where it does not apply; `packs` (optional) supplies the linear weights in oneDNN's
+    layout."""
+
+    def __init__(self, model: VisionTransformer, packs: PackedWeights | None = None):
+        self.model = model
+        self.packs = packs
+        self._plan: list[_BlockPlan] = []  # empty: not built yet, or the blocks are not the standard layers
+        self._built_from: list = []  # `_snapshot()` when the plan was built
+        self._dicts: list[dict] = []  # the module and parameter dicts the plan read
+        self._held: list = []  # what those dicts held then: kept alive, so that no new object takes an old id
+        self._layers: list[nn.Module] = []  # the blocks and their layers (hooks and training mode, per call)
+        self._packed_from: list[torch.Tensor] = []  # the weights whose packed copies the plan holds
+        self._constants: list[tuple[nn.Module, str]] = []  # (layer, attribute) the plan copied
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | None:
+        model = self.model
+        if not self.applies(images):
+            return None
+        x = model.embed(images)
+        class_token_only = model._class_token_only(False)
+        plan = self._current(x, class_token_only)
+        if not plan:  # blocks that are not the standard layers, or watched by hooks: their modules run them
+            return model.forward_head(model.encode(x, False, class_token_only)[0])
+        last = len(plan) - 1
+        fused_gelu = gelu.FAST_CPU_GELU
+        for i, block in enumerate(plan):
+            x = _block(x, block, 1 if class_token_only and i == last else None, fused_gelu)
+        return model.forward_head(model.norm(x))
+
+    def applies(self, images: torch.Tensor) -> bool:
+        """CPU fp32 eager inference (no autograd) of a ViT in eval mode whose forward no hook watches."""
+        model = self.model
+        return (DIRECT_INFERENCE and isinstance(model, VisionTransformer) and not torch.is_grad_enabled()
+                and not model.training and len(model.blocks) > 0
+                and not (model._forward_hooks or model._forward_pre_hooks
+                         or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+                and fast_linear.ONEDNN_LINEAR and fast_linear.onednn_linear_available()
+                and fast_linear.cpu_fp32_eager(images))
+
+    # ------------------------------------------------------------------------------------ the plan
+    def _current(self, x: torch.Tensor, class_token_only: bool) -> list[_BlockPlan]:
+        """The plan for the blocks as they are now; empty where they are not the standard layers, or where a
+        forward hook watches one of them or one is in training mode."""
+        if not self._dicts or self._snapshot() != self._built_from:
+            self._build(x, class_token_only)
+        layers = self._layers
+        if any(map(_HOOKS, layers)) or any(map(_PRE_HOOKS, layers)) or any(map(_TRAINING, layers)):
+            return []
+        return self._plan
+
+    def _snapshot(self) -> list:
+        """What the plan depends on: which layers and parameters sit where (ids), the packed weights' data and
+        versions (an in-place change, an optimizer step, `load_state_dict`), and the constants it copied. The
+        other parameters (LayerNorms, biases) the plan reads as the live tensors."""
+        return [*(id(v) for d in self._dicts for v in d.values()),
+                *((w.data_ptr(), w._version) for w in self._packed_from),
+                *(getattr(m, name) for m, name in self._constants)]
+
+    def _build(self, x: torch.Tensor, class_token_only: bool) -> None:
+        blocks = self.model.blocks
+        self._dicts, self._layers, self._packed_from, self._constants = [blocks._modules], [], [], []
+        self._plan = []
+        plans = []
+        for i, block in enumerate(blocks):
+            layers = _layers(block)
+            self._layers.extend(m for _, m in layers)
+            self._dicts.extend(m._modules for name, m in layers if name in ("block", "attn", "mlp"))
+            self._dicts.extend(m._parameters for _, m in layers)
+            standard = type(block) is Block and all(name == "block" or type(m) in _STANDARD.get(name, ())
+                                                    for name, m in layers)
+            if not standard or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in block.parameters()):
+                plans = None
+                break
+            # a weight is packed for the rows of the product it first serves, as the module route packs it
+            rows = x.shape[0] * x.shape[1]
+            after_attention = x.shape[0] if class_token_only and i == len(blocks) - 1 else rows
+            plans.append(self._block_plan(block, rows, after_attention))
+        self._held = [v for d in self._dicts for v in d.values()]
+        self._built_from = self._snapshot()
+        self._plan = plans or []
+
+    def _block_plan(self, block: Block, rows: int, rows_after_attention: int) -> _BlockPlan:
+        attn, mlp, norm1, norm2 = block.attn, block.mlp, block.norm1, block.norm2
+        self._constants.extend([(norm1, "eps"), (norm1, "normalized_shape"), (norm2, "eps"),
+                                (norm2, "normalized_shape"), (attn, "heads"), (attn, "head_dim"),
+                                (mlp.act, "approximate")])
+
+        def weight(fc: nn.Linear, rows: int) -> torch.Tensor:
+            if self.packs is None:
+                return fc.weight
+            self._packed_from.append(fc.weight)
+            return self.packs.packed(fc.weight, rows)
+
+        later = rows_after_attention
+        return _BlockPlan(
+            _norm(norm1), weight(attn.qkv, rows), attn.qkv.bias, attn.heads, attn.head_dim,
+            weight(attn.proj, later), attn.proj.bias, _norm(norm2), weight(mlp.fc1, later), mlp.fc1.bias,
+            mlp.act.approximate, weight(mlp.fc2, later), mlp.fc2.bias,
+        )
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str = "none",
+            algorithm: str = "") -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, act, [], algorithm)
+
+
+def _block(x: torch.Tensor, p: _BlockPlan, queries: int | None, fused_gelu: bool) -> torch.Tensor:
+    """`Block.forward` in eval mode (Attention.forward, Mlp.forward), operator for operator."""
+    b, n, d = x.shape
+    h = F.layer_norm(x, *p.norm1)
+    qkv = _linear(h, p.qkv_weight, p.qkv_bias).view(b, n, 3, p.heads, p.head_dim)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, N, hd) views, as Attention.forward cuts them
+    if queries is not None:
+        q, n, x = q[:, :, :queries], queries, x[:, :queries]
+    out = attention(q, k, v, 0.0).transpose(1, 2).reshape(b, n, d)
+    x = x + _linear(out, p.proj_weight, p.proj_bias)
+    h = F.layer_norm(x, *p.norm2)
+    if p.gelu == "tanh" and fused_gelu:
+        h = _linear(h, p.fc1_weight, p.fc1_bias, "gelu", "tanh")  # fc1 and the official GELU in one oneDNN call
+    else:
+        h = F.gelu(_linear(h, p.fc1_weight, p.fc1_bias), approximate=p.gelu)
+    return x + _linear(h, p.fc2_weight, p.fc2_bias)
