@@ -212,11 +212,11 @@ class _Builder:
                                self.say_building)
 
     def openvino_fp32_path(self) -> Path:
-        from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_files, require_openvino
+        from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_complete, require_openvino
 
         require_openvino()  # not installed: said in one line, before any "building" line
         path = self.folder / FP32_IR
-        if all(f.is_file() for f in ir_files(path)):
+        if ir_complete(path):
             return path
         self.say_building("the OpenVINO model")
         return build_fp32_ir(self.model, self.folder, self.image_size)
@@ -240,10 +240,10 @@ class _Builder:
                                [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")], self.say_building)
 
     def _openvino_int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None):
-        from vitlab.engine.openvino import OvEngine, build_int8_ir, ir_files
+        from vitlab.engine.openvino import OvEngine, build_int8_ir, ir_complete
 
         path = self.folder / f"openvino-int8-static-{tag or calibration_tag(calibration)}.xml"
-        if not all(f.is_file() for f in ir_files(path)):
+        if not ir_complete(path):
             fp32 = self.openvino_fp32_path()
             self.say_building("the OpenVINO static int8 model (calibrating)")
             build_int8_ir(fp32, path, calibration or [], self.threads)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 
 import torch
@@ -151,14 +151,21 @@ def _inference_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return weight if packs is None else packs.weight_for(x, weight)
 
 
+def watched(modules: Iterable[nn.Module]) -> bool:
+    """Whether a hook (forward or backward; on one of `modules`, or registered for every module) would see these
+    modules run: a route that computes their operators directly instead of calling them would hide it."""
+    if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+            or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in modules)
+
+
 def plain_layer(module: nn.Module, cls: type) -> bool:
     """Whether `module` is exactly a `cls` (not a subclass or a wrapper with a forward of its own, e.g. a LoRA layer
     that exposes its base layer's weight) and no hook watches it: only then does computing its operator directly
     give, and show, what `module(x)` would."""
-    return type(module) is cls and not (
-        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
-        or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-        or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks)
+    return type(module) is cls and not watched((module,))
 
 
 def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:

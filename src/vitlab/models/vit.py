@@ -16,7 +16,7 @@ from vitlab.errors import VitlabError
 from vitlab.models.attention_core import attention, explicit_attention
 from vitlab.models.config import ViTConfig
 from vitlab.models.convstem import ConvStem
-from vitlab.models.fast_linear import linear
+from vitlab.models.fast_linear import linear, watched
 from vitlab.models.gelu import linear_gelu
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
@@ -25,17 +25,6 @@ from vitlab.models.resnet import ResNetBody, lecun_normal_
 # attention, MLP and the final LayerNorm for 1 row instead of N, the same numbers for that row (every token still
 # serves as a key and value). ViT-B/16 at 224 px: 76 % of the last block's work, 6 % of the model's.
 CLASS_TOKEN_ONLY = True  # tests and benchmarks flip it to compare with the full last block
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-
-def _watched(modules: list[nn.Module]) -> bool:
-    """Whether hooks watch any of these modules (feature extractors, Grad-CAM): they get the full tokens."""
-    from torch.nn.modules import module as torch_module
-
-    if any(getattr(torch_module, "_global" + name, None) for name in _HOOKS):
-        return True
-    return any(getattr(m, name, None) for m in modules for name in _HOOKS)
-
 
 class PatchEmbed(nn.Module):
     """Patches -> tokens with one strided convolution; hybrids first run a CNN (BiT ResNet body or conv stem)."""
@@ -315,7 +304,8 @@ class VisionTransformer(nn.Module):
     def _class_token_only(self, return_attention: bool) -> bool:
         """Whether forward may compute the last block for the class token alone (see CLASS_TOKEN_ONLY)."""
         return (CLASS_TOKEN_ONLY and self.config.classifier == "token" and not return_attention and len(self.blocks) > 0
-                and not _watched([*self.blocks[-1].modules(), *self.norm.modules()]))
+                # hooks there (feature extractors, Grad-CAM) get the full tokens
+                and not watched([*self.blocks[-1].modules(), *self.norm.modules()]))
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> the first block's input (B, N, D): patch tokens, class token, position embeddings."""

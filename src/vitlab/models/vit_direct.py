@@ -25,7 +25,6 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.modules import module as torch_module
 
 from vitlab.models import fast_linear, gelu
 from vitlab.models.attention_core import attention
@@ -115,8 +114,7 @@ class DirectInference:
         model = self.model
         return (DIRECT_INFERENCE and isinstance(model, VisionTransformer) and not torch.is_grad_enabled()
                 and not model.training and len(model.blocks) > 0
-                and not (model._forward_hooks or model._forward_pre_hooks
-                         or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+                and not fast_linear.watched((model,))
                 and fast_linear.ONEDNN_LINEAR and fast_linear.onednn_linear_available()
                 and fast_linear.cpu_fp32_eager(images))
 
@@ -144,6 +142,10 @@ class DirectInference:
         self._dicts, self._layers, self._packed_from, self._constants = [blocks._modules], [], [], []
         self._plan = []
         plans = []
+        # a weight is packed for the rows of the product it first serves, as the module route packs it: B x N, and B
+        # for the products after the attention of a class-token-only last block
+        rows = x.shape[0] * x.shape[1]
+        last_rows = x.shape[0] if class_token_only else rows
         for i, block in enumerate(blocks):
             layers = _layers(block)
             self._layers.extend(m for _, m in layers)
@@ -152,15 +154,12 @@ class DirectInference:
             standard = type(block) is Block and all(name == "block" or type(m) in _STANDARD.get(name, ())
                                                     for name, m in layers)
             if not standard or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in block.parameters()):
-                plans = None
+                plans = []
                 break
-            # a weight is packed for the rows of the product it first serves, as the module route packs it
-            rows = x.shape[0] * x.shape[1]
-            after_attention = x.shape[0] if class_token_only and i == len(blocks) - 1 else rows
-            plans.append(self._block_plan(block, rows, after_attention))
+            plans.append(self._block_plan(block, rows, last_rows if i == len(blocks) - 1 else rows))
         self._held = [v for d in self._dicts for v in d.values()]
         self._built_from = self._snapshot()
-        self._plan = plans or []
+        self._plan = plans
 
     def _block_plan(self, block: Block, rows: int, rows_after_attention: int) -> _BlockPlan:
         attn, mlp, norm1, norm2 = block.attn, block.mlp, block.norm1, block.norm2
