@@ -2,8 +2,9 @@
 without the Python of its module tree.
 
 At batch 1 a ViT's blocks are many small operators, and the Python around each one (module calls, the per-layer
-route checks of fast_linear and gelu, the packed-weight look-ups) adds up: up to 2 of ViT-Ti/16's 17 ms per image
-on the 2-core VM of docs/benchmarks.md (`python benchmarks/direct_inference.py`). `DirectInference` reads each
+route checks of fast_linear and gelu, the packed-weight look-ups) adds up: about 2 ms of ViT-Ti/16's 25 ms per
+image at batch 1 in one run on the 2-core VM of docs/benchmarks.md (1.04-1.10x in two runs;
+`python benchmarks/direct_inference.py`, docs/results/direct_inference.txt). `DirectInference` reads each
 block's parameters once into a flat plan (the linear weights packed into oneDNN's layout when it is given a
 `PackedWeights`) and runs the operators the modules run, on the same tensors, in the same order: the same logits
 to the last bit (tests/test_model_vit_direct.py).
