@@ -10,6 +10,7 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
     /work/peers/bin/python benchmarks/peers.py                                  # Ti/S/B-16, batch 1 and 32
     /work/peers/bin/python benchmarks/peers.py --models vit-s/16 --batches 32 --rounds 9 --out /tmp/peers.json
     /work/peers/bin/python benchmarks/peers.py --train fmnist,ti16       # training steps instead (AdamW, fp32)
+    /work/peers/bin/python benchmarks/peers.py --train ti16,s16,b16 --train-batches 1,32 --steps 2
     /work/peers/bin/pip install openvino nncf                            # for --openvino all
     /work/peers/bin/python benchmarks/peers.py --models vit-b/16 --batches 32 --openvino all
 
@@ -255,7 +256,8 @@ def report(name: str, batch: int, rows: dict, speeds: dict[str, float]) -> list[
 
 
 # training sizes: name -> (image size, channels, patch, dim, depth, heads, mlp, batch)
-TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 192, 12, 3, 768, 16)}
+TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 192, 12, 3, 768, 16),
+               "s16": (224, 3, 16, 384, 12, 6, 1536, 32), "b16": (224, 3, 16, 768, 12, 12, 3072, 32)}
 
 
 def train_models(size) -> dict[str, torch.nn.Module]:
@@ -289,9 +291,9 @@ def train_step(model, x, y):
     return step
 
 
-def bench_training(name: str, rounds: int, steps: int) -> list[dict]:
+def bench_training(name: str, rounds: int, steps: int, batch: int | None = None) -> list[dict]:
     size = TRAIN_SIZES[name]
-    img, ch, batch = size[0], size[1], size[7]
+    img, ch, batch = size[0], size[1], batch or size[7]
     torch.manual_seed(0)
     x, y = torch.randn(batch, ch, img, img), torch.randint(0, 10, (batch,))
     fns = {label: train_step(m, x, y) for label, m in train_models(size).items()}
@@ -325,8 +327,10 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="also bf16 autocast rows for vitlab and timm")
     ap.add_argument("--no-peer-int8", action="store_true", help="leave out the peers' int8 rows (faster set-up)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
-    ap.add_argument("--train", default=None, help="time training steps for these sizes (fmnist,ti16) instead")
+    ap.add_argument("--train", default=None, help="time training steps for these sizes (fmnist,ti16,s16,b16) instead")
     ap.add_argument("--steps", type=int, default=3, help="training steps per round (with --train)")
+    ap.add_argument("--train-batches", default="",
+                    help="with --train: these batch sizes (comma-separated) instead of each size's own")
     ap.add_argument("--sub-batches", default="",
                     help="also time every row in sub-batches of these sizes (comma-separated), at larger batches")
     ap.add_argument("--sub-batch-int8-only", action="store_true", help="sub-batches for the int8 rows only")
@@ -357,7 +361,8 @@ def main() -> None:
     results = []
     if args.train:
         for name in args.train.split(","):
-            results += bench_training(name, args.rounds, args.steps)
+            for batch in ([int(b) for b in args.train_batches.split(",")] if args.train_batches else [None]):
+                results += bench_training(name, args.rounds, args.steps, batch)
     for name in ([] if args.train else args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8, args.openvino or "")
