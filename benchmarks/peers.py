@@ -9,6 +9,7 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
     /work/peers/bin/pip install --no-deps -e .
     /work/peers/bin/python benchmarks/peers.py                                  # Ti/S/B-16, batch 1 and 32
     /work/peers/bin/python benchmarks/peers.py --models vit-s/16 --batches 32 --rounds 9 --out /tmp/peers.json
+    /work/peers/bin/python benchmarks/peers.py --models fmnist           # the Fashion-MNIST-size ViT (28 px)
     /work/peers/bin/python benchmarks/peers.py --train fmnist,ti16       # training steps instead (AdamW, fp32)
     /work/peers/bin/python benchmarks/peers.py --train ti16,s16,b16 --train-batches 1,32 --steps 2
     /work/peers/bin/pip install openvino nncf                            # for --openvino all
@@ -41,6 +42,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -59,6 +61,14 @@ from vitlab.engine.torch_engines import TorchEngine
 
 TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
               "vit-b/16": "vit_base_patch16_224", "vit-b/32": "vit_base_patch32_224"}
+# `--models fmnist`: the Fashion-MNIST-size ViT of the issue (the training size "fmnist" below, 10 classes)
+FMNIST = dict(image_size=28, in_chans=1, patch_size=4, dim=64, depth=6, heads=4, mlp_dim=128, num_classes=10)
+IMAGE = {"fmnist": (1, 28, 28)}  # input shape per model name; (3, 224, 224) otherwise
+
+
+def image_hw(cfg) -> tuple[int, int]:
+    """(height, width) of the images a vitlab config is made for."""
+    return tuple(g * cfg.patch_size for g in cfg.grid_size)
 
 
 def perturbed(model: torch.nn.Module) -> torch.nn.Module:
@@ -81,7 +91,7 @@ class Torch:
         return out.logits if hasattr(out, "logits") else out
 
 
-def export_plain(model, path: Path, in_chans: int = 3) -> Path:
+def export_plain(model, path: Path, in_chans: int = 3, size: tuple[int, int] = (224, 224)) -> Path:
     """A peer's export as its users make it: torch.onnx.export with the TorchScript exporter, dynamic batch."""
     class Logits(torch.nn.Module):
         def __init__(self, m):
@@ -94,7 +104,7 @@ def export_plain(model, path: Path, in_chans: int = 3) -> Path:
 
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Logits(model).eval(), (torch.zeros(1, in_chans, 224, 224),), str(path),
+        torch.onnx.export(Logits(model).eval(), (torch.zeros(1, in_chans, *size),), str(path),
                           input_names=["images"], output_names=["logits"], opset_version=17, dynamo=False,
                           dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
     return path
@@ -127,7 +137,8 @@ def hf_model(cfg):
 
     return ViTForImageClassification(ViTConfig(
         hidden_size=cfg.dim, num_hidden_layers=cfg.depth, num_attention_heads=cfg.heads,
-        intermediate_size=cfg.mlp_dim, image_size=224, patch_size=cfg.patch_size, num_labels=1000,
+        intermediate_size=cfg.mlp_dim, image_size=cfg.image_size, patch_size=cfg.patch_size,
+        num_channels=cfg.in_chans, num_labels=cfg.num_classes,
         layer_norm_eps=cfg.layer_norm_eps, attn_implementation="sdpa"))
 
 
@@ -139,7 +150,7 @@ def openvino_rows(ours, fp32_onnx_timm: Path, tmp: Path, threads: int, calibrati
     the rest where the CPU has it)."""
     from vitlab.engine.openvino import OvEngine, bf16_supported, build_fp32_ir, build_int8_ir, core
 
-    ir = build_fp32_ir(ours, tmp / "vitlab-ov", (224, 224))
+    ir = build_fp32_ir(ours, tmp / "vitlab-ov", image_hw(ours.config))
     int8_ir = build_int8_ir(ir, tmp / "vitlab-ov" / "int8.xml", calibration, threads)
     rows = {"vitlab openvino": ("ours", OvEngine(ir, threads)),
             "vitlab int8 openvino": ("ours-int8", OvEngine(int8_ir, threads, exact=False))}
@@ -164,10 +175,19 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
     """label -> (kind, engine); kind is 'ours' or 'peer', with '-int8' for int8 rows. `openvino`: "" (none),
     "ours" (vitlab's OpenVINO engines) or "all" (also the peers' OpenVINO paths)."""
     import timm
+    from timm.models.vision_transformer import VisionTransformer
 
-    ours = perturbed(vitlab.create_model(name, num_classes=1000))
-    cfg = ours.config
-    timm_model = perturbed(timm.create_model(TIMM_NAMES[name], pretrained=False))
+    if name == "fmnist":  # the Fashion-MNIST-size ViT (28 px, 1 channel, 10 classes), timm built to the same shape
+        ours = perturbed(vitlab.create_model("custom", **FMNIST))
+        cfg = ours.config
+        timm_model = perturbed(VisionTransformer(img_size=28, patch_size=cfg.patch_size, in_chans=1, num_classes=10,
+                                                 embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.heads,
+                                                 mlp_ratio=cfg.mlp_dim / cfg.dim))
+    else:
+        ours = perturbed(vitlab.create_model(name, num_classes=1000))
+        cfg = ours.config
+        timm_model = perturbed(timm.create_model(TIMM_NAMES[name], pretrained=False))
+    size, chans = image_hw(cfg), cfg.in_chans
     hf = perturbed(hf_model(cfg))
     rows: dict[str, tuple[str, object]] = {
         "vitlab torch": ("ours", TorchEngine(ours)),  # what `--engine torch` runs (weights packed once)
@@ -177,14 +197,14 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
     if bf16:
         rows["vitlab torch bf16"] = ("ours-bf16", Torch(ours, True))
         rows["timm torch bf16"] = ("peer-bf16", Torch(timm_model, True))
-    fp32 = build_fp32(ours, tmp / "vitlab", (224, 224))
+    fp32 = build_fp32(ours, tmp / "vitlab", size)
     rows["vitlab onnxruntime"] = ("ours", OrtEngine(fp32, threads))
     rng = np.random.RandomState(0)
-    calibration = [rng.randn(16, 3, 224, 224).astype(np.float32) for _ in range(4)]
+    calibration = [rng.randn(16, chans, *size).astype(np.float32) for _ in range(4)]
     rows["vitlab int8 static"] = ("ours-int8", OrtEngine(build_int8_static(fp32, tmp / "vitlab/int8-static.onnx", calibration), threads))
     rows["vitlab int8 dynamic"] = ("ours-int8", OrtEngine(build_int8_dynamic(fp32, tmp / "vitlab/int8-dynamic.onnx"),
                                                           threads))
-    timm_onnx = export_plain(timm_model, tmp / "timm.onnx")
+    timm_onnx = export_plain(timm_model, tmp / "timm.onnx", chans, size)
     timm_opt = optimized(timm_onnx, cfg.heads, cfg.dim)
     rows["timm -> ORT"] = ("peer", OrtEngine(timm_onnx, threads))
     rows["timm -> ORT optimized"] = ("peer", OrtEngine(timm_opt, threads))
@@ -195,14 +215,30 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
             peer_int8(timm_onnx, tmp / "timm.plain.int8.onnx"), threads))
         rows["timm -> ORT int8 dynamic"] = ("peer-int8", OrtEngine(peer_int8(timm_opt, tmp / "timm.int8.onnx"),
                                                                    threads))
-        hf_opt = optimized(export_plain(hf, tmp / "hf.onnx"), cfg.heads, cfg.dim)
+        hf_opt = optimized(export_plain(hf, tmp / "hf.onnx", chans, size), cfg.heads, cfg.dim)
         rows["HF -> ORT int8 dynamic"] = ("peer-int8", OrtEngine(peer_int8(hf_opt, tmp / "hf.int8.onnx"),
                                                                  threads))
     return rows
 
 
-def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0) -> dict[str, float]:
-    x = torch.randn(batch, 3, 224, 224)
+def round_orders(labels: list[str], rounds: int, seed: int = 0) -> list[str]:
+    """Every label once per round, each round in a new random order (seeded): what a row follows changes from round
+    to round. A row that runs right after an ONNX Runtime row runs slower on the VMs measured here, even after the
+    pause. The earlier rotation (A B C, B C A, ...) kept each row behind the same neighbour in almost every round:
+    with the rows in their listed order, `vitlab torch` followed the last row (an ORT one) in every round where it
+    did not run first."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(rounds):
+        order = list(labels)
+        rng.shuffle(order)
+        out += order
+    return out
+
+
+def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0,
+            image: tuple[int, int, int] = (3, 224, 224)) -> dict[str, float]:
+    x = torch.randn(batch, *image)
     start = time.perf_counter()
     while True:  # warm-up: every row at least once, in turn until settle_s has passed (the VM's first work runs slow)
         for _, engine in rows.values():
@@ -210,14 +246,11 @@ def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0) -> dict[
         if time.perf_counter() - start >= settle_s:
             break
     times = {label: [] for label in rows}
-    labels = list(rows)
-    for r in range(rounds):  # interleaved; the order turns each round so no row always follows the same one
-        shift = r % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            time.sleep(PAUSE_S)
-            t = time.perf_counter()
-            rows[label][1](x)
-            times[label].append(time.perf_counter() - t)
+    for label in round_orders(list(rows), rounds):
+        time.sleep(PAUSE_S)
+        t = time.perf_counter()
+        rows[label][1](x)
+        times[label].append(time.perf_counter() - t)
     return {label: batch / statistics.median(ts) for label, ts in times.items()}
 
 
@@ -300,14 +333,11 @@ def bench_training(name: str, rounds: int, steps: int, batch: int | None = None)
     for fn in fns.values():
         fn()
     times = {label: [] for label in fns}
-    labels = list(fns)
-    for r in range(rounds):
-        shift = r % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            t = time.perf_counter()
-            for _ in range(steps):
-                fns[label]()
-            times[label].append((time.perf_counter() - t) / steps)
+    for label in round_orders(list(fns), rounds):
+        t = time.perf_counter()
+        for _ in range(steps):
+            fns[label]()
+        times[label].append((time.perf_counter() - t) / steps)
     speeds = {label: batch / statistics.median(ts) for label, ts in times.items()}
     best_peer = max(v for k, v in speeds.items() if k != "vitlab")
     out = []
@@ -320,7 +350,8 @@ def bench_training(name: str, rounds: int, steps: int, batch: int | None = None)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16")
+    ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16",
+                    help="comma-separated: vit-ti/16, vit-s/16, vit-b/16, vit-b/32, or fmnist (the 28 px Fashion-MNIST ViT)")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -369,7 +400,8 @@ def main() -> None:
             sizes = [int(s) for s in args.sub_batches.split(",") if s]
             for batch in (int(b) for b in args.batches.split(",")):
                 timed = with_sub_batches(rows, batch, sizes, args.sub_batch_int8_only)
-                results += report(name, batch, timed, measure(timed, batch, args.rounds, args.settle_s))
+                speeds = measure(timed, batch, args.rounds, args.settle_s, IMAGE.get(name, (3, 224, 224)))
+                results += report(name, batch, timed, speeds)
     if args.out:
         Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))
 
