@@ -9,6 +9,9 @@ fast each engine's worker threads come back from sleep).
     python benchmarks/overhead.py --profile             # where eager PyTorch's per-call time goes (cProfile)
     python benchmarks/overhead.py --kernels             # the real model at batch 1: kernel time per operator
                                                         # in each engine, and its matrix products timed alone
+    python benchmarks/overhead.py --idle-ops            # one op (an add of 1M floats) as the 1st..6th op after
+                                                        # idle pauses, 1 and 2 threads: how long the slow-down lasts
+    OMP_WAIT_POLICY=ACTIVE python benchmarks/overhead.py --idle-ops   # workers that spin instead of sleeping
 """
 
 from __future__ import annotations
@@ -47,6 +50,29 @@ def ms_after_idle(engine, x: torch.Tensor, gap_s: float, calls: int) -> float:
         engine(x)
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def us_of_ops_after_idle(gap_s: float, ops: int = 6, repeats: int = 30) -> list[float]:
+    """Median microseconds of the 1st..`ops`th add of two 1M-float tensors after each idle gap: how many operators
+    a call pays for the threads' return (every parallel region waits for a worker that is slow to come back)."""
+    a, b = torch.randn(1 << 20), torch.randn(1 << 20)
+    times: list[list[float]] = [[] for _ in range(ops)]
+    for _ in range(repeats):
+        time.sleep(gap_s)
+        for i in range(ops):
+            start = time.perf_counter()
+            a.add(b)
+            times[i].append(time.perf_counter() - start)
+    return [1e6 * statistics.median(ts) for ts in times]
+
+
+def idle_ops(thread_counts: list[int], gaps: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1)) -> None:
+    print(f"torch {torch.__version__}; microseconds of the 1st..6th add of 1M floats after the idle gap")
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        for gap in gaps:
+            us = us_of_ops_after_idle(gap)
+            print(f"threads {threads}  gap {gap * 1e3:5.0f} ms: " + " ".join(f"{u:7.0f}" for u in us))
 
 
 def ms_per_call(model: torch.nn.Module, size: int, threads: int, calls: int,
@@ -151,7 +177,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile the small model's eager calls instead")
     ap.add_argument("--kernels", action="store_true",
                     help="the real model's kernel time per operator in each engine, and its products alone")
+    ap.add_argument("--idle-ops", action="store_true",
+                    help="one op timed as the 1st..6th after idle gaps, with 1 and with --threads threads")
     args = ap.parse_args()
+    if args.idle_ops:
+        idle_ops(sorted({1, args.threads}))
+        return
     torch.set_num_threads(args.threads)
     real = vitlab.create_model(args.model)
     cfg = real.config

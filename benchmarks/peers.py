@@ -63,12 +63,21 @@ TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch1
               "vit-b/16": "vit_base_patch16_224", "vit-b/32": "vit_base_patch32_224"}
 # `--models fmnist`: the Fashion-MNIST-size ViT of the issue (the training size "fmnist" below, 10 classes)
 FMNIST = dict(image_size=28, in_chans=1, patch_size=4, dim=64, depth=6, heads=4, mlp_dim=128, num_classes=10)
-IMAGE = {"fmnist": (1, 28, 28)}  # input shape per model name; (3, 224, 224) otherwise
+IMAGE = {"fmnist": (FMNIST["in_chans"], FMNIST["image_size"], FMNIST["image_size"])}  # (3, 224, 224) otherwise
 
 
 def image_hw(cfg) -> tuple[int, int]:
     """(height, width) of the images a vitlab config is made for."""
     return tuple(g * cfg.patch_size for g in cfg.grid_size)
+
+
+def timm_vit(cfg):
+    """timm's VisionTransformer (its defaults: exact GELU) in the shape of a vitlab config."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(img_size=cfg.image_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
+                             num_classes=cfg.num_classes, embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.heads,
+                             mlp_ratio=cfg.mlp_dim / cfg.dim)
 
 
 def perturbed(model: torch.nn.Module) -> torch.nn.Module:
@@ -175,14 +184,11 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
     """label -> (kind, engine); kind is 'ours' or 'peer', with '-int8' for int8 rows. `openvino`: "" (none),
     "ours" (vitlab's OpenVINO engines) or "all" (also the peers' OpenVINO paths)."""
     import timm
-    from timm.models.vision_transformer import VisionTransformer
 
     if name == "fmnist":  # the Fashion-MNIST-size ViT (28 px, 1 channel, 10 classes), timm built to the same shape
         ours = perturbed(vitlab.create_model("custom", **FMNIST))
         cfg = ours.config
-        timm_model = perturbed(VisionTransformer(img_size=28, patch_size=cfg.patch_size, in_chans=1, num_classes=10,
-                                                 embed_dim=cfg.dim, depth=cfg.depth, num_heads=cfg.heads,
-                                                 mlp_ratio=cfg.mlp_dim / cfg.dim))
+        timm_model = perturbed(timm_vit(cfg))
     else:
         ours = perturbed(vitlab.create_model(name, num_classes=1000))
         cfg = ours.config
@@ -295,14 +301,12 @@ TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 19
 
 def train_models(size) -> dict[str, torch.nn.Module]:
     """vitlab (official numerics: tanh GELU), timm and HF with their own defaults (exact GELU), same shapes."""
-    from timm.models.vision_transformer import VisionTransformer
     from transformers import ViTConfig, ViTForImageClassification
 
     img, ch, p, d, depth, heads, mlp, _ = size
     ours = vitlab.create_model("custom", num_classes=10, image_size=img, in_chans=ch, patch_size=p, dim=d,
                                depth=depth, heads=heads, mlp_dim=mlp, seed=0)
-    timm_model = VisionTransformer(img_size=img, patch_size=p, in_chans=ch, num_classes=10, embed_dim=d, depth=depth,
-                                   num_heads=heads, mlp_ratio=mlp / d)
+    timm_model = timm_vit(ours.config)
     hf = ViTForImageClassification(ViTConfig(hidden_size=d, num_hidden_layers=depth, num_attention_heads=heads,
                                              intermediate_size=mlp, image_size=img, patch_size=p, num_channels=ch,
                                              num_labels=10, attn_implementation="sdpa"))

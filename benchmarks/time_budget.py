@@ -155,7 +155,7 @@ def budget(name: str, batch: int, calls: int, forms: bool = False) -> None:
     torch.manual_seed(0)
     model = vitlab.create_model(name).eval()
     engine = TorchEngine(model)
-    height, width = model.config.grid_for(model.config.image_size)
+    height, width = model.config.grid_size
     p = model.config.patch_size
     x = torch.randn(batch, model.config.in_chans, height * p, width * p)
     tokens = height * width + 1  # the class token

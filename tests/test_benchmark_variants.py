@@ -52,3 +52,13 @@ def test_kernel_breakdown_of_both_engines_runs(tmp_path, capsys):
     assert "MatMul" in out and "qkv" in out and "fc2" in out
     times = ort_variants.op_times(build_fp32(model, tmp_path, (32, 32)), images(2).numpy(), 1, runs=2)
     assert times and all(ms > 0 for ms in times.values())
+
+
+def test_idle_ops_times_six_ops_after_each_gap(capsys):
+    """`benchmarks/overhead.py --idle-ops`: the 1st..6th op after each idle gap, per thread count."""
+    import overhead
+
+    assert len(overhead.us_of_ops_after_idle(0.0, repeats=2)) == 6
+    overhead.idle_ops([1], gaps=(0.0, 0.001))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("threads 1")]
+    assert len(lines) == 2 and all(len(line.split(":")[1].split()) == 6 for line in lines)
