@@ -12,12 +12,15 @@ fast each engine's worker threads come back from sleep).
     python benchmarks/overhead.py --idle-ops            # one op (an add of 1M floats) as the 1st..6th op after
                                                         # idle pauses, 1 and 2 threads: how long the slow-down lasts
     OMP_WAIT_POLICY=ACTIVE python benchmarks/overhead.py --idle-ops   # workers that spin instead of sleeping
+    python benchmarks/overhead.py --small-calls         # TorchEngine's one-thread rule for small calls
+                                                        # (ONE_THREAD_MAX_FLOPS): one thread against all, by FLOPs
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import random
 import statistics
 import sys
 import tempfile
@@ -27,6 +30,8 @@ from pathlib import Path
 import torch
 
 import vitlab
+from vitlab.engine import torch_engines
+from vitlab.engine.choose import PAUSE_S
 from vitlab.engine.ort import OrtEngine, build_fp32
 from vitlab.engine.torch_engines import TorchEngine
 from vitlab.models.fast_linear import PackedWeights, linear
@@ -169,6 +174,59 @@ def kernels(model: torch.nn.Module, size: int, threads: int, calls: int = 20, to
               "   (the last block computes the class token alone in both engines: a little less in the model)")
 
 
+class ThreadRule:
+    """The torch engine with its one-thread limit set to `max_flops` for its calls (0: always all threads)."""
+
+    def __init__(self, engine: TorchEngine, max_flops: float):
+        self.engine, self.max_flops = engine, max_flops
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        saved = torch_engines.ONE_THREAD_MAX_FLOPS
+        torch_engines.ONE_THREAD_MAX_FLOPS = self.max_flops
+        try:
+            return self.engine(x)
+        finally:
+            torch_engines.ONE_THREAD_MAX_FLOPS = saved
+
+
+# The Fashion-MNIST-size ViT of docs/RESULTS.md and benchmarks/peers.py (28 px, 1 channel, 10 classes)
+FMNIST = dict(image_size=28, in_chans=1, patch_size=4, dim=64, depth=6, heads=4, mlp_dim=128, num_classes=10)
+
+
+def small_calls(threads: int, rounds: int, cases: list[tuple[str, int]],
+                gaps: tuple[float, ...] = (0.0, 0.005, 0.02, PAUSE_S)) -> None:
+    """Per (model, batch) and idle gap before each call: images/s of the torch engine on one thread and on all,
+    interleaved in a new random order each round (benchmarks/peers.py waits PAUSE_S before each call), and what
+    the engine's rule (one thread up to ONE_THREAD_MAX_FLOPS) picks."""
+    torch.set_num_threads(threads)
+    print(f"torch {torch.__version__}, {threads} threads, median of {rounds} interleaved rounds; images/s; "
+          f"rule: one thread up to {torch_engines.ONE_THREAD_MAX_FLOPS / 1e6:g} MFLOP")
+    models = {name: vitlab.create_model("custom", **FMNIST) if name == "fmnist" else vitlab.create_model(name)
+              for name in dict(cases)}
+    rng = random.Random(0)
+    one, all_ = "1 thread", f"{threads} threads"
+    for name, batch in cases:
+        engine = TorchEngine(models[name])
+        cfg = engine.model.config
+        x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
+        rows = {one: ThreadRule(engine, float("inf")), all_: ThreadRule(engine, 0.0)}
+        for _ in range(max(3, 20 // batch)):
+            for row in rows.values():
+                row(x)
+        for gap in gaps:
+            times = {label: [] for label in rows}
+            for _ in range(rounds):
+                for label in rng.sample(list(rows), len(rows)):
+                    time.sleep(gap)
+                    start = time.perf_counter()
+                    rows[label](x)
+                    times[label].append(time.perf_counter() - start)
+            speeds = {label: batch / statistics.median(ts) for label, ts in times.items()}
+            print(f"  {name:10s} batch {batch:3d} {engine.flops(x) / 1e6:7.1f} MFLOP  after {gap * 1e3:2g} ms idle:  "
+                  f"{one} {speeds[one]:7.1f}  {all_} {speeds[all_]:7.1f}  (x{speeds[one] / speeds[all_]:.2f})"
+                  f"   rule picks: {one if engine.small(x) else all_}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="vit-ti/16")
@@ -179,7 +237,13 @@ def main() -> None:
                     help="the real model's kernel time per operator in each engine, and its products alone")
     ap.add_argument("--idle-ops", action="store_true",
                     help="one op timed as the 1st..6th after idle gaps, with 1 and with --threads threads")
+    ap.add_argument("--small-calls", action="store_true",
+                    help="the torch engine on one thread against --threads threads, Fashion-MNIST ViT batches 1-32 "
+                         "and ViT-Ti/16 batch 1, and what its one-thread rule picks")
     args = ap.parse_args()
+    if args.small_calls:
+        small_calls(args.threads, args.rounds, [("fmnist", b) for b in (1, 2, 4, 8, 16, 32)] + [("vit-ti/16", 1)])
+        return
     if args.idle_ops:
         idle_ops(sorted({1, args.threads}))
         return

@@ -62,3 +62,22 @@ def test_idle_ops_times_six_ops_after_each_gap(capsys):
     overhead.idle_ops([1], gaps=(0.0, 0.001))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("threads 1")]
     assert len(lines) == 2 and all(len(line.split(":")[1].split()) == 6 for line in lines)
+
+
+def test_small_calls_times_both_thread_counts_and_restores_the_rule(capsys):
+    """`benchmarks/overhead.py --small-calls`: one thread against all per (model, batch, gap), with the rule's pick;
+    its rows set the engine's limit for their own calls only."""
+    import overhead
+
+    from vitlab.engine import torch_engines
+
+    before = torch.get_num_threads()
+    limit = torch_engines.ONE_THREAD_MAX_FLOPS
+    try:
+        overhead.small_calls(2, 1, [("fmnist", 1), ("fmnist", 4)], gaps=(0.0,))
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out
+    assert torch_engines.ONE_THREAD_MAX_FLOPS == limit
+    assert "fmnist     batch   1" in out and "rule picks: 1 thread" in out  # 23.6 MFLOP
+    assert "fmnist     batch   4" in out and "rule picks: 2 threads" in out  # 94.4 MFLOP

@@ -9,16 +9,48 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from vitlab.models.attention_core import route_threads_pinned
 from vitlab.models.fast_linear import PackedWeights, packing_fits
+from vitlab.models.registry import analytic_macs
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.vit_direct import DirectInference
+
+# A ViT call with up to this much arithmetic (forward FLOPs of all its images: 2 x registry.analytic_macs x images)
+# runs on one thread. It is many small operators, and after a pause a second thread only adds waiting: its worker
+# has gone to sleep, every parallel region waits for it, and on the VMs measured it comes back slowly, for
+# milliseconds in all. Back to back, such calls run about as fast on one thread as on two; from about 94 MFLOP on
+# two are faster there. The rule depends on the input's shape alone, so a call's logits never depend on how long
+# the engine sat idle. Measured with `python benchmarks/overhead.py --small-calls`
+# (docs/results/overhead_small_calls*.txt; docs/benchmarks.md, "Small calls on one thread").
+ONE_THREAD_MAX_FLOPS = 64e6
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's operators on one thread in this block. The attention route stays the caller's
+    (attention_core.route_threads_pinned): with it, the models measured give the caller's logits to the last bit
+    wherever the route is the explicit one (up to 80 tokens; tests/test_engine_small_calls.py). torch's fused
+    attention kernel may round differently on one thread, in the last bits. torch keeps a thread count per OS
+    thread once that thread has used it (OpenMP's), so other threads' calls keep theirs; only a thread that first
+    runs torch while this block is open starts with one."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        with route_threads_pinned(threads):
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class TorchEngine:
     """Eager PyTorch under `inference_mode`: the exact reference every other engine is checked against. On the
     CPU its linear layers read weights packed once into oneDNN's layout (`PackedWeights`: same logits, faster),
-    unless that copy would take more than a quarter of the free memory, and a ViT's blocks run as direct operator
-    calls (`DirectInference`: the same operators and logits, without the module tree's Python)."""
+    unless that copy would take more than a quarter of the free memory, a ViT's blocks run as direct operator
+    calls (`DirectInference`: the same operators and logits, without the module tree's Python), and a ViT call
+    with little arithmetic runs on one thread (ONE_THREAD_MAX_FLOPS)."""
 
     name = "torch"
     exact = True
@@ -27,15 +59,29 @@ class TorchEngine:
         self.model = model.eval()
         self.packed = PackedWeights() if packing_fits(model) else None  # else oneDNN reorders on every call
         self.direct = DirectInference(model, self.packed) if isinstance(model, VisionTransformer) else None
+        self._macs: dict[tuple[int, int], int] = {}  # image size -> multiply-accumulates per image
 
     def __call__(self, images: torch.Tensor, **kwargs):
         packs = self.packed.active() if self.packed is not None else contextlib.nullcontext()
-        with torch.inference_mode(), packs:
+        threads = one_thread() if self.small(images) else contextlib.nullcontext()
+        with torch.inference_mode(), packs, threads:
             if self.direct is not None and not kwargs:
                 logits = self.direct(images)
                 if logits is not None:
                     return logits
             return self.model(images, **kwargs)
+
+    def small(self, images: torch.Tensor) -> bool:
+        """Whether this call is a CPU ViT call small enough to run on one thread (ONE_THREAD_MAX_FLOPS)."""
+        return (isinstance(self.model, VisionTransformer) and images.device.type == "cpu" and images.dim() == 4
+                and self.flops(images) <= ONE_THREAD_MAX_FLOPS)
+
+    def flops(self, images: torch.Tensor) -> float:
+        """Forward FLOPs of the model on `images` (twice its multiply-accumulates at their size)."""
+        size = tuple(images.shape[-2:])
+        if size not in self._macs:
+            self._macs[size] = analytic_macs(self.model.config.replace(image_size=size))
+        return 2.0 * images.shape[0] * self._macs[size]
 
 
 @contextlib.contextmanager

@@ -10,9 +10,15 @@ Measured with `python benchmarks/attention.py` (--threads 1 and 2; docs/results/
 routes compute the official function (the explicit form is how the official Flax code writes it), within 1e-6 of
 the largest output of each other (tests/test_model_attention_core.py). The rule depends on the shape and the thread count only, never on a
 timing; training records its thread count and restores it on resume, so a run and its resume take the same route.
+Where TorchEngine runs a small call on one thread, the route stays the one of the caller's thread count
+(`route_threads_pinned`), so that the call computes model(x)'s logits to the last bit.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +29,24 @@ EXPLICIT_ATTENTION = True  # benchmarks and tests flip it to time or compare the
 EXPLICIT_MAX_TOKENS = 80  # 2 threads: explicit faster up to 65 tokens, even at 101, fused faster from 129 on
 
 
+# The thread count the route is picked for, where it is not torch's current one (route_threads_pinned)
+_ROUTE_THREADS: ContextVar[int | None] = ContextVar("vitlab_attention_route_threads", default=None)
+
+
+@contextlib.contextmanager
+def route_threads_pinned(threads: int) -> Iterator[None]:
+    """Pick the route for `threads` threads in this block, whatever torch's thread count is meanwhile."""
+    token = _ROUTE_THREADS.set(threads)
+    try:
+        yield
+    finally:
+        _ROUTE_THREADS.reset(token)
+
+
 def explicit_attention_applies(q: torch.Tensor) -> bool:
+    threads = _ROUTE_THREADS.get()
     return (EXPLICIT_ATTENTION and cpu_fp32_eager(q) and q.shape[-2] <= EXPLICIT_MAX_TOKENS
-            and torch.get_num_threads() > 1)
+            and (torch.get_num_threads() if threads is None else threads) > 1)
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
