@@ -11,7 +11,8 @@ routes compute the official function (the explicit form is how the official Flax
 the largest output of each other (tests/test_model_attention_core.py). The rule depends on the shape and the thread count only, never on a
 timing; training records its thread count and restores it on resume, so a run and its resume take the same route.
 Where TorchEngine runs a small call on one thread, the route stays the one of the caller's thread count
-(`route_threads_pinned`), so that the call computes model(x)'s logits to the last bit.
+(`route_threads_pinned`): where that route is the explicit one, the call gives model(x)'s logits to the last bit
+(the fused kernel itself may round differently on one thread).
 """
 
 from __future__ import annotations
