@@ -5,11 +5,14 @@ one process (50 ms pause before each timed call), median of the rounds.
     python benchmarks/linear.py                 # torch's default threads
     python benchmarks/linear.py --threads 1 --skip-products
     python benchmarks/linear.py --threads 1 --skip-products --models vit-ti/16 --no-training --pause-ms 0
+    python benchmarks/linear.py --small         # the smallest inference products: oneDNN (packed) against F.linear,
+                                                # and whole models with fast_linear's small-product rule on and off
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -113,6 +116,73 @@ def models(rounds: int, names: list[str], train: bool) -> None:
         print(f"  {label} training step, batch {batch:3d}: {batch / off:8.2f} / {batch / on:8.2f} (x{off / on:.3f})")
 
 
+# (rows, in, out): the Fashion-MNIST ViT's products at batch 1-16 (50 tokens a image), one-row products of a
+# class-token-only last block (ViT-Ti/16, S/16, B/16 sizes), ViT-Ti/16's at batch 1
+SMALL_PRODUCTS = ([(r, 64, 192) for r in (50, 100, 200, 400, 800)] + [(r, 128, 64) for r in (50, 100, 200, 400, 800)]
+                  + [(1, 192, 192), (1, 192, 768), (1, 768, 192), (1, 384, 1536), (1, 1536, 384), (1, 768, 3072),
+                     (1, 3072, 768), (197, 192, 192), (197, 192, 576)])
+
+
+def small_products(rounds: int, calls: int = 20) -> None:
+    """Microseconds per inference product, back to back (`calls` in a row, interleaved in a random order each round):
+    oneDNN with the weight packed (what --engine torch runs) against F.linear; and fast_linear's pick."""
+    print("small inference products, us per product back to back: oneDNN packed / F.linear (ratio), rule picks")
+    rng = random.Random(0)
+    for m, k, n in SMALL_PRODUCTS:
+        x, w, b = torch.randn(1, m, k), torch.randn(n, k), torch.randn(n)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
+        routes = {"oneDNN": lambda x=x, p=packed, b=b: torch.ops.mkldnn._linear_pointwise(x, p, b, "none", [], ""),
+                  "F.linear": lambda x=x, w=w, b=b: F.linear(x, w, b)}
+        times = {label: [] for label in routes}
+        with torch.inference_mode():
+            for run in routes.values():
+                for _ in range(calls):
+                    run()
+            for _ in range(rounds):
+                for label in rng.sample(list(routes), len(routes)):
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        routes[label]()
+                    times[label].append((time.perf_counter() - start) / calls)
+        us = {label: 1e6 * statistics.median(ts) for label, ts in times.items()}
+        pick = "F.linear" if fast_linear.small_product(m, w) else "oneDNN"
+        print(f"  {m:4d} x {k:4d} -> {n:4d} {m * k * n / 1e6:6.2f} M MAC:  {us['oneDNN']:7.1f} / {us['F.linear']:7.1f}"
+              f" (x{us['F.linear'] / us['oneDNN']:.2f})   {pick}")
+
+
+def small_rule_models(rounds: int) -> None:
+    """Whole models in --engine torch with the small-product rule as shipped and off (every product through
+    oneDNN), interleaved, after PAUSE_S idle and back to back: images/s."""
+    from vitlab.engine.torch_engines import TorchEngine
+
+    print("whole models (--engine torch), images/s: small-product rule off / on (ratio)")
+    limits = ("SMALL_PRODUCT_MACS", "SMALL_FEW_ROW_PRODUCT_MACS")
+    shipped = [getattr(fast_linear, name) for name in limits]
+    rng = random.Random(0)
+    fmnist = vitlab.create_model("custom", **FMNIST)
+    for label, model, batch in [("Fashion-MNIST ViT", fmnist, b) for b in (1, 2, 8, 32)] + [
+            ("vit-ti/16", vitlab.create_model("vit-ti/16"), 1)]:
+        engine, cfg = TorchEngine(model), model.config
+        x = torch.randn(batch, cfg.in_chans, *cfg.image_size)
+        out = []
+        for pause in (PAUSE_S, 0.0):
+            times = {False: [], True: []}
+            for _ in range(rounds):
+                for on in rng.sample([False, True], 2):
+                    for name, value in zip(limits, shipped if on else (0, 0)):
+                        setattr(fast_linear, name, value)
+                    engine(x)  # a call of its own with the route set: the first after a change is not timed
+                    time.sleep(pause)
+                    start = time.perf_counter()
+                    engine(x)
+                    times[on].append(time.perf_counter() - start)
+            for name, value in zip(limits, shipped):
+                setattr(fast_linear, name, value)
+            off, on = (batch / statistics.median(times[k]) for k in (False, True))
+            out.append(f"after {pause * 1e3:g} ms idle {off:8.1f} / {on:8.1f} (x{on / off:.2f})")
+        print(f"  {label:18s} batch {batch:3d}:  " + "   ".join(out))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -121,11 +191,17 @@ def main() -> None:
     ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16", help="inference models, comma-separated")
     ap.add_argument("--no-training", action="store_true", help="leave out the training-step rows")
     ap.add_argument("--pause-ms", type=float, default=50, help="idle time before each timed call")
+    ap.add_argument("--small", action="store_true",
+                    help="the smallest inference products and the small-product rule on whole models instead")
     args = ap.parse_args()
     global PAUSE_S
     PAUSE_S = args.pause_ms / 1e3
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, {args.pause_ms:g} ms pause before each timed call")
+    if args.small:
+        small_products(max(args.rounds, 11))
+        small_rule_models(max(args.rounds, 21))
+        return
     if not args.skip_products:
         products(args.rounds)
     models(args.rounds, args.models.split(","), not args.no_training)

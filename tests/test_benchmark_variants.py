@@ -81,3 +81,20 @@ def test_small_calls_times_both_thread_counts_and_restores_the_rule(capsys):
     assert torch_engines.ONE_THREAD_MAX_FLOPS == limit
     assert "fmnist     batch   1" in out and "rule picks: 1 thread" in out  # 23.6 MFLOP
     assert "fmnist     batch   4" in out and "rule picks: 2 threads" in out  # 94.4 MFLOP
+
+
+def test_linear_small_times_both_routes_and_restores_the_rule(capsys, monkeypatch):
+    """`benchmarks/linear.py --small`: each small product through oneDNN and F.linear with the rule's pick, then
+    whole models with the rule off and on; the rule's limits are as shipped afterwards."""
+    import linear
+
+    from vitlab.models import fast_linear
+
+    shipped = fast_linear.SMALL_PRODUCT_MACS, fast_linear.SMALL_FEW_ROW_PRODUCT_MACS
+    monkeypatch.setattr(linear, "PAUSE_S", 0.0)
+    linear.small_products(rounds=1, calls=1)
+    linear.small_rule_models(rounds=1)
+    out = capsys.readouterr().out
+    assert (fast_linear.SMALL_PRODUCT_MACS, fast_linear.SMALL_FEW_ROW_PRODUCT_MACS) == shipped
+    assert "50 x   64 ->  192" in out and out.count("F.linear\n") >= 5 and out.count("oneDNN\n") >= 5
+    assert "Fashion-MNIST ViT  batch   1" in out and "vit-ti/16" in out

@@ -165,3 +165,27 @@ def test_no_packed_copies_where_memory_is_short(monkeypatch):
     assert fast_linear.packing_fits(model) and TorchEngine(model).packed is not None
     monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: None)  # an OS that cannot say
     assert fast_linear.packing_fits(model)
+
+
+@pytest.mark.parametrize("rows, in_f, out_f, small", [
+    (50, 64, 192, True),  # the Fashion-MNIST ViT's qkv at batch 1
+    (197, 192, 576, False),  # ViT-Ti/16's qkv at batch 1
+    (1, 192, 192, True),  # a class-token-only proj at ViT-Ti/16 size
+    (1, 384, 1536, False),  # ... and fc1 at ViT-S/16 size: oneDNN's packed weights are faster for one row
+])
+def test_the_smallest_inference_products_take_f_linear(rows, in_f, out_f, small, monkeypatch):
+    """F.linear (MKL) for the smallest inference products, oneDNN above; the module route decides by shape."""
+    fc = torch.nn.Linear(in_f, out_f)
+    assert fast_linear.small_product(rows, fc.weight) is small
+    onednn_calls = []
+    real = fast_linear._onednn
+    monkeypatch.setattr(fast_linear, "_onednn", lambda *a: onednn_calls.append(1) or real(*a))
+    x = torch.randn(1, rows, in_f)
+    with torch.inference_mode():
+        out = fast_linear.linear(x, fc)
+        reference = F.linear(x, fc.weight, fc.bias)
+    assert bool(onednn_calls) is not small
+    if small:
+        assert torch.equal(out, reference)
+    else:
+        assert close(out, reference, rel=1e-5)

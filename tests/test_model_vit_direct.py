@@ -72,8 +72,18 @@ KINDS = {
 }
 
 
+# (SMALL_PRODUCT_MACS, SMALL_FEW_ROW_PRODUCT_MACS): which products run through F.linear instead of oneDNN
+PRODUCT_ROUTES = {"as shipped": None, "all through oneDNN": (0, 0), "all through F.linear": (10**12, 10**12),
+                  "mixed": (100_000, 10_000)}  # at 3 images: qkv over the limit, proj under it; class token rows too
+
+
+@pytest.mark.parametrize("routes", list(PRODUCT_ROUTES))
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_same_logits_as_the_module_route_to_the_last_bit(kind, monkeypatch):
+def test_same_logits_as_the_module_route_to_the_last_bit(kind, routes, monkeypatch):
+    if PRODUCT_ROUTES[routes] is not None:
+        many, few = PRODUCT_ROUTES[routes]
+        monkeypatch.setattr(fast_linear, "SMALL_PRODUCT_MACS", many)
+        monkeypatch.setattr(fast_linear, "SMALL_FEW_ROW_PRODUCT_MACS", few)
     model = perturbed(**KINDS[kind])
     size = model.config.image_size[0] if isinstance(model.config.image_size, tuple) else model.config.image_size
     eng = engine(model)

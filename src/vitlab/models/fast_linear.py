@@ -1,5 +1,5 @@
 """The model's linear layers through oneDNN on the CPU: the same fp32 matrix products, faster than torch's
-default route (`F.linear` -> MKL here).
+default route (`F.linear` -> MKL here), except the smallest inference products (SMALL_PRODUCT_MACS), where MKL is.
 
 On the 2-core AMD EPYC of docs/benchmarks.md whole ViTs run 1-11 % faster in inference and up to 9 % faster in
 training steps this way (`python benchmarks/linear.py`); per product the forward and the input gradient are
@@ -21,6 +21,7 @@ from contextvars import ContextVar
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -40,6 +41,23 @@ def cpu_fp32_eager(x: torch.Tensor) -> bool:
         and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None  # FLOP counting, fake or meta tensors: the standard ops
     )
+
+
+# Inference products up to this size run through torch's own F.linear (MKL here) instead: oneDNN spends 15-20 us on
+# a call before it multiplies, MKL a few. On the 2-core VM a 50 x 64 -> 192 product (the Fashion-MNIST ViT's qkv at
+# batch 1) took about half the time through MKL; from about 4 million multiply-accumulates on oneDNN is as fast or
+# faster, and products of one row (a class-token-only last block at batch 1) favour oneDNN's packed weights sooner.
+# `python benchmarks/linear.py --small` (docs/results/linear_small_products.txt). The rule depends on the shape
+# alone, as every route choice here does.
+SMALL_PRODUCT_MACS = 4_000_000  # rows x in x out, products of SMALL_PRODUCT_MIN_ROWS rows or more
+SMALL_FEW_ROW_PRODUCT_MACS = 200_000  # products of fewer rows
+SMALL_PRODUCT_MIN_ROWS = 8
+
+
+def small_product(rows: int, weight: torch.Tensor) -> bool:
+    """Whether an inference product of `rows` rows with this (out, in) weight runs faster through F.linear."""
+    limit = SMALL_PRODUCT_MACS if rows >= SMALL_PRODUCT_MIN_ROWS else SMALL_FEW_ROW_PRODUCT_MACS
+    return rows * weight.numel() <= limit
 
 
 def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -175,6 +193,8 @@ def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or fc.weight.requires_grad
                                     or (fc.bias is not None and fc.bias.requires_grad)):
         return OneDnnLinear.apply(x, fc.weight, fc.bias)
+    if small_product(x.numel() // x.shape[-1], fc.weight):
+        return F.linear(x, fc.weight, fc.bias)
     return _onednn(x, _inference_weight(x, fc.weight), fc.bias)
 
 

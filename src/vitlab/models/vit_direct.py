@@ -51,17 +51,17 @@ class _BlockPlan(NamedTuple):
     """One block's tensors and constants, in the order `_block` uses them."""
 
     norm1: tuple  # (normalized_shape, weight, bias, eps)
-    qkv_weight: torch.Tensor
+    qkv_weight: tuple[torch.Tensor, torch.Tensor]  # (packed for oneDNN, or plain; plain), as `_weights` makes them
     qkv_bias: torch.Tensor | None
     heads: int
     head_dim: int
-    proj_weight: torch.Tensor
+    proj_weight: tuple[torch.Tensor, torch.Tensor]
     proj_bias: torch.Tensor | None
     norm2: tuple
-    fc1_weight: torch.Tensor
+    fc1_weight: tuple[torch.Tensor, torch.Tensor]
     fc1_bias: torch.Tensor | None
     gelu: str  # the GELU's `approximate`: "tanh" (official) or "none"
-    fc2_weight: torch.Tensor
+    fc2_weight: tuple[torch.Tensor, torch.Tensor]
     fc2_bias: torch.Tensor | None
 
 
@@ -168,11 +168,11 @@ class DirectInference:
                                 (norm2, "normalized_shape"), (attn, "heads"), (attn, "head_dim"),
                                 (mlp.act, "approximate")])
 
-        def weight(fc: nn.Linear, rows: int) -> torch.Tensor:
+        def weight(fc: nn.Linear, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
             if self.packs is None:
-                return fc.weight
+                return fc.weight, fc.weight
             self._packed_from.append(fc.weight)
-            return self.packs.packed(fc.weight, rows)
+            return self.packs.packed(fc.weight, rows), fc.weight
 
         later = rows_after_attention
         return _BlockPlan(
@@ -182,9 +182,17 @@ class DirectInference:
         )
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str = "none",
-            algorithm: str = "") -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, act, [], algorithm)
+def _linear(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
+    """fast_linear.linear's inference route: F.linear for the smallest products, else one oneDNN call."""
+    onednn, plain = weights
+    if fast_linear.small_product(x.numel() // x.shape[-1], plain):
+        return F.linear(x, plain, bias)
+    return torch.ops.mkldnn._linear_pointwise.default(x, onednn, bias, "none", [], "")
+
+
+def _linear_gelu(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
+    """fc1 and the official tanh GELU in one oneDNN call, at any size (gelu.linear_gelu's inference route)."""
+    return torch.ops.mkldnn._linear_pointwise.default(x, weights[0], bias, "gelu", [], "tanh")
 
 
 def _block(x: torch.Tensor, p: _BlockPlan, queries: int | None, fused_gelu: bool) -> torch.Tensor:
@@ -199,7 +207,7 @@ def _block(x: torch.Tensor, p: _BlockPlan, queries: int | None, fused_gelu: bool
     x = x + _linear(out, p.proj_weight, p.proj_bias)
     h = F.layer_norm(x, *p.norm2)
     if p.gelu == "tanh" and fused_gelu:
-        h = _linear(h, p.fc1_weight, p.fc1_bias, "gelu", "tanh")  # fc1 and the official GELU in one oneDNN call
+        h = _linear_gelu(h, p.fc1_weight, p.fc1_bias)
     else:
         h = F.gelu(_linear(h, p.fc1_weight, p.fc1_bias), approximate=p.gelu)
     return x + _linear(h, p.fc2_weight, p.fc2_bias)
