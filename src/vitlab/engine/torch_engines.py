@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from vitlab.errors import VitlabError
 from vitlab.models.attention_core import route_threads_pinned
 from vitlab.models.fast_linear import PackedWeights, packing_fits
 from vitlab.models.registry import analytic_macs
@@ -73,8 +74,12 @@ class TorchEngine:
 
     def small(self, images: torch.Tensor) -> bool:
         """Whether this call is a CPU ViT call small enough to run on one thread (ONE_THREAD_MAX_FLOPS)."""
-        return (isinstance(self.model, VisionTransformer) and images.device.type == "cpu" and images.dim() == 4
-                and self.flops(images) <= ONE_THREAD_MAX_FLOPS)
+        if not (isinstance(self.model, VisionTransformer) and images.device.type == "cpu" and images.dim() == 4):
+            return False
+        try:
+            return self.flops(images) <= ONE_THREAD_MAX_FLOPS
+        except VitlabError:  # a size the model does not take: the model says so, in its own words
+            return False
 
     def flops(self, images: torch.Tensor) -> float:
         """Forward FLOPs of the model on `images` (twice its multiply-accumulates at their size)."""
