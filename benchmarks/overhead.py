@@ -38,6 +38,7 @@ from vitlab.models.fast_linear import PackedWeights, linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int8_gemm import linear_graph, session  # noqa: E402  (one Linear as an ONNX graph; a CPU session)
+from linear import FMNIST  # noqa: E402  (the Fashion-MNIST-size ViT's config)
 from ort_variants import op_times  # noqa: E402  (ORT's per-operator kernel time)
 
 
@@ -187,10 +188,6 @@ class ThreadRule:
             return self.engine(x)
         finally:
             torch_engines.ONE_THREAD_MAX_FLOPS = saved
-
-
-# The Fashion-MNIST-size ViT of docs/RESULTS.md and benchmarks/peers.py (28 px, 1 channel, 10 classes)
-FMNIST = dict(image_size=28, in_chans=1, patch_size=4, dim=64, depth=6, heads=4, mlp_dim=128, num_classes=10)
 
 
 def small_calls(threads: int, rounds: int, cases: list[tuple[str, int]],

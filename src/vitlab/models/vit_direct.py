@@ -51,7 +51,7 @@ class _BlockPlan(NamedTuple):
     """One block's tensors and constants, in the order `_block` uses them."""
 
     norm1: tuple  # (normalized_shape, weight, bias, eps)
-    qkv_weight: tuple[torch.Tensor, torch.Tensor]  # (packed for oneDNN, or plain; plain), as `_weights` makes them
+    qkv_weight: tuple[torch.Tensor, torch.Tensor]  # (packed for oneDNN, or plain; plain), as `_block_plan` reads them
     qkv_bias: torch.Tensor | None
     heads: int
     head_dim: int
