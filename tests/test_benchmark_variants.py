@@ -98,3 +98,19 @@ def test_linear_small_times_both_routes_and_restores_the_rule(capsys, monkeypatc
     assert (fast_linear.SMALL_PRODUCT_MACS, fast_linear.SMALL_FEW_ROW_PRODUCT_MACS) == shipped
     assert "50 x   64 ->  192" in out and out.count("F.linear\n") >= 5 and out.count("oneDNN\n") >= 5
     assert "Fashion-MNIST ViT  batch   1" in out and "vit-ti/16" in out
+
+
+def test_patch_embed_times_both_routes_and_restores_the_switch(monkeypatch):
+    """`benchmarks/patch_embed.py`: the embedding alone and a whole model, the convolution and the product; the
+    product route is on again afterwards, and the two give tokens within float rounding of each other."""
+    import patch_embed
+
+    from vitlab.engine import choose
+    from vitlab.models import vit
+
+    monkeypatch.setattr(choose, "PAUSE_S", 0.0)
+    conv, product, diff = patch_embed.projection_alone("fmnist", 1, rounds=1)
+    assert conv > 0 and product > 0 and diff < 1e-5
+    speeds = patch_embed.whole_model("fmnist", 2, rounds=1)
+    assert all(s > 0 for s in speeds)
+    assert vit.PATCH_PRODUCT is True

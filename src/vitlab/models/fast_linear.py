@@ -113,11 +113,12 @@ class PackedWeights:
         return self.packed(weight, x.numel() // x.shape[-1])
 
     def packed(self, weight: torch.Tensor, rows: int) -> torch.Tensor:
-        """The packed copy of `weight`, made for products of `rows` rows when it is first asked for (or changed)."""
+        """The packed copy of `weight`, made for products of `rows` rows when it is first asked for (or changed). A
+        convolution's (out, in, kh, kw) weight is packed as the (out, in * kh * kw) matrix of its patch product."""
         stamp = (weight.data_ptr(), weight._version)
         entry = self._packs.get(weight)
         if entry is None or entry[0] != stamp:
-            entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows))
+            entry = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach().flatten(1), rows))
             self._packs[weight] = entry
         return entry[1]
 
@@ -167,6 +168,16 @@ def packing_fits(model: nn.Module) -> bool:
 def _inference_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     packs = _ACTIVE_PACKS.get()
     return weight if packs is None else packs.weight_for(x, weight)
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.flatten(1).T + bias for inference (no autograd) on the CPU in fp32, by `linear`'s inference route:
+    F.linear for the smallest products, else one oneDNN call with the active engine's packed copy of the weight.
+    For a weight that is not an nn.Linear's (a patch embedding's convolution, as a product of patches)."""
+    plain = weight.flatten(1)
+    if not (ONEDNN_LINEAR and onednn_linear_available()) or small_product(x.numel() // x.shape[-1], plain):
+        return F.linear(x, plain, bias)
+    return _onednn(x, _inference_weight(x, weight), bias)
 
 
 def watched(modules: Iterable[nn.Module]) -> bool:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from vitlab.errors import VitlabError
+from vitlab.models import fast_linear
 from vitlab.models.attention_core import attention, explicit_attention
 from vitlab.models.config import ViTConfig
 from vitlab.models.convstem import ConvStem
@@ -25,6 +26,7 @@ from vitlab.models.resnet import ResNetBody, lecun_normal_
 # attention, MLP and the final LayerNorm for 1 row instead of N, the same numbers for that row (every token still
 # serves as a key and value). ViT-B/16 at 224 px: 76 % of the last block's work, 6 % of the model's.
 CLASS_TOKEN_ONLY = True  # tests and benchmarks flip it to compare with the full last block
+PATCH_PRODUCT = True  # tests and benchmarks flip it to compare with the convolution (PatchEmbed._inference_product)
 
 class PatchEmbed(nn.Module):
     """Patches -> tokens with one strided convolution; hybrids first run a CNN (BiT ResNet body or conv stem)."""
@@ -51,9 +53,22 @@ class PatchEmbed(nn.Module):
             raise VitlabError(f"input {e}; resize or crop the images") from None
         if self.cnn is not None:
             return self._project_as_matmul(self.cnn(x))
+        if self._inference_product(x):
+            return self._project_as_matmul(x)
         x = self.proj(x)
         grid = (x.shape[-2], x.shape[-1])
         return x.flatten(2).transpose(1, 2), grid
+
+    def _inference_product(self, x: torch.Tensor) -> bool:
+        """Whether to run the patch convolution as a product of patches: CPU fp32 eager inference (no autograd),
+        the convolution not replaced or watched by a hook, and a shape where the product is the faster
+        (`_product_faster`). The two differ in the last bits (summation order), as any two matrix-product kernels
+        do; training, exports and compiled graphs keep the convolution."""
+        proj = self.proj
+        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, proj.weight, proj.bias))
+        return (PATCH_PRODUCT and not grads and fast_linear.cpu_fp32_eager(x) and fast_linear.plain_layer(proj, nn.Conv2d)
+                and proj.weight.dtype == torch.float32 and _patch_convolution(proj, self.patch_size)
+                and _product_faster(x, self.patch_size))
 
     def _project_as_matmul(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """The same projection as `self.proj` (kernel = stride), written as cut-into-patches + one matmul.
@@ -61,13 +76,37 @@ class PatchEmbed(nn.Module):
         On the wide feature maps of a hybrid stem oneDNN's strided convolution is slower: for the
         one-convolution Fashion-MNIST hybrid (64 x 28 x 28 -> 7 x 7 patches) forward + backward took 19.8 vs 19.0 ms per
         32 images and 93.7 vs 80.6 ms per 128 (`python benchmarks/train_parts.py --threads 1 --rounds 20`).
-        The weight keeps the convolution's (D, C, P, P) layout, so checkpoints do not change.
+        The weight keeps the convolution's (D, C, P, P) layout, so checkpoints do not change. In inference on the CPU
+        the product takes `fast_linear.product`'s route (oneDNN with the engine's packed weight).
         """
         b, c, height, width = x.shape
         p = self.patch_size
         h, w = height // p, width // p
         patches = x.reshape(b, c, h, p, w, p).permute(0, 2, 4, 1, 3, 5).reshape(b, h * w, c * p * p)
-        return F.linear(patches, self.proj.weight.reshape(self.proj.weight.shape[0], -1), self.proj.bias), (h, w)
+        weight, bias = self.proj.weight, self.proj.bias
+        if self._inference_product(x):
+            return fast_linear.product(patches, weight, bias), (h, w)
+        return F.linear(patches, weight.reshape(weight.shape[0], -1), bias), (h, w)
+
+
+# oneDNN's strided convolution is slower than the same projection as a product of patches (the cut copies the
+# image once) for 32-pixel patches at any batch and for any patch at batch 1: ViT-B/32 4.8 against 1.4 ms at batch
+# 1 and 1.21-1.32x at batch 32-64, ViT-Ti/16 1.11x and ViT-B/16 1.15x at batch 1, the Fashion-MNIST ViT 1.72x. For
+# 16-pixel patches from 4 images on the convolution is as fast or faster (0.86-0.94x at ViT-Ti/16, 4-16 images).
+# `python benchmarks/patch_embed.py` (docs/results/patch_embed.txt).
+PATCH_PRODUCT_MIN_PATCH = 32
+PATCH_PRODUCT_MAX_ROWS = 256  # patches of the whole batch: a 224-px image in 16-px patches has 196, 14-px 256
+
+
+def _product_faster(x: torch.Tensor, patch: int) -> bool:
+    rows = x.shape[0] * (x.shape[-2] // patch) * (x.shape[-1] // patch)
+    return patch >= PATCH_PRODUCT_MIN_PATCH or rows <= PATCH_PRODUCT_MAX_ROWS
+
+
+def _patch_convolution(conv: nn.Conv2d, patch: int) -> bool:
+    """Whether `conv` is exactly a cut into patches and a product: kernel = stride = patch, no padding or groups."""
+    return (conv.kernel_size == conv.stride == (patch, patch) and conv.padding == (0, 0)
+            and conv.dilation == (1, 1) and conv.groups == 1)
 
 
 def _dropout(p: float) -> nn.Module:
