@@ -59,18 +59,30 @@ def compare(name: str, batch: int, rounds: int) -> tuple[float, float, float]:
     return speeds["modules"], speeds["direct"], diff
 
 
+def _linear_add(residual, x, weights, bias):
+    """residual + vit_direct._linear(x, ...): the add as oneDNN's binary post-op where the product goes through
+    oneDNN (the same sum to the last bit), else as the kept route adds it."""
+    onednn, plain = weights
+    if vit_direct.fast_linear.small_product(x.numel() // x.shape[-1], plain) or not residual.is_contiguous():
+        return residual + vit_direct._linear(x, weights, bias)
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, onednn, bias, "add")
+
+
 def _fused_add_block(x, p, queries, fused_gelu):
     """`vit_direct._block` with x + proj(out) and x + fc2(h) as oneDNN products with a binary-add post-op."""
-    add = torch.ops.mkldnn._linear_pointwise.binary
     b, n, d = x.shape
     qkv = vit_direct._linear(F.layer_norm(x, *p.norm1), p.qkv_weight, p.qkv_bias).view(b, n, 3, p.heads, p.head_dim)
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
     if queries is not None:
         q, n, x = q[:, :, :queries], queries, x[:, :queries]
     out = vit_direct.attention(q, k, v, 0.0).transpose(1, 2).reshape(b, n, d)
-    x = add(out, x, p.proj_weight, p.proj_bias, "add")
-    h = vit_direct._linear(F.layer_norm(x, *p.norm2), p.fc1_weight, p.fc1_bias, "gelu", "tanh")
-    return add(h, x, p.fc2_weight, p.fc2_bias, "add")
+    x = _linear_add(x, out, p.proj_weight, p.proj_bias)
+    h = F.layer_norm(x, *p.norm2)
+    if p.gelu == "tanh" and fused_gelu:
+        h = vit_direct._linear_gelu(h, p.fc1_weight, p.fc1_bias)
+    else:
+        h = F.gelu(vit_direct._linear(h, p.fc1_weight, p.fc1_bias), approximate=p.gelu)
+    return _linear_add(x, h, p.fc2_weight, p.fc2_bias)
 
 
 def _explicit_core_block(x, p, queries, fused_gelu):

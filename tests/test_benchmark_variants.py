@@ -114,3 +114,18 @@ def test_patch_embed_times_both_routes_and_restores_the_switch(monkeypatch):
     speeds = patch_embed.whole_model("fmnist", 2, rounds=1)
     assert all(s > 0 for s in speeds)
     assert vit.PATCH_PRODUCT is True
+
+
+def test_direct_inference_attempts_still_run_and_the_fused_add_keeps_the_logits(monkeypatch):
+    """`benchmarks/direct_inference.py --attempts`: the variants follow the direct route's plan as it is now (its
+    weights are (oneDNN, plain) pairs), and the fused residual add gives the kept route's logits to the bit."""
+    import direct_inference
+
+    from vitlab.engine import choose
+    from vitlab.models import vit_direct
+
+    monkeypatch.setattr(choose, "PAUSE_S", 0.0)
+    speeds, diffs = direct_inference.attempts("vit-ti/16", rounds=1)  # oneDNN products: the post-op runs
+    assert set(speeds) == {"direct", "fused residual add", "explicit core at 197 tokens"}
+    assert diffs["fused residual add"] == 0.0
+    assert vit_direct._block is direct_inference.KEPT_BLOCK

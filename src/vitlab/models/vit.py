@@ -66,9 +66,9 @@ class PatchEmbed(nn.Module):
         do; training, exports and compiled graphs keep the convolution."""
         proj = self.proj
         grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, proj.weight, proj.bias))
-        return (PATCH_PRODUCT and not grads and fast_linear.cpu_fp32_eager(x) and fast_linear.plain_layer(proj, nn.Conv2d)
-                and proj.weight.dtype == torch.float32 and _patch_convolution(proj, self.patch_size)
-                and _product_faster(x, self.patch_size))
+        return (PATCH_PRODUCT and not grads and fast_linear.cpu_fp32_eager(x)
+                and fast_linear.plain_layer(proj, nn.Conv2d) and proj.weight.dtype == torch.float32
+                and _patch_convolution(proj, self.patch_size) and _product_faster(x, self.patch_size))
 
     def _project_as_matmul(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """The same projection as `self.proj` (kernel = stride), written as cut-into-patches + one matmul.
