@@ -125,3 +125,20 @@ def test_a_convolution_that_is_not_a_plain_cut_into_patches_runs_as_itself(produ
         tokens = model.patch_embed(images)[0]
     assert products == []
     torch.testing.assert_close(tokens, expected.flatten(2).transpose(1, 2))
+
+
+def test_the_packed_and_the_plain_product_give_the_same_logits(products, monkeypatch):
+    """The engine's packed weight and the plain call's (out, in * p * p) view of the convolution's weight: the same
+    oneDNN product, so the same logits to the bit (as for the linear layers, benchmarks/packed_weights.py)."""
+    from vitlab.engine import torch_engines
+
+    monkeypatch.setattr(torch_engines, "ONE_THREAD_MAX_FLOPS", 0)  # both calls on the same threads
+    model = tiny_vit(image_size=64, patch_size=32)
+    with torch.no_grad():
+        model.head.weight.normal_()
+    images = torch.randn(1, 3, 64, 64)
+    packed = TorchEngine(model)(images)
+    with torch.inference_mode():
+        plain = model(images)
+    assert len(products) == 2
+    assert torch.equal(packed, plain)

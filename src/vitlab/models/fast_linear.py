@@ -177,7 +177,8 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     plain = weight.flatten(1)
     if not (ONEDNN_LINEAR and onednn_linear_available()) or small_product(x.numel() // x.shape[-1], plain):
         return F.linear(x, plain, bias)
-    return _onednn(x, _inference_weight(x, weight), bias)
+    packs = _ACTIVE_PACKS.get()  # keyed by the parameter itself, so the packed copy outlives this call's view
+    return _onednn(x, plain if packs is None else packs.weight_for(x, weight), bias)
 
 
 def watched(modules: Iterable[nn.Module]) -> bool:
