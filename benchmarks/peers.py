@@ -294,6 +294,18 @@ def report(name: str, batch: int, rows: dict, speeds: dict[str, float]) -> list[
     return out
 
 
+def repeat_ratios(name: str, batch: int, rows: dict, runs: list[dict[str, float]]) -> list[dict]:
+    """Each of our fp32 rows against the fastest fp32 peer of the same repeat, repeat by repeat."""
+    out = []
+    peers_ = [label for label, (kind, _) in rows.items() if kind == "peer"]
+    for label in (label for label, (kind, _) in rows.items() if kind == "ours"):
+        ratios = [run[label] / max(run[p] for p in peers_) for run in runs]
+        out.append({"model": name, "batch": batch, "engine": label, "vs_best_peer_each_repeat": ratios})
+        print(f"{name:10s} {batch:3d}  {label} vs best fp32 peer, each repeat: "
+              + " ".join(f"{r:.2f}" for r in ratios) + f"  (median {statistics.median(ratios):.2f})")
+    return out
+
+
 # training sizes: name -> (image size, channels, patch, dim, depth, heads, mlp, batch)
 TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 192, 12, 3, 768, 16),
                "s16": (224, 3, 16, 384, 12, 6, 1536, 32), "b16": (224, 3, 16, 768, 12, 12, 3072, 32)}
@@ -375,6 +387,10 @@ def main() -> None:
     ap.add_argument("--openvino", choices=["ours", "all"], default=None,
                     help="also vitlab's OpenVINO engines (ours), and the peers' OpenVINO paths: timm's export in "
                          "OpenVINO fp32 and quantized by NNCF (all; needs pip install openvino nncf)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="time every setting this many times in a row (rounds each, one warm-up before the first) "
+                         "and report each row's median; prints each repeat's ratio of our fp32 rows to the best peer "
+                         "(how far the VM moves a ratio between measurements)")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
@@ -404,8 +420,12 @@ def main() -> None:
             sizes = [int(s) for s in args.sub_batches.split(",") if s]
             for batch in (int(b) for b in args.batches.split(",")):
                 timed = with_sub_batches(rows, batch, sizes, args.sub_batch_int8_only)
-                speeds = measure(timed, batch, args.rounds, args.settle_s, IMAGE.get(name, (3, 224, 224)))
+                runs = [measure(timed, batch, args.rounds, args.settle_s if i == 0 else 0.0,
+                                IMAGE.get(name, (3, 224, 224))) for i in range(args.repeats)]
+                speeds = {label: statistics.median(run[label] for run in runs) for label in timed}
                 results += report(name, batch, timed, speeds)
+                if args.repeats > 1:
+                    results += repeat_ratios(name, batch, timed, runs)
     if args.out:
         Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))
 

@@ -20,3 +20,13 @@ def test_every_row_once_per_round_and_behind_many_neighbours():
     behind = Counter(order[i - 1] for i in range(1, len(order)) if order[i] == "vitlab torch")
     assert len(behind) >= 3 and max(behind.values()) <= 5  # the turning order gave one neighbour 8 times of 8
     assert peers.round_orders(labels, rounds=9) == order  # seeded: a rerun times the same order
+
+
+def test_repeat_ratios_divide_each_of_our_fp32_rows_by_that_repeats_fastest_peer(capsys):
+    rows = {"vitlab torch": ("ours", None), "vitlab int8": ("ours-int8", None),
+            "timm torch": ("peer", None), "timm -> ORT": ("peer", None)}
+    runs = [{"vitlab torch": 9.0, "vitlab int8": 50.0, "timm torch": 6.0, "timm -> ORT": 10.0},
+            {"vitlab torch": 12.0, "vitlab int8": 50.0, "timm torch": 8.0, "timm -> ORT": 7.0}]
+    out = peers.repeat_ratios("vit-ti/16", 1, rows, runs)
+    assert out == [{"model": "vit-ti/16", "batch": 1, "engine": "vitlab torch", "vs_best_peer_each_repeat": [0.9, 1.5]}]
+    assert "each repeat: 0.90 1.50  (median 1.20)" in capsys.readouterr().out
