@@ -300,7 +300,9 @@ def repeat_ratios(name: str, batch: int, rows: dict, runs: list[dict[str, float]
     peers_ = [label for label, (kind, _) in rows.items() if kind == "peer"]
     for label in (label for label, (kind, _) in rows.items() if kind == "ours"):
         ratios = [run[label] / max(run[p] for p in peers_) for run in runs]
-        out.append({"model": name, "batch": batch, "engine": label, "vs_best_peer_each_repeat": ratios})
+        out.append({"model": name, "batch": batch, "engine": label, "vs_best_peer_each_repeat": ratios,
+                    "images_per_s_each_repeat": [run[label] for run in runs],
+                    "best_peer_images_per_s_each_repeat": [max(run[p] for p in peers_) for run in runs]})
         print(f"{name:10s} {batch:3d}  {label} vs best fp32 peer, each repeat: "
               + " ".join(f"{r:.2f}" for r in ratios) + f"  (median {statistics.median(ratios):.2f})")
     return out

@@ -28,5 +28,6 @@ def test_repeat_ratios_divide_each_of_our_fp32_rows_by_that_repeats_fastest_peer
     runs = [{"vitlab torch": 9.0, "vitlab int8": 50.0, "timm torch": 6.0, "timm -> ORT": 10.0},
             {"vitlab torch": 12.0, "vitlab int8": 50.0, "timm torch": 8.0, "timm -> ORT": 7.0}]
     out = peers.repeat_ratios("vit-ti/16", 1, rows, runs)
-    assert out == [{"model": "vit-ti/16", "batch": 1, "engine": "vitlab torch", "vs_best_peer_each_repeat": [0.9, 1.5]}]
+    assert out == [{"model": "vit-ti/16", "batch": 1, "engine": "vitlab torch", "vs_best_peer_each_repeat": [0.9, 1.5],
+                    "images_per_s_each_repeat": [9.0, 12.0], "best_peer_images_per_s_each_repeat": [10.0, 8.0]}]
     assert "each repeat: 0.90 1.50  (median 1.20)" in capsys.readouterr().out
