@@ -6,6 +6,8 @@ median of the rounds).
 
     python benchmarks/patch_embed.py                  # torch's default threads
     python benchmarks/patch_embed.py --threads 1 --rounds 25
+    python benchmarks/patch_embed.py --models r50+vit-b/16 --batches 1   # a hybrid: its projection on the CNN's
+                                                                          # features, F.linear / product
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from linear import FMNIST  # noqa: E402  (the Fashion-MNIST-size ViT's config)
 
 MODELS = {"vit-ti/16": {}, "vit-s/16": {}, "vit-b/16": {}, "vit-b/32": {}, "fmnist": FMNIST}
+DEFAULT_MODELS = ",".join(MODELS)
 
 
 def model_and_images(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    model = vitlab.create_model("custom", **MODELS[name]) if MODELS[name] else vitlab.create_model(name)
+    model = vitlab.create_model("custom", **MODELS[name]) if MODELS.get(name) else vitlab.create_model(name)
     cfg = model.config
     return model.eval(), torch.randn(batch, cfg.in_chans, *cfg.image_size)
 
@@ -53,10 +56,13 @@ def projection_alone(name: str, batch: int, rounds: int) -> tuple[float, float, 
     model, x = model_and_images(name, batch)
     engine = TorchEngine(model)
     embed = model.patch_embed
+    if embed.cnn is not None:  # a hybrid: the projection alone, on its CNN's feature map (F.linear without the route)
+        with torch.inference_mode():
+            x = embed.cnn(x)
 
     def call(images):
         with torch.inference_mode(), engine.packed.active():
-            return embed(images)[0]
+            return embed._project_as_matmul(images)[0] if embed.cnn is not None else embed(images)[0]
 
     conv, product = with_route(call, False), with_route(call, True)
     ref, new = conv(x), product(x)
@@ -85,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=DEFAULT_MODELS, help="also hybrids, e.g. r50+vit-b/16")
     ap.add_argument("--batches", default="1,32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
