@@ -299,10 +299,10 @@ def repeat_ratios(name: str, batch: int, rows: dict, runs: list[dict[str, float]
     out = []
     peers_ = [label for label, (kind, _) in rows.items() if kind == "peer"]
     for label in (label for label, (kind, _) in rows.items() if kind == "ours"):
-        ratios = [run[label] / max(run[p] for p in peers_) for run in runs]
+        ours, best = [run[label] for run in runs], [max(run[p] for p in peers_) for run in runs]
+        ratios = [o / b for o, b in zip(ours, best)]
         out.append({"model": name, "batch": batch, "engine": label, "vs_best_peer_each_repeat": ratios,
-                    "images_per_s_each_repeat": [run[label] for run in runs],
-                    "best_peer_images_per_s_each_repeat": [max(run[p] for p in peers_) for run in runs]})
+                    "images_per_s_each_repeat": ours, "best_peer_images_per_s_each_repeat": best})
         print(f"{name:10s} {batch:3d}  {label} vs best fp32 peer, each repeat: "
               + " ".join(f"{r:.2f}" for r in ratios) + f"  (median {statistics.median(ratios):.2f})")
     return out

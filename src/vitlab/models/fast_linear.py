@@ -166,19 +166,27 @@ def packing_fits(model: nn.Module) -> bool:
 
 
 def _inference_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The active engine's packed copy of `weight` (keyed by the parameter itself), else `weight` as the (out, in)
+    matrix of its product (an nn.Linear's weight is that already; flatten(1) returns it unchanged)."""
     packs = _ACTIVE_PACKS.get()
-    return weight if packs is None else packs.weight_for(x, weight)
+    return weight.flatten(1) if packs is None else packs.weight_for(x, weight)
+
+
+def _inference_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The inference route of `linear` and `product`: F.linear for the smallest products, else one oneDNN call."""
+    plain = weight.flatten(1)
+    if small_product(x.numel() // x.shape[-1], plain):
+        return F.linear(x, plain, bias)
+    return _onednn(x, _inference_weight(x, weight), bias)
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.flatten(1).T + bias for inference (no autograd) on the CPU in fp32, by `linear`'s inference route:
     F.linear for the smallest products, else one oneDNN call with the active engine's packed copy of the weight.
     For a weight that is not an nn.Linear's (a patch embedding's convolution, as a product of patches)."""
-    plain = weight.flatten(1)
-    if not (ONEDNN_LINEAR and onednn_linear_available()) or small_product(x.numel() // x.shape[-1], plain):
-        return F.linear(x, plain, bias)
-    packs = _ACTIVE_PACKS.get()  # keyed by the parameter itself, so the packed copy outlives this call's view
-    return _onednn(x, plain if packs is None else packs.weight_for(x, weight), bias)
+    if not (ONEDNN_LINEAR and onednn_linear_available()):
+        return F.linear(x, weight.flatten(1), bias)
+    return _inference_product(x, weight, bias)
 
 
 def watched(modules: Iterable[nn.Module]) -> bool:
@@ -205,9 +213,7 @@ def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or fc.weight.requires_grad
                                     or (fc.bias is not None and fc.bias.requires_grad)):
         return OneDnnLinear.apply(x, fc.weight, fc.bias)
-    if small_product(x.numel() // x.shape[-1], fc.weight):
-        return F.linear(x, fc.weight, fc.bias)
-    return _onednn(x, _inference_weight(x, fc.weight), fc.bias)
+    return _inference_product(x, fc.weight, fc.bias)
 
 
 def linear_act(x: torch.Tensor, fc: nn.Linear, act: str, algorithm: str) -> torch.Tensor:

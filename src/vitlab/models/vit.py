@@ -54,7 +54,7 @@ class PatchEmbed(nn.Module):
         if self.cnn is not None:
             return self._project_as_matmul(self.cnn(x))
         if self._inference_product(x):
-            return self._project_as_matmul(x)
+            return self._project_as_matmul(x, inference=True)
         x = self.proj(x)
         grid = (x.shape[-2], x.shape[-1])
         return x.flatten(2).transpose(1, 2), grid
@@ -65,26 +65,29 @@ class PatchEmbed(nn.Module):
         (`_product_faster`). The two differ in the last bits (summation order), as any two matrix-product kernels
         do; training, exports and compiled graphs keep the convolution."""
         proj = self.proj
-        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, proj.weight, proj.bias))
+        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                for t in (x, proj.weight, proj.bias))
         return (PATCH_PRODUCT and not grads and fast_linear.cpu_fp32_eager(x)
                 and fast_linear.plain_layer(proj, nn.Conv2d) and proj.weight.dtype == torch.float32
                 and _patch_convolution(proj, self.patch_size) and _product_faster(x, self.patch_size))
 
-    def _project_as_matmul(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    def _project_as_matmul(self, x: torch.Tensor,
+                           inference: bool | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
         """The same projection as `self.proj` (kernel = stride), written as cut-into-patches + one matmul.
 
         On the wide feature maps of a hybrid stem oneDNN's strided convolution is slower: for the
         one-convolution Fashion-MNIST hybrid (64 x 28 x 28 -> 7 x 7 patches) forward + backward took 19.8 vs 19.0 ms per
         32 images and 93.7 vs 80.6 ms per 128 (`python benchmarks/train_parts.py --threads 1 --rounds 20`).
         The weight keeps the convolution's (D, C, P, P) layout, so checkpoints do not change. In inference on the CPU
-        the product takes `fast_linear.product`'s route (oneDNN with the engine's packed weight).
+        the product takes `fast_linear.product`'s route (oneDNN with the engine's packed weight); `inference` is
+        `_inference_product(x)` where the caller has already decided it.
         """
         b, c, height, width = x.shape
         p = self.patch_size
         h, w = height // p, width // p
         patches = x.reshape(b, c, h, p, w, p).permute(0, 2, 4, 1, 3, 5).reshape(b, h * w, c * p * p)
         weight, bias = self.proj.weight, self.proj.bias
-        if self._inference_product(x):
+        if self._inference_product(x) if inference is None else inference:
             return fast_linear.product(patches, weight, bias), (h, w)
         return F.linear(patches, weight.reshape(weight.shape[0], -1), bias), (h, w)
 
