@@ -308,6 +308,17 @@ def repeat_ratios(name: str, batch: int, rows: dict, runs: list[dict[str, float]
     return out
 
 
+def each_repeat(name: str, batch: int, runs: list[dict[str, float]]) -> list[dict]:
+    """Each row's images/s in each repeat (for rows timed without a peer, `--rows`)."""
+    out = []
+    for label in runs[0]:
+        speeds = [run[label] for run in runs]
+        out.append({"model": name, "batch": batch, "engine": label, "images_per_s_each_repeat": speeds})
+        print(f"{name:10s} {batch:3d}  {label} images/s, each repeat: " + " ".join(f"{v:.1f}" for v in speeds)
+              + f"  (median {statistics.median(speeds):.1f})")
+    return out
+
+
 # training sizes: name -> (image size, channels, patch, dim, depth, heads, mlp, batch)
 TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 192, 12, 3, 768, 16),
                "s16": (224, 3, 16, 384, 12, 6, 1536, 32), "b16": (224, 3, 16, 768, 12, 12, 3072, 32)}
@@ -393,6 +404,8 @@ def main() -> None:
                     help="time every setting this many times in a row (rounds each, one warm-up before the first) "
                          "and report each row's median; prints each repeat's ratio of our fp32 rows to the best peer "
                          "(how far the VM moves a ratio between measurements)")
+    ap.add_argument("--rows", default="",
+                    help="time only these rows (labels as printed, separated by ';'), e.g. 'vitlab torch' alone")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
@@ -419,14 +432,19 @@ def main() -> None:
     for name in ([] if args.train else args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8, args.openvino or "")
+            if args.rows:
+                rows = {label: rows[label] for label in args.rows.split(";")}
             sizes = [int(s) for s in args.sub_batches.split(",") if s]
             for batch in (int(b) for b in args.batches.split(",")):
                 timed = with_sub_batches(rows, batch, sizes, args.sub_batch_int8_only)
                 runs = [measure(timed, batch, args.rounds, args.settle_s if i == 0 else 0.0,
                                 IMAGE.get(name, (3, 224, 224))) for i in range(args.repeats)]
                 speeds = {label: statistics.median(run[label] for run in runs) for label in timed}
-                results += report(name, batch, timed, speeds)
-                if args.repeats > 1:
+                if any(kind == "peer" for kind, _ in timed.values()):
+                    results += report(name, batch, timed, speeds)
+                else:  # no peer to divide by: each row's images/s, repeat by repeat
+                    results += each_repeat(name, batch, runs)
+                if args.repeats > 1 and any(kind == "peer" for kind, _ in timed.values()):
                     results += repeat_ratios(name, batch, timed, runs)
     if args.out:
         Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))

@@ -31,3 +31,11 @@ def test_repeat_ratios_divide_each_of_our_fp32_rows_by_that_repeats_fastest_peer
     assert out == [{"model": "vit-ti/16", "batch": 1, "engine": "vitlab torch", "vs_best_peer_each_repeat": [0.9, 1.5],
                     "images_per_s_each_repeat": [9.0, 12.0], "best_peer_images_per_s_each_repeat": [10.0, 8.0]}]
     assert "each repeat: 0.90 1.50  (median 1.20)" in capsys.readouterr().out
+
+
+def test_each_repeat_lists_every_rows_images_per_second(capsys):
+    runs = [{"vitlab torch": 47.4}, {"vitlab torch": 56.8}, {"vitlab torch": 50.0}]
+    out = peers.each_repeat("vit-ti/16", 1, runs)
+    assert out == [{"model": "vit-ti/16", "batch": 1, "engine": "vitlab torch",
+                    "images_per_s_each_repeat": [47.4, 56.8, 50.0]}]
+    assert "each repeat: 47.4 56.8 50.0  (median 50.0)" in capsys.readouterr().out
