@@ -129,3 +129,37 @@ def test_direct_inference_attempts_still_run_and_the_fused_add_keeps_the_logits(
     assert set(speeds) == {"direct", "fused residual add", "explicit core at 197 tokens"}
     assert diffs["fused residual add"] == 0.0
     assert vit_direct._block is direct_inference.KEPT_BLOCK
+
+
+def test_batch1_gap_rows_compute_the_same_and_every_part_runs(monkeypatch, capsys, tmp_path):
+    """`benchmarks/batch1_gap.py`: its torch and ORT rows compute the same layers and the same attention (else the
+    ratios it prints compare different work), every part prints its lines, and the block timer is taken off again."""
+    import batch1_gap
+
+    from vitlab.engine import choose
+    from vitlab.models import vit_direct
+
+    monkeypatch.setattr(choose, "PAUSE_S", 0.001)
+    model = tiny()
+    rows, flops = batch1_gap.linear_rows(model, 1)
+    with torch.inference_mode():
+        eager, mlas = rows["oneDNN packed"](), rows["MLAS"]()
+    assert flops > 0 and len(eager) == len(mlas) == 4 * len(model.blocks)
+    assert all((e - torch.from_numpy(m)).abs().max() < 1e-4 for e, m in zip(eager, mlas))
+    attention = batch1_gap.attention_rows(model, 1)
+    with torch.inference_mode():
+        core = attention["torch fused kernel"]()
+    b, h, n, d = core.shape
+    fused = torch.from_numpy(attention["ORT Attention"]())
+    assert (core.transpose(1, 2).reshape(b, n, h * d) - fused).abs().max() < 1e-5
+    block = vit_direct._block
+    batch1_gap.pause(model, 1, rounds=1, tmp=tmp_path)
+    batch1_gap.products(model, 1, rounds=1)
+    batch1_gap.attention(model, 1, rounds=1)
+    batch1_gap.unary(rounds=1)
+    out = capsys.readouterr().out
+    assert vit_direct._block is block
+    assert "back to back" in out and "after 1 ms idle" in out and "oneDNN / MLAS speed" in out
+    assert "attention core" in out and "sigmoid" in out
+    blocks = [float(line.split("(blocks")[1].split(",")[0]) for line in out.splitlines() if "(blocks" in line]
+    assert len(blocks) == 2 and all(ms > 0 for ms in blocks)  # the direct route ran and the timer saw its blocks
