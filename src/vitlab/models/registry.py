@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
+from vitlab.weights import peer_names
 
 # size -> (depth, width, mlp, heads); the paper's Table 1 plus Ti/S of the official configs and
 # big_vision's "mu" for tests and tiny demos.
@@ -72,7 +73,12 @@ _BIT_RE = re.compile(r"^bit-r(\d+)x(\d+)(-postact)?(-small)?$")
 
 def normalize_name(name: str) -> str:
     """'ViT-B_16' and 'vit_b/16' -> 'vit-b/16'; 'R50+ViT-B_16' -> 'r50+vit-b/16'; the peers' ResNet names:
-    timm/torchvision 'resnet50' -> 'resnet-50', timm 'resnetv2_50x1_bit' and big_transfer 'BiT-M-R50x1' -> 'bit-r50x1'."""
+    timm/torchvision 'resnet50' -> 'resnet-50', timm 'resnetv2_50x1_bit' and big_transfer 'BiT-M-R50x1' -> 'bit-r50x1';
+    timm's ViT names 'vit_base_patch16_384' -> 'vit-b/16' and 'vit_base_r50_s16_384' -> 'r50+vit-b/16' (peer_names:
+    the size they state is `image_size_of`'s)."""
+    peer = peer_names.timm_name(name)
+    if peer is not None and peer.tag is None:
+        return peer.model
     n = name.strip().lower()
     if m := re.match(r"^(?:resnetv2_(\d+)x(\d+)_bit|bit-[sm]-r(\d+)x(\d+))$", n):
         depth, width = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
@@ -131,6 +137,8 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
     """The config of a named model with field overrides applied (an explicit `patch_size=` is free)."""
     n = normalize_name(name)
     overrides = {_ALIASES.get(k, k): v for k, v in overrides.items()}
+    if "image_size" not in overrides and (size := peer_names.image_size_of(name)) is not None:
+        overrides["image_size"] = size  # timm's vit_base_patch16_384 is vit-b/16 at 384
     if n == "custom":
         base = ViTConfig(name="custom").to_dict()
     elif m := _VIT_RE.match(n):
@@ -168,12 +176,24 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
                   "stem": "small" if m.group(4) else "bit"}
         base = _resnet_base(n, resnet, overrides)
     else:
-        raise VitlabError(
+        raise VitlabError(_checkpoint_not_model(name) or (
             f"unknown model {name!r}{_suggest(n)}; run `vitlab models` for the list "
-            "(e.g. vit-b/16, vit-s/32-gap, r50+vit-b/16, resnet-50, bit-r152x2, bit-r50x1-postact, custom)"
-        )
+            "(e.g. vit-b/16, vit-s/32-gap, r50+vit-b/16, resnet-50, bit-r152x2, bit-r50x1-postact, custom; timm's "
+            "vit_base_patch16_224 and Hugging Face's google/vit-base-patch16-224 name the same models)"
+        ))
     base.update(overrides)
     return ViTConfig.from_dict(base)
+
+
+def _checkpoint_not_model(name: str) -> str | None:
+    """The message for a checkpoint name (vitlab's, timm's, a Hugging Face repo) given where a model name belongs."""
+    from vitlab.weights.pretrained import lookup
+
+    entry = lookup(name)
+    if entry is None:
+        return None
+    return (f"{name!r} names a checkpoint ({entry.name}), not a model: create_model({name!r}, pretrained=True) or "
+            f"vitlab.load({name!r}) loads it; the model alone is {entry.model!r}")
 
 
 def build_model(config: ViTConfig) -> nn.Module:
@@ -216,15 +236,37 @@ def create_model(
     (resampled position embeddings) are given; `vitlab models --pretrained` lists the checkpoints.
     Defaults without weights: 1000 classes at 224 px.
     """
+    name, pretrained = _checkpoint_as_model(name, pretrained)
     if pretrained is not False and pretrained is not None:
         return _create_pretrained(name, pretrained, num_classes, image_size, overrides)
+    default_size = peer_names.image_size_of(name) or 224  # timm's names state theirs
     config = get_config(name, num_classes=1000 if num_classes is None else num_classes,
-                        image_size=224 if image_size is None else image_size, **overrides)
+                        image_size=default_size if image_size is None else image_size, **overrides)
     if seed is None:
         return build_model(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build_model(config)
+
+
+def _checkpoint_as_model(name: str, pretrained: bool | str | Path) -> tuple[str, bool | str | Path]:
+    """(model name, pretrained) where a checkpoint is named as the model (`vit-b/16.augreg-in21k`, timm's
+    `vit_base_patch16_224.augreg_in21k`, a Hugging Face repo id): with pretrained=True it selects that checkpoint;
+    without, it is an error rather than the architecture alone (timm builds such a name with its checkpoint's head)."""
+    from vitlab.weights.pretrained import lookup, names
+
+    entry = lookup(name)
+    if entry is None:
+        peer = peer_names.timm_name(name)
+        if peer is not None and peer.tag is not None:
+            raise VitlabError(f"{name!r} is not a checkpoint vitlab lists (those of {peer.model}: "
+                              f"{', '.join(names(peer.model)) or 'none'}); timm's own file loads with "
+                              f"vitlab.load('hf:timm/{name.strip()}')")
+        return name, pretrained
+    if pretrained is not True:
+        raise VitlabError(f"{name!r} names a checkpoint ({entry.name}): pass pretrained=True to load it, or the model "
+                          f"name alone ({entry.model!r}) for random weights")
+    return entry.model, entry.name
 
 
 def _create_pretrained(name: str, pretrained: bool | str | Path, num_classes: int | None,
@@ -238,7 +280,7 @@ def _create_pretrained(name: str, pretrained: bool | str | Path, num_classes: in
     if isinstance(pretrained, Path) or (isinstance(pretrained, str) and Path(pretrained).expanduser().exists()):
         source, label = pretrained, str(pretrained)
     else:
-        entry = for_model(model_name, pretrained)
+        entry = for_model(model_name, pretrained, peer_names.image_size_of(name))
         source, label = entry.name, entry.name
     model = load(source, num_classes=num_classes, image_size=image_size, **overrides)
     _check_same_architecture(model.config, get_config(model_name), label, model_name)

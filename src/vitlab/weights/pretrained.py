@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 
 from vitlab.errors import VitlabError
+from vitlab.weights import peer_names
 
 VIT_BUCKET = "https://storage.googleapis.com/vit_models"
 BIT_BUCKET = "https://storage.googleapis.com/bit_models"
@@ -182,6 +183,7 @@ def _build() -> dict[str, Pretrained]:
 
 
 PRETRAINED: dict[str, Pretrained] = _build()
+_BY_HF_REPO = {e.path.lower(): e for e in PRETRAINED.values() if e.source == "hf"}
 
 
 def names(model: str | None = None) -> list[str]:
@@ -196,8 +198,18 @@ def _normalize(name: str) -> str:
 
 
 def lookup(name: str) -> Pretrained | None:
-    """The entry for `MODEL.TAG` (case and `_`/`-` forgiving), or None when `name` is not a checkpoint name."""
-    return PRETRAINED.get(name) or PRETRAINED.get(_normalize(name))
+    """The entry for `MODEL.TAG` (case and `_`/`-` forgiving), timm's name of the same checkpoint
+    (`vit_base_patch16_224.augreg_in21k_ft_in1k`) or its Hugging Face repo id (`google/vit-base-patch16-224`); None
+    when `name` is not a checkpoint name."""
+    if entry := PRETRAINED.get(name) or PRETRAINED.get(_normalize(name)):
+        return entry
+    for candidate in peer_names.checkpoint_candidates(name):
+        entry = PRETRAINED.get(candidate)
+        if entry is not None and entry.image_size == peer_names.image_size_of(name.partition(".")[0]):
+            return entry
+    if peer_names.looks_like_hf_repo(name):
+        return _BY_HF_REPO.get(name.strip().lower())
+    return None
 
 
 def get(name: str) -> Pretrained:
@@ -209,12 +221,20 @@ def get(name: str) -> Pretrained:
     raise VitlabError(f"unknown pretrained checkpoint {name!r}{hint}; `vitlab models --pretrained` lists them")
 
 
-def for_model(model: str, pretrained: bool | str) -> Pretrained:
-    """The entry `create_model(model, pretrained=...)` means: True = the model's default, a tag, or a full name."""
+def for_model(model: str, pretrained: bool | str, image_size: int | None = None) -> Pretrained:
+    """The entry `create_model(model, pretrained=...)` means: True = the model's default (the first at
+    `image_size`, where a timm name states one), a tag, or a full name."""
     if pretrained is True:
         if not (found := names(model)):
             raise VitlabError(f"no published checkpoint for {model!r}; `vitlab models --pretrained` lists the models "
                               "that have one (or pass pretrained=PATH to a weights file)")
+        if image_size is not None:
+            at_size = [n for n in found if PRETRAINED[n].image_size == image_size]
+            if not at_size:
+                sizes = sorted({PRETRAINED[n].image_size for n in found})
+                raise VitlabError(f"no published checkpoint of {model!r} at {image_size} px (its resolutions: "
+                                  f"{', '.join(map(str, sizes))}); `vitlab models --pretrained` lists them")
+            found = at_size
         return PRETRAINED[found[0]]
     text = str(pretrained)
     entry = lookup(text) or lookup(f"{model}.{text}")
