@@ -5,19 +5,10 @@ fails in one line that says what to do instead."""
 import pytest
 
 import vitlab
-from test_download import Server, _tiny_npz
+from test_download import _tiny_npz, server  # noqa: F401  (server: the local HTTP server fixture)
 from vitlab.errors import VitlabError
 from vitlab.models.registry import get_config
 from vitlab.weights import hub, pretrained
-
-
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("VITLAB_OFFLINE", raising=False)
-    s = Server()
-    yield s
-    s.close()
 
 
 @pytest.mark.parametrize("timm_name, ours, size", [
@@ -83,7 +74,7 @@ def test_create_model_takes_a_checkpoint_as_the_model_only_with_pretrained():
         vitlab.create_model("vit_tiny_patch16_512", pretrained=True)
 
 
-def test_timm_names_download_the_published_file(server, tmp_path, monkeypatch):
+def test_timm_names_download_the_published_file(server, tmp_path, monkeypatch):  # noqa: F811 (the fixture)
     monkeypatch.setenv("VITLAB_WEIGHTS_URL", server.url)
     entry = pretrained.PRETRAINED["vit-ti/16.augreg-in21k-ft-in1k-384"]
     data = _tiny_npz(tmp_path / "ti.npz", dim=192, depth=12, heads=3, mlp=768, patch=16, grid=24, classes=7)
