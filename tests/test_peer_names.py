@@ -98,3 +98,12 @@ def test_a_hugging_face_repo_id_loads_without_the_hf_prefix(monkeypatch, tmp_pat
     with pytest.raises(VitlabError, match="no such file or folder: facebook/deit-base-patch16-224"):
         vitlab.load("facebook/deit-base-patch16-224")  # a repo vitlab does not list: as any missing path
     assert asked == ["google/vit-base-patch16-224"]
+
+
+def test_a_timm_model_name_where_weights_are_needed_offers_a_checkpoint_at_its_size():
+    from vitlab.weights import resolve_weights
+
+    with pytest.raises(VitlabError, match="such as vit-b/16.augreg-in21k-ft-in1k-384 "):
+        resolve_weights("vit_base_patch16_384")
+    with pytest.raises(VitlabError, match="such as vit-ti/16.augreg-in21k-ft-in1k-224 "):
+        resolve_weights("vit_tiny_patch16_224")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vitlab.errors import VitlabError
+from vitlab.weights import peer_names
 
 if TYPE_CHECKING:
     import torch
@@ -173,10 +174,13 @@ def resolve_weights(spec: str | Path) -> Path:
     """Like `resolve_model`, for callers that need weights: a bare registry name fails with its checkpoints."""
     path = resolve_model(spec)
     if path is None:
-        from vitlab.weights.pretrained import names
+        from vitlab.models.registry import normalize_name
+        from vitlab.weights.pretrained import PRETRAINED, names
 
         text = str(spec)
-        tags = names(text.strip().lower())
+        size = peer_names.image_size_of(text)  # timm's vit_base_patch16_384: offer a checkpoint at 384
+        tags = [n for n in names(normalize_name(text.partition("(")[0]))
+                if size is None or PRETRAINED[n].image_size == size]
         offer = f"a pretrained checkpoint such as {tags[0]}" if tags else "a weights file or folder"
         raise VitlabError(f"{text!r} is a model name (random weights), not weights: pass {offer} "
                           "(`vitlab models --pretrained` lists them) or a weights file, model folder or run folder")
