@@ -16,6 +16,9 @@ Parts (`--parts`):
   (one ORT graph of MatMul + Add per layer).
 - attention: one block's attention core, torch's fused kernel against ORT's com.microsoft.Attention (the qkv
   projection and the core in one operator) minus the same projection alone.
+- gelu: what the official tanh GELU costs against the exact erf GELU that timm's ViT computes: the whole call back
+  to back with the same weights and either GELU, in eager vitlab and in ORT (plain exports; the two ORT sessions
+  with their workers' spinning off, else each slows the other, so their times are not those of the other parts).
 - unary: ns per element of torch's exp, tanh, erf and sigmoid on 1M floats, one thread: what a softmax or a GELU
   written in torch operators would cost.
 """
@@ -39,13 +42,16 @@ from vitlab.engine import choose
 from vitlab.engine.torch_engines import TorchEngine
 from vitlab.export import export_onnx
 from vitlab.models import vit_direct
+from vitlab.models.registry import build_model
 
-PARTS = ("pause", "products", "attention", "unary")
+PARTS = ("pause", "products", "attention", "gelu", "unary")
 
 
-def ort_session(model_proto_or_path, threads: int) -> ort.InferenceSession:
+def ort_session(model_proto_or_path, threads: int, spinning: bool = True) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    if not spinning:  # where two sessions live side by side, each one's spinning workers would slow the other
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     source = model_proto_or_path if isinstance(model_proto_or_path, str) else model_proto_or_path.SerializeToString()
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
@@ -226,6 +232,30 @@ def attention(model, threads: int, rounds: int) -> None:
           f"x {len(model.blocks)} blocks: {len(model.blocks) * (ms['torch fused kernel'] - core):+.2f} ms for torch")
 
 
+# ------------------------------------------------------------------------------------------------- gelu
+def gelu_rows(model, threads: int, tmp: Path) -> dict:
+    """The whole call at batch 1 with the model's weights and each GELU, in eager vitlab and in ORT."""
+    x = torch.randn(1, model.config.in_chans, *model.config.image_size)
+    rows = {}
+    for gelu in ("tanh", "exact"):
+        twin = build_model(model.config.replace(gelu=gelu)).eval()
+        twin.load_state_dict(model.state_dict())
+        engine = TorchEngine(twin)
+        session = ort_session(str(export_onnx(twin, tmp / f"{gelu}.onnx")), threads, spinning=False)
+        feed = {session.get_inputs()[0].name: x.numpy()}
+        rows[f"eager, {gelu} GELU"] = lambda engine=engine: engine(x)
+        rows[f"ORT, {gelu} GELU"] = lambda session=session, feed=feed: session.run(None, feed)
+    return rows
+
+
+def gelu(model, threads: int, rounds: int, tmp: Path) -> None:
+    ms = best_ms(gelu_rows(model, threads, tmp), rounds, 5)
+    print("  whole call back to back with each GELU, same weights (fastest round, ms): "
+          + ", ".join(f"{name} {t:.2f}" for name, t in ms.items()))
+    for engine in ("eager", "ORT"):
+        print(f"    {engine}: tanh costs {ms[f'{engine}, tanh GELU'] - ms[f'{engine}, exact GELU']:+.2f} ms against erf")
+
+
 # ------------------------------------------------------------------------------------------------ unary
 def unary(rounds: int) -> None:
     threads = torch.get_num_threads()
@@ -266,6 +296,8 @@ def main() -> None:
                 products(model, threads, args.rounds)
             if "attention" in parts:
                 attention(model, threads, args.rounds)
+            if "gelu" in parts:
+                gelu(model, threads, args.rounds, Path(tmp))
     if "unary" in parts:
         unary(args.rounds)
 

@@ -152,14 +152,21 @@ def test_batch1_gap_rows_compute_the_same_and_every_part_runs(monkeypatch, capsy
     b, h, n, d = core.shape
     fused = torch.from_numpy(attention["ORT Attention"]())
     assert (core.transpose(1, 2).reshape(b, n, h * d) - fused).abs().max() < 1e-5
+    rows = batch1_gap.gelu_rows(model, 1, tmp_path)
+    with torch.inference_mode():
+        logits = {name: torch.from_numpy(fn()[0]) if name.startswith("ORT") else fn() for name, fn in rows.items()}
+    for gelu in ("tanh", "exact"):  # each engine computes the same function, and the two functions differ
+        assert (logits[f"eager, {gelu} GELU"] - logits[f"ORT, {gelu} GELU"]).abs().max() < 1e-4
+    assert (logits["eager, tanh GELU"] - logits["eager, exact GELU"]).abs().max() > 1e-6
     block = vit_direct._block
     batch1_gap.pause(model, 1, rounds=1, tmp=tmp_path)
     batch1_gap.products(model, 1, rounds=1)
     batch1_gap.attention(model, 1, rounds=1)
+    batch1_gap.gelu(model, 1, rounds=1, tmp=tmp_path)
     batch1_gap.unary(rounds=1)
     out = capsys.readouterr().out
     assert vit_direct._block is block
     assert "back to back" in out and "after 1 ms idle" in out and "oneDNN / MLAS speed" in out
-    assert "attention core" in out and "sigmoid" in out
+    assert "attention core" in out and "sigmoid" in out and "tanh costs" in out
     blocks = [float(line.split("(blocks")[1].split(",")[0]) for line in out.splitlines() if "(blocks" in line]
     assert len(blocks) == 2 and all(ms > 0 for ms in blocks)  # the direct route ran and the timer saw its blocks
