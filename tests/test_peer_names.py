@@ -95,8 +95,9 @@ def test_a_hugging_face_repo_id_loads_without_the_hf_prefix(monkeypatch, tmp_pat
     monkeypatch.setattr(hub, "fetch_hf", lambda repo: asked.append(repo) or folder)
     model = vitlab.load("google/vit-base-patch16-224")
     assert asked == ["google/vit-base-patch16-224"] and model.config.dim == tiny().config.dim
-    with pytest.raises(VitlabError, match="no such file or folder: facebook/deit-base-patch16-224"):
-        vitlab.load("facebook/deit-base-patch16-224")  # a repo vitlab does not list: as any missing path
+    with pytest.raises(VitlabError, match="no such file or folder: facebook/deit-base-patch16-224 .*if you meant "
+                       "the Hugging Face Hub repo, write hf:facebook/deit-base-patch16-224"):
+        vitlab.load("facebook/deit-base-patch16-224")  # a repo vitlab does not list: a missing path, with a hint
     assert asked == ["google/vit-base-patch16-224"]
 
 
