@@ -165,7 +165,7 @@ def _not_found(text: str) -> str:
     model = text.partition(".")[0]
     if "." in text and (tags := names(model.lower())):
         hint = f"; {model} has these checkpoints: {', '.join(tags[:4])}{' ...' if len(tags) > 4 else ''}"
-    elif peer_names.looks_like_hf_repo(text) and not text.startswith((".", "/", "~")):
+    elif peer_names.looks_like_hf_repo(text):  # ORG/NAME starts with a letter or digit: ./x, /x, ~/x never do
         hint = f"; if you meant the Hugging Face Hub repo, write hf:{text.strip()}"
     return (f"no such file or folder: {text} (it does not exist: no weights file, model folder or run folder "
             f"there, and it is not a pretrained checkpoint or model name{hint}); check the path, or see "

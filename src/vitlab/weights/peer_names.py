@@ -50,11 +50,11 @@ def image_size_of(name: str) -> int | None:
     return peer.image_size if peer is not None else None
 
 
-def checkpoint_candidates(name: str) -> list[str]:
-    """vitlab checkpoint names a timm checkpoint name can mean, most specific first: the tag with the name's
-    resolution appended (vitlab's fine-tuned tags carry it), then the tag as it is (pre-training tags do not)."""
-    peer = timm_name(name)
-    if peer is None or peer.tag is None:
+def checkpoint_candidates(peer: PeerName) -> list[str]:
+    """vitlab checkpoint names a timm name (`timm_name`'s reading) can mean, most specific first: the tag with the
+    name's resolution appended (vitlab's fine-tuned tags carry it), then the tag as it is (pre-training tags do not);
+    none for an architecture name."""
+    if peer.tag is None:
         return []
     tag = peer.tag.replace("_", "-")
     return [f"{peer.model}.{tag}-{peer.image_size}", f"{peer.model}.{tag}"]

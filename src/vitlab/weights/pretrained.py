@@ -203,10 +203,11 @@ def lookup(name: str) -> Pretrained | None:
     when `name` is not a checkpoint name."""
     if entry := PRETRAINED.get(name) or PRETRAINED.get(_normalize(name)):
         return entry
-    for candidate in peer_names.checkpoint_candidates(name):
-        entry = PRETRAINED.get(candidate)
-        if entry is not None and entry.image_size == peer_names.image_size_of(name.partition(".")[0]):
-            return entry
+    if (peer := peer_names.timm_name(name)) is not None:
+        for candidate in peer_names.checkpoint_candidates(peer):
+            entry = PRETRAINED.get(candidate)
+            if entry is not None and entry.image_size == peer.image_size:
+                return entry
     if peer_names.looks_like_hf_repo(name):
         return _BY_HF_REPO.get(name.strip().lower())
     return None
