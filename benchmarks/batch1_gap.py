@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +44,9 @@ from vitlab.engine.torch_engines import TorchEngine
 from vitlab.export import export_onnx
 from vitlab.models import vit_direct
 from vitlab.models.registry import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from linear import block_shapes  # noqa: E402  (one block's linear layers as (rows, in, out))
 
 PARTS = ("pause", "products", "attention", "gelu", "unary")
 
@@ -151,18 +155,13 @@ def pause(model, threads: int, rounds: int, tmp: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- products
-def block_linears(model) -> list[tuple[str, int, int]]:
-    """(name, in, out) of one block's linear layers, in the order the block runs them."""
-    cfg = model.config
-    return [("qkv", cfg.dim, 3 * cfg.dim), ("proj", cfg.dim, cfg.dim), ("fc1", cfg.dim, cfg.mlp_dim),
-            ("fc2", cfg.mlp_dim, cfg.dim)]
-
-
 def linear_rows(model, threads: int) -> tuple[dict, float]:
     """The model's linear layers at batch 1, in its order with weights of its sizes: {"oneDNN packed": fn, "MLAS":
     fn}, each returning the layers' outputs in that order, and their FLOPs."""
     rows_n = model.pos_embed.shape[1]  # tokens of one image, class token included
-    layers = [(f"{name}{i}", k, n) for i in range(len(model.blocks)) for name, k, n in block_linears(model)]
+    shapes = block_shapes(rows_n, model.config.dim, model.config.mlp_dim)  # qkv, proj, fc1, fc2: (rows, in, out)
+    layers = [(f"{name}{i}", k, n) for i in range(len(model.blocks))
+              for name, (_, k, n) in zip(("qkv", "proj", "fc1", "fc2"), shapes)]
     gen = torch.Generator().manual_seed(0)
     weights = {name: (torch.randn(n, k, generator=gen) * 0.02, torch.randn(n, generator=gen) * 0.02)
                for name, k, n in layers}
