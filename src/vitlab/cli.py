@@ -10,6 +10,7 @@ exit; VITLAB_DEBUG=1 shows tracebacks and the libraries' warnings instead.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import pkgutil
@@ -26,11 +27,24 @@ _ORDER = ["demo", "models", "data", "train", "finetune", "evaluate", "compare", 
 _MAX_MESSAGE = 300
 
 
+_ARGV: list[str] = []  # the command line `main` parses, for the hints of `_OneLineParser.error`
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints the whole usage (26 lines for `vitlab train`) before a usage error; one line
-    naming the mistake and pointing at --help says the same. Sub-parsers inherit the class."""
+    naming the mistake and pointing at --help says the same. Sub-parsers inherit the class.
+
+    Abbreviated options are off: with them `vitlab predict --model vit-b/16 ...` was read as `--model-args
+    vit-b/16`, another option than the user meant, without a word. An unknown option gets a hint instead
+    (`_unknown_arguments`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        if message.startswith("the following arguments are required"):  # `--weights W` for a positional WEIGHTS
+            message = _with_hint(self, message, _ARGV)
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
@@ -51,6 +65,55 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _command_modules():
         importlib.import_module(f"vitlab.commands.{name}").register(sub)
     return parser
+
+
+def _innermost_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub-)sub-command that `args` chose: `vitlab data inspect`'s, not `vitlab`'s."""
+    while True:
+        chosen = [action.choices[getattr(args, action.dest)] for action in parser._actions
+                  if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices]
+        if not chosen:
+            return parser
+        parser = chosen[0]
+
+
+# What people write as an option (timm's and Hugging Face's scripts take --model) for what a vitlab command takes
+# as its first positional argument.
+_WEIGHTS_OPTIONS = {"weights", "model", "checkpoint", "ckpt", "pretrained", "model_name"}
+
+
+def _positional_usage(action: argparse.Action) -> str:
+    name = action.metavar or action.dest.upper()
+    return {"+": f"{name} [{name} ...]", "*": f"[{name} ...]", "?": f"[{name}]"}.get(action.nargs, name)
+
+
+def _unknown_options(parser: argparse.ArgumentParser, tokens: list[str]) -> list[str]:
+    """The options among `tokens` (`--name` or `--name=value`) that `parser` does not know, as written."""
+    known = {o for a in parser._actions for o in a.option_strings}
+    return [t.split("=", 1)[0] for t in tokens if t.startswith("-") and len(t) > 1 and t.split("=", 1)[0] not in known]
+
+
+def _hint(parser: argparse.ArgumentParser, option: str) -> str:
+    """How to say what an unknown option meant: a positional argument written as an option (`--weights W` where
+    the command takes WEIGHTS as an argument), or a close spelling of a known option (--epoch, --top_k)."""
+    name = option.lstrip("-").replace("-", "_")
+    positionals = [a for a in parser._actions
+                   if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
+    for action in positionals:
+        if name == action.dest or (action.dest in ("weights", "model") and name in _WEIGHTS_OPTIONS):
+            usage = " ".join(_positional_usage(a) for a in positionals)
+            return (f"{parser.prog} takes {action.metavar or action.dest.upper()} as an argument, without {option}: "
+                    f"`{parser.prog} [options] {usage}`")
+    known = {o.lstrip("-").replace("-", "_"): o for a in parser._actions for o in a.option_strings
+             if o.startswith("--")}
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f"did you mean {known[close[0]]}?" if close else ""
+
+
+def _with_hint(parser: argparse.ArgumentParser, message: str, tokens: list[str]) -> str:
+    """`message` and the hint for the first unknown option in `tokens` that has one."""
+    hints = [h for h in (_hint(parser, o) for o in _unknown_options(parser, tokens)) if h]
+    return f"{message}; {hints[0]}" if hints else message
 
 
 def one_line(text: str, limit: int | None = None) -> str:
@@ -146,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         if not debug:
             _quiet_library_warnings()
         parser = build_parser()
-        args = parser.parse_args(argv)
+        _ARGV[:] = sys.argv[1:] if argv is None else list(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # reported by the sub-command's own parser, which knows its options (`vitlab predict: ...`)
+            command = _innermost_parser(parser, args)
+            command.error(_with_hint(command, f"unrecognized arguments: {' '.join(extras)}", extras))
         if not getattr(args, "func", None):
             parser.print_help()
             return 0
