@@ -48,4 +48,4 @@ def test_inspect_unknown_source_is_one_line_error(tmp_path, capsys):
     rc = main(["data", "inspect", str(tmp_path / "nothing-here")])
     assert rc == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("vitlab data: error:") and "\n" not in err
+    assert err.startswith("vitlab data inspect: error:") and "\n" not in err

@@ -165,18 +165,19 @@ def _quiet_library_warnings() -> None:
     warnings.filterwarnings("default", message="vitlab")
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, prog: str) -> int:
+    """args.func(args); any failure becomes one line on stderr starting with `prog` (`vitlab data inspect`)."""
     try:
         return int(args.func(args) or 0)
     except VitlabError as exc:
-        print(f"vitlab {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
-        print(f"vitlab {args.command}: error: no such file or folder: {exc.filename or exc}; check the path",
+        print(f"{prog}: error: no such file or folder: {exc.filename or exc}; check the path",
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"vitlab {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `vitlab models | head`: the reader left early, which is no error
         _silence_stdout()
@@ -185,12 +186,12 @@ def _run(args: argparse.Namespace) -> int:
         if os.environ.get("VITLAB_DEBUG"):
             raise
         if _is_out_of_memory(exc):
-            print(f"vitlab {args.command}: error: {_memory_message(exc)}", file=sys.stderr)
+            print(f"{prog}: error: {_memory_message(exc)}", file=sys.stderr)
             return 2
         if isinstance(exc, OSError):
-            print(f"vitlab {args.command}: error: {_os_message(exc)}", file=sys.stderr)
+            print(f"{prog}: error: {_os_message(exc)}", file=sys.stderr)
             return 2
-        print(f"vitlab {args.command}: error: {_unexpected_message(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {_unexpected_message(exc)}", file=sys.stderr)
         return 1
 
 
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 0
-        return _run(args)
+        return _run(args, _innermost_parser(parser, args).prog)
 
 
 if __name__ == "__main__":

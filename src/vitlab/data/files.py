@@ -288,8 +288,8 @@ def load_folder(root: str | os.PathLike, storage_size: int | None = None, progre
         if not classes:
             if split == "train":
                 loose = [p for p in folder.iterdir() if p.is_file() and is_image_file(p)]
-                hint = " (it has images but no class subfolders)" if loose else ""
-                raise VitlabError(f"{folder} has no class subfolders{hint}; put each class in its own folder "
+                what = f"has {len(loose)} images but no class subfolders" if loose else "has no class subfolders"
+                raise VitlabError(f"{folder} {what}; put each class in its own folder "
                                   f"({folder}/CLASS/image.jpg) or use a CSV of path,label")
             continue
         class_dirs[split] = classes
