@@ -1,5 +1,5 @@
 """The CUDA paths (issue 18, item 6): bf16 autocast, fused SDPA (flash) attention, torch.compile, DDP over NCCL,
-training with checkpoint and exact resume on the GPU.
+training with checkpoint and exact resume on the GPU, in bf16 and in fp16 with loss scaling.
 
 Skipped without a CUDA GPU (CI has none). `VITLAB_TEST_DEVICE=cpu` runs the device-independent ones on the CPU,
 to check the tests themselves where no GPU is at hand. How they were run on a GPU: docs/benchmarks.md, "GPU".
@@ -168,6 +168,24 @@ def test_training_on_the_device_in_bf16_resumes_bit_identical(tmp_path, monkeypa
     resumed = train(resume_cfg(run), data=tiny_data())
     assert_same_weights(ref.model, resumed.model)
     assert ref.history[-1]["train_loss"] < ref.history[0]["train_loss"]
+
+
+def test_fp16_with_loss_scaling_skips_overflowing_steps_and_resumes_bit_identical(tmp_path, monkeypatch):
+    """`--precision fp16` (the GPUs without bf16): autocast to fp16 and torch's GradScaler. Started at a loss scale
+    of 2^24 (torch's default is 2^16), the scaled gradients overflow fp16 at first: those steps are skipped and the
+    scale backs off. A run interrupted at step 4 and resumed ends with the uninterrupted run's weights to the last
+    bit, which needs the checkpoint's loss scale: a resume from the initial scale would skip other steps."""
+    real_scaler = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda *a, **kw: real_scaler(*a, init_scale=2.0 ** 24, **kw))
+    kw = dict(device=DEVICE, precision="fp16", deterministic=True, epochs=3)
+    ref = train(tiny_cfg(tmp_path, name="ref", **kw), data=tiny_data())
+    assert ref.history[-1]["train_loss"] < ref.history[0]["train_loss"]
+    scale_at = {int(p.stem.split("-")[1]): torch.load(p, weights_only=True)["scaler"]["scale"]
+                for p in (tmp_path / "ref" / "checkpoints").glob("step-*.pt")}
+    assert max(scale_at.values()) < 2.0 ** 24, scale_at  # overflowing steps were skipped and the scale backed off
+    run = run_interrupted(tmp_path, monkeypatch, step=4, **kw)
+    resumed = train(resume_cfg(run), data=tiny_data())
+    assert_same_weights(ref.model, resumed.model)
 
 
 def test_training_with_compile_on_the_device(tmp_path):

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 18's GPU checks as one prepared run, for a lent GPU machine with little time (about 8 minutes here).
+# Writes every log under OUT (default: $OUT, as the device tool sets it, else ./gpu_checks):
+#   tests_cuda.txt   tests/test_cuda.py: bf16 autocast, flash attention, torch.compile, DDP over NCCL, exact
+#                    resume in bf16 and in fp16 with loss scaling (overflowing steps skipped), torchrun
+#   suite_gpu.txt    the command tests whose --device auto picks the GPU (evaluate, predict, serve, train, compare)
+#   data_cuda.txt    benchmarks/data.py --device cuda --quick: the data pipeline feeding a GPU
+#   gpu_eager.*      benchmarks/gpu.py: ViT-B/16 training (bf16, batch 256) and inference against timm and HF, MFU
+#   env.txt          the machine: GPU, torch, timm, transformers
+# Each step has its own time limit and the run goes on after a failure; the exit status is the number of
+# steps that failed. Usage: bash benchmarks/gpu_checks.sh [OUT]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-gpu_checks}}"
+mkdir -p "$out"
+export PYTHONPATH="src:tests${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
+py="${PYTHON:-python3}"
+failed=0
+
+step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output in $out/NAME.txt
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+    local rc=$?
+    echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$out/steps.txt"
+    [[ $rc -eq 0 ]] || failed=$((failed + 1))
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$py" -c "import torch, importlib.util as u; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'bf16', torch.cuda.is_bf16_supported()); [print(m, __import__(m).__version__) for m in ('timm', 'transformers')
+if u.find_spec(m)]"; } >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+step tests_cuda 240 "$py" -m pytest -p no:cacheprovider -q -o addopts="" --tb=short -rfE tests/test_cuda.py
+step suite_gpu 240 "$py" -m pytest -p no:cacheprovider -q -o addopts="" --tb=short -rfE -x \
+    tests/test_evaluate_command.py tests/test_predict.py tests/test_serve.py tests/test_train_loop.py tests/test_compare.py
+step data_cuda 120 "$py" benchmarks/data.py --device cuda --quick
+step gpu_eager 180 "$py" benchmarks/gpu.py --rounds 3 --out "$out/gpu_eager.json"
+exit "$failed"
