@@ -305,3 +305,14 @@ def test_wall_time_in_summary_adds_up_all_segments(tmp_path, monkeypatch):
     second = time.perf_counter() - t0
     wall = json.loads((run / "summary.json").read_text())["wall_time_s"]
     assert first + 0.5 * second <= wall <= first + second + 1
+
+
+@pytest.mark.parametrize("warmup, said", [(1, False), (5, False), (6, True), (100, True)])
+def test_a_warm_up_that_takes_the_whole_run_is_said(tmp_path, capsys, warmup, said):
+    """6 steps: with a warm-up of 6 or more the learning rate only rises (capped to the run, not refused)."""
+    train(tiny_cfg(tmp_path, warmup_steps=warmup, ckpt_every=0), data=tiny_data())
+    err = capsys.readouterr().err
+    notice = [line for line in err.splitlines() if "warm-up" in line]
+    assert len(notice) == int(said), err
+    if said:
+        assert notice[0].startswith(f"vitlab train: the warm-up ({warmup} steps) is as long as the run (6 steps)")

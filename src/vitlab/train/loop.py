@@ -66,6 +66,7 @@ from vitlab.train.setup import (
     set_train_mode,
     split_batch,
     step_seed,
+    warmup_notice,
 )
 from vitlab.train.signals import StopSignals
 from vitlab.train.state import (
@@ -363,6 +364,9 @@ class TrainingRun:
               f"{f' x {world} processes' if world > 1 else ''}; batch {cfg.batch_size} = {plan.micro} x {world} x "
               f"{plan.accum} accumulation; {plan.total_steps} steps ({plan.steps_per_epoch}/epoch), warm-up "
               f"{plan.warmup}")
+        notice = warmup_notice(cfg, plan)
+        if notice:
+            print(notice, file=sys.stderr)
         print(f"vitlab: run folder {self.run.path}" +
               (f" (resuming from step {self.progress.global_step})" if resumed else ""), flush=True)
 

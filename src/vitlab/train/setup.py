@@ -183,9 +183,24 @@ def plan_steps(cfg: TrainConfig, micro: int, world: int, accum: int, batches_per
                           "lower --batch-size")
     total_steps = cfg.steps if cfg.steps > 0 else max(1, math.ceil(cfg.epochs * steps_per_epoch))
     num_epochs = math.ceil(total_steps / steps_per_epoch)
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_epochs * steps_per_epoch)
     return BatchPlan(micro, world, accum, batches_per_epoch, steps_per_epoch, total_steps, num_epochs,
-                     min(int(warmup), total_steps))
+                     min(requested_warmup(cfg, steps_per_epoch), total_steps))
+
+
+def requested_warmup(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """The warm-up steps the config asks for (--warmup-steps, else --warmup-epochs), before the run's length caps it."""
+    return int(cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_epochs * steps_per_epoch))
+
+
+def warmup_notice(cfg: TrainConfig, plan: BatchPlan) -> str | None:
+    """One line where the warm-up takes the whole run: the learning rate then only rises, never reaching its peak,
+    and the schedule's decay never starts. The run goes on (a smoke run may want just that), but not unsaid."""
+    requested = requested_warmup(cfg, plan.steps_per_epoch)
+    if plan.total_steps < 2 or requested < plan.total_steps:
+        return None
+    return (f"vitlab train: the warm-up ({requested:,} steps) is as long as the run ({plan.total_steps:,} steps) or "
+            "longer: the learning rate rises for the whole run and never reaches its peak or decays; lower "
+            "--warmup-steps (or --warmup-epochs) or train longer")
 
 
 # ------------------------------------------------------------------------- precision, optimizer
