@@ -17,8 +17,10 @@ from vitlab.models.registry import create_model
 
 @pytest.fixture(autouse=True)
 def _every_step_drawn(monkeypatch):
-    """Draw the bar at every step (the default redraws at most twice a second), so the 100% line appears."""
+    """Draw the bar at every step (the default redraws at most twice a second, every 30 s into a pipe such as
+    pytest's capture), so the 100% line appears."""
     monkeypatch.setattr("vitlab.progress.MININTERVAL", 0.0)
+    monkeypatch.setattr("vitlab.progress.LOG_MININTERVAL", 0.0)
 
 
 def _blobs(n: int = 300, d: int = 8, k: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -142,3 +144,20 @@ def test_evaluate_command_quiet_has_no_bars_and_loud_has_them(tmp_path, capsys):
     err = capsys.readouterr().err
     for desc in ("kNN", "linear probe", "few-shot ridge", "train features"):
         assert desc in err, desc
+
+
+def test_bars_redraw_rarely_into_a_file_or_a_pipe(monkeypatch, tmp_path):
+    """On a terminal a bar redraws twice a second; into a log file or a pipe every 30 s, since each redraw stays
+    in the file there."""
+    import sys
+
+    from vitlab import progress
+
+    monkeypatch.undo()  # the module's own intervals, not the fixture's zeros
+    with open(tmp_path / "log.txt", "w") as log:
+        monkeypatch.setattr(sys, "stderr", log)
+        assert progress.redraw_seconds() == progress.LOG_MININTERVAL == 30.0
+        with progress.progress_bar(range(3), desc="x", unit="it") as bar:
+            assert bar.mininterval == 30.0
+        monkeypatch.setattr(log, "isatty", lambda: True, raising=False)
+        assert progress.redraw_seconds() == progress.MININTERVAL == 0.5

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
+from vitlab.progress import redraw_seconds
 
 
 @dataclass
@@ -188,7 +189,7 @@ def predict_files(
         return pre(open_image(path))
 
     for path, tensor in tqdm(prefetched(files, read, ahead=2 * batch_size), total=len(files), desc="predict",
-                             unit="img", disable=not progress):
+                             unit="img", disable=not progress, mininterval=redraw_seconds()):
         try:
             x = tensor.result()
         except VitlabError as exc:

@@ -22,6 +22,7 @@ import numpy as np
 from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import BadImageError, check_image_header, is_image_file
 from vitlab.errors import VitlabError
+from vitlab.progress import redraw_seconds
 
 SPLIT_FOLDERS = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test", "testing")}
 GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -45,7 +46,8 @@ def scan_headers(paths: Sequence[str], progress: bool = True) -> tuple[list[tupl
     infos, skipped = [], []
     with ThreadPoolExecutor(min(8, (os.cpu_count() or 2) * 2)) as pool:
         for info, bad in tqdm(pool.map(one, paths, chunksize=32), total=len(paths), desc="checking images",
-                              unit="file", disable=not progress or len(paths) < 2000, leave=False):
+                              unit="file", disable=not progress or len(paths) < 2000, leave=False,
+                              mininterval=redraw_seconds()):
             infos.append(info)
             if bad:
                 skipped.append(bad)

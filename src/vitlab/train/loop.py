@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
+from vitlab.progress import redraw_seconds
 from vitlab.runtime import auto_threads, resolve_device, tune_cpu_allocator  # one policy for every command
 from vitlab.train import distributed as D
 from vitlab.train.checkpoint import (
@@ -410,7 +411,7 @@ class TrainingRun:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=self.plan.total_steps, initial=self.progress.global_step, unit="step",
-                            dynamic_ncols=True, file=sys.stderr)
+                            dynamic_ncols=True, file=sys.stderr, mininterval=redraw_seconds())
         self.last_log = (time.perf_counter(), self.progress.train_images)
         set_train_mode(self.forward_model, self.cfg.batchnorm)
         self.stop.listen()  # from here on a first Ctrl-C / SIGTERM ends the run at the next step boundary
@@ -520,7 +521,8 @@ class TrainingRun:
                           "epoch_float": p.epoch + p.step_in_epoch / plan.steps_per_epoch, "loss": out.loss,
                           "lr": out.lr, "grad_norm": out.grad_norm, "images_per_s": ips})
             if self.bar is not None:
-                self.bar.set_postfix(epoch=p.epoch + 1, loss=f"{out.loss:.4f}", lr=f"{out.lr:.2e}", img_s=f"{ips:.0f}")
+                self.bar.set_postfix(epoch=p.epoch + 1, loss=f"{out.loss:.4f}", lr=f"{out.lr:.2e}", img_s=f"{ips:.0f}",
+                                     refresh=False)
         if self.bar is not None:
             self.bar.update(1)
 

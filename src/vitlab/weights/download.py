@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from vitlab.errors import VitlabError
+from vitlab.progress import redraw_seconds
 
 CHUNK = 1 << 20
 
@@ -151,7 +152,8 @@ def _copy(response, part: Path, mode: str, have: int, total: int | None, progres
     from tqdm.auto import tqdm
 
     with open(part, mode) as out, tqdm(total=total, initial=have, unit="B", unit_scale=True, leave=False,
-                                       desc=part.name.removesuffix(".part"), disable=not progress) as bar:
+                                       desc=part.name.removesuffix(".part"), disable=not progress,
+                                       mininterval=redraw_seconds()) as bar:
         while True:
             try:
                 block = response.read(CHUNK)
