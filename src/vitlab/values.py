@@ -144,10 +144,11 @@ def shown(value: Any) -> str:
 def typed_model_args(args: dict[str, Any], source: str = "from the model arguments") -> dict[str, Any]:
     """Model arguments with the values whose type the model config declares coerced to it
     (`layer_norm_eps=1e-6` is a string to YAML 1.1); unknown keys are left to the model registry."""
-    from vitlab.models.config import ResNetConfig, ViTConfig
+    from vitlab.models.config import ResNetConfig, ViTConfig, canonical_fields
 
     vit_types, resnet_types = typing.get_type_hints(ViTConfig), typing.get_type_hints(ResNetConfig)
-    return _typed_args(args, {**resnet_types, **vit_types}, resnet_types, source)
+    # other libraries' names (embed_dim, img_size) as vitlab's, so that they merge with a preset's and are typed
+    return _typed_args(canonical_fields(args), {**resnet_types, **vit_types}, resnet_types, source)
 
 
 def _is_scalar_type(hint: Any) -> bool:

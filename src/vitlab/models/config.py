@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,53 @@ def _set(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)  # the dataclasses are frozen; __post_init__ normalises fields
 
 
+# Other libraries' names for config fields (Hugging Face's, timm's keyword arguments) with the same meaning:
+# `create_model` and `get_config` take either spelling, e.g. create_model("vit_base_patch16_224", img_size=384,
+# drop_path_rate=0.1) (timm's drop_path_rate rises linearly over the blocks from 0, as vitlab's drop_path does).
+FIELD_ALIASES = {"num_layers": "depth", "hidden_size": "dim", "num_heads": "heads", "width": "dim",
+                 "patch": "patch_size", "img_size": "image_size", "embed_dim": "dim", "drop_path_rate": "drop_path",
+                 "attn_drop_rate": "attention_dropout"}
+
+
+def canonical_fields(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` under vitlab's field names (`FIELD_ALIASES`); two spellings of one field are refused."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        field = FIELD_ALIASES.get(key, key)
+        if field in out:
+            given = [k for k in overrides if FIELD_ALIASES.get(k, k) == field]
+            raise VitlabError(f"{' and '.join(given)} name the same setting ({field}): give it once")
+        out[field] = value
+    return out
+
+
+# Their names for settings that do not map one to one: what to write instead.
+_FOREIGN_FIELDS = {
+    "mlp_ratio": "mlp_dim (the MLP's width itself: mlp_ratio x dim)",
+    "intermediate_size": "mlp_dim",
+    "drop_rate": "dropout (the official dropout: after the position embeddings and in the MLP)",
+    "hidden_dropout_prob": "dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+    "global_pool": "classifier ('token' or 'gap')",
+    "class_token": "classifier ('token' or 'gap')",
+    "layer_norm_epsilon": "layer_norm_eps",
+    "num_channels": "in_chans",
+}
+
+
+def unknown_fields_error(unknown: list[str], known: set[str], what: str = "model config") -> VitlabError:
+    """One line naming the unknown fields, what to write instead where it is known (another library's name, a
+    near spelling), and the known fields."""
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        instead = FIELD_ALIASES.get(name) or _FOREIGN_FIELDS.get(name) or (close[0] if close else None)
+        if instead:
+            hints.append(f"for {name} use {instead}")
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    return VitlabError(f"unknown {what} fields {unknown}{hint}; known fields: {sorted(known)}")
+
+
 def _from_dict(cls: type, data: Any, what: str) -> Any:
     """Build a config dataclass from a dict, naming unknown fields in one line."""
     if not isinstance(data, dict):
@@ -50,7 +98,7 @@ def _from_dict(cls: type, data: Any, what: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise VitlabError(f"unknown {what} fields {unknown}; known fields: {sorted(known)}")
+        raise unknown_fields_error(unknown, known, what)
     return cls(**data)
 
 

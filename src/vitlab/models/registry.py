@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.models.config import ResNetConfig, ViTConfig
+from vitlab.models.config import ResNetConfig, ViTConfig, canonical_fields
 from vitlab.weights import peer_names
 
 # size -> (depth, width, mlp, heads); the paper's Table 1 plus Ti/S of the official configs and
@@ -61,9 +61,6 @@ STANDARD_RESNETS: dict[int, tuple[tuple[int, ...], str]] = {
 # The released BiT sizes (big_transfer KNOWN_MODELS) plus the R26 of the ViT hybrids; listed by `vitlab models`.
 BIT_LISTED = ((26, 1), (50, 1), (50, 3), (101, 1), (101, 3), (152, 2), (152, 4))
 _RESNET_FIELDS = ("layers", "width_factor", "base_width", "stem", "block", "ws_eps")
-
-# Short override names accepted by create_model, mapped to config fields.
-_ALIASES = {"num_layers": "depth", "hidden_size": "dim", "num_heads": "heads", "width": "dim", "patch": "patch_size"}
 
 _VIT_RE = re.compile(r"^vit-(mu|ti|s|b|l|h)/(\d+)(-gap)?$")
 _RESNET_RE = re.compile(r"^resnet-(\d+)(-small)?$")
@@ -136,7 +133,7 @@ def _unpublished_patch(name: str, size: str, patch: int) -> VitlabError:
 def get_config(name: str, **overrides: Any) -> ViTConfig:
     """The config of a named model with field overrides applied (an explicit `patch_size=` is free)."""
     n = normalize_name(name)
-    overrides = {_ALIASES.get(k, k): v for k, v in overrides.items()}
+    overrides = canonical_fields(overrides)
     if "image_size" not in overrides and (size := peer_names.image_size_of(name)) is not None:
         overrides["image_size"] = size  # timm's vit_base_patch16_384 is vit-b/16 at 384
     if n == "custom":
@@ -237,6 +234,11 @@ def create_model(
     Defaults without weights: 1000 classes at 224 px.
     """
     name, pretrained = _checkpoint_as_model(name, pretrained)
+    overrides = canonical_fields(overrides)
+    if "image_size" in overrides:  # given as timm's img_size
+        if image_size is not None:
+            raise VitlabError("image_size and img_size name the same setting: give it once")
+        image_size = overrides.pop("image_size")
     if pretrained is not False and pretrained is not None:
         return _create_pretrained(name, pretrained, num_classes, image_size, overrides)
     default_size = peer_names.image_size_of(name) or 224  # timm's names state theirs

@@ -200,6 +200,7 @@ def read_checkpoint(path: str | Path, size_hint: Any = None, **overrides: Any) -
     """
     path = resolve_weights(path)
     fmt = detect_format(path)
+    overrides = _checked_overrides(overrides)
     try:
         return _read_format(Path(path), fmt, size_hint, overrides)
     except (TypeError, KeyError, AttributeError, IndexError, ValueError, ArithmeticError, NotImplementedError) as exc:
@@ -208,6 +209,17 @@ def read_checkpoint(path: str | Path, size_hint: Any = None, **overrides: Any) -
         raise VitlabError(f"{path}: malformed {fmt} checkpoint ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:160] if str(exc) else 'no detail'}); "
                           "re-download or re-save the weights") from exc
+
+
+def _checked_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The caller's overrides under vitlab's field names, an unknown one refused here: inside a reader it would
+    end as a TypeError and be reported as a malformed file. `ws_eps` is a BiT ResNet's own (timm_bit)."""
+    from vitlab.models.config import canonical_fields
+    from vitlab.weights.timm import check_override_fields
+
+    overrides = canonical_fields(overrides)
+    check_override_fields({k: v for k, v in overrides.items() if k != "ws_eps"})
+    return overrides
 
 
 def _read_format(p: Path, fmt: str, size_hint: Any, overrides: dict) -> tuple[Any, dict[str, torch.Tensor], dict]:

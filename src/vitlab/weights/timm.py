@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.models.config import ResNetConfig, ViTConfig
+from vitlab.models.config import ResNetConfig, ViTConfig, unknown_fields_error
 from vitlab.models.resnet import resnet_reduction
 from vitlab.weights.io import folder_config
 
@@ -95,7 +95,7 @@ def check_override_fields(overrides: dict[str, Any]) -> None:
     known = {f.name for f in dataclasses.fields(ViTConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise VitlabError(f"unknown model config fields {unknown}; known fields: {sorted(known)}")
+        raise unknown_fields_error(unknown, known)
 
 
 def file_image_size(
