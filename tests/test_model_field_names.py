@@ -71,3 +71,16 @@ def test_loading_weights_names_timms_spelling_too(tmp_path):
                                     num_classes=3), tmp_path / "w")
     with pytest.raises(vitlab.VitlabError, match="for mlp_ratio use mlp_dim"):
         vitlab.load(tmp_path / "w", mlp_ratio=4)
+
+
+def test_load_takes_img_size_as_the_size_to_run_at(tmp_path):
+    """As timm's create_model(..., pretrained=True, img_size=384): the position embeddings are resampled."""
+    from vitlab.weights import save_native
+
+    save_native(vitlab.create_model("custom", dim=32, depth=1, heads=4, mlp_dim=64, patch_size=4, image_size=16,
+                                    num_classes=3, seed=0), tmp_path / "w")
+    timm_style, vitlab_style = vitlab.load(tmp_path / "w", img_size=32), vitlab.load(tmp_path / "w", image_size=32)
+    assert timm_style.config.image_size == (32, 32)
+    assert all(torch.equal(a, b) for a, b in zip(timm_style.state_dict().values(), vitlab_style.state_dict().values()))
+    with pytest.raises(vitlab.VitlabError, match="image_size and img_size name the same setting"):
+        vitlab.load(tmp_path / "w", img_size=32, image_size=32)

@@ -313,6 +313,10 @@ def load_with_meta(
 ) -> tuple[nn.Module, dict]:
     """Like `load`, also returning meta: `class_names` (list or None), `preprocess` (a `Preprocess`),
     `format` ('native', 'hf', 'official', 'timm', 'torchvision', 'big_vision') and `source`."""
+    if "img_size" in overrides:  # timm's name for the size to run at: `image_size` here, not the file's own size
+        if image_size is not None:
+            raise VitlabError("image_size and img_size name the same setting: give it once")
+        image_size = overrides.pop("img_size")
     config, sd, meta = read_checkpoint(path, size_hint=image_size, **overrides)
     from vitlab.weights.limits import validate_preprocess
 
