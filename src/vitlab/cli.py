@@ -36,7 +36,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
     Abbreviated options are off: with them `vitlab predict --model vit-b/16 ...` was read as `--model-args
     vit-b/16`, another option than the user meant, without a word. An unknown option gets a hint instead
-    (`_unknown_arguments`)."""
+    (`_hint`)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
