@@ -117,6 +117,10 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
         run.run_epochs()
         result = run.finish()
         run.trackers.close(ok=True)
+        # every process finishes its last collective before any tears its process group down: a rank that left
+        # while rank 0 was still writing the run's outputs once aborted at exit in gloo's teardown
+        # ("terminate called without an active exception", FSDP on 2 CPU processes, 1 run in many)
+        D.barrier(info)
         return result
     except RuntimeError as exc:
         if D.is_peer_failure(exc, info):  # one line on every live process instead of gloo's trace
