@@ -84,3 +84,12 @@ def test_load_takes_img_size_as_the_size_to_run_at(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(timm_style.state_dict().values(), vitlab_style.state_dict().values()))
     with pytest.raises(vitlab.VitlabError, match="image_size and img_size name the same setting"):
         vitlab.load(tmp_path / "w", img_size=32, image_size=32)
+
+
+def test_loading_a_resnet_still_takes_resnet_fields(tmp_path):
+    """The ResNet readers take ResNet fields (stem, width_factor, ws_eps ...) as overrides; only names no config
+    has are refused before reading."""
+    torch.save(vitlab.create_model("resnet-18", num_classes=5, seed=0).state_dict(), tmp_path / "r18.pth")
+    assert vitlab.load(tmp_path / "r18.pth", stem="bit", base_width=64).config.resnet.stem == "bit"
+    with pytest.raises(vitlab.VitlabError, match=r"unknown model config fields \['stemm'\]"):
+        vitlab.load(tmp_path / "r18.pth", stemm="small")

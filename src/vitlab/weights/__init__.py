@@ -213,12 +213,16 @@ def read_checkpoint(path: str | Path, size_hint: Any = None, **overrides: Any) -
 
 def _checked_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     """The caller's overrides under vitlab's field names, an unknown one refused here: inside a reader it would
-    end as a TypeError and be reported as a malformed file. `ws_eps` is a BiT ResNet's own (timm_bit)."""
-    from vitlab.models.config import canonical_fields
+    end as a TypeError and be reported as a malformed file. ResNet fields (`stem`, `ws_eps`, ...) are the ResNet
+    readers' own (torchvision, timm_bit)."""
+    import dataclasses
+
+    from vitlab.models.config import ResNetConfig, canonical_fields
     from vitlab.weights.timm import check_override_fields
 
     overrides = canonical_fields(overrides)
-    check_override_fields({k: v for k, v in overrides.items() if k != "ws_eps"})
+    resnet_fields = {f.name for f in dataclasses.fields(ResNetConfig)}
+    check_override_fields({k: v for k, v in overrides.items() if k not in resnet_fields})
     return overrides
 
 
