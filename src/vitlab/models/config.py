@@ -78,6 +78,25 @@ _FOREIGN_FIELDS = {
 }
 
 
+def size_to_run_at(image_size: Any, overrides: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(image_size, the other overrides) where `image_size` may come as timm's `img_size` keyword: the size to
+    build or run the model at (`create_model`, `vitlab.load`), the two spellings refused together."""
+    if "img_size" not in overrides:
+        return image_size, overrides
+    if image_size is not None:
+        raise VitlabError("image_size and img_size name the same setting: give it once")
+    rest = dict(overrides)
+    return rest.pop("img_size"), rest
+
+
+def check_fields(cls: type, names: Any, what: str = "model config") -> None:
+    """`names` must be fields of the config dataclass `cls`: one line naming the unknown ones (not a TypeError)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise unknown_fields_error(unknown, known, what)
+
+
 def unknown_fields_error(unknown: list[str], known: set[str], what: str = "model config") -> VitlabError:
     """One line naming the unknown fields, what to write instead where it is known (another library's name, a
     near spelling), and the known fields."""
@@ -95,10 +114,7 @@ def _from_dict(cls: type, data: Any, what: str) -> Any:
     """Build a config dataclass from a dict, naming unknown fields in one line."""
     if not isinstance(data, dict):
         raise VitlabError(f"{what} must be a mapping of fields, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise unknown_fields_error(unknown, known, what)
+    check_fields(cls, data, what)
     return cls(**data)
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.models.config import ResNetConfig, ViTConfig, canonical_fields
+from vitlab.models.config import ResNetConfig, ViTConfig, canonical_fields, size_to_run_at
 from vitlab.weights import peer_names
 
 # size -> (depth, width, mlp, heads); the paper's Table 1 plus Ti/S of the official configs and
@@ -234,11 +234,8 @@ def create_model(
     Defaults without weights: 1000 classes at 224 px.
     """
     name, pretrained = _checkpoint_as_model(name, pretrained)
+    image_size, overrides = size_to_run_at(image_size, overrides)
     overrides = canonical_fields(overrides)
-    if "image_size" in overrides:  # given as timm's img_size
-        if image_size is not None:
-            raise VitlabError("image_size and img_size name the same setting: give it once")
-        image_size = overrides.pop("image_size")
     if pretrained is not False and pretrained is not None:
         return _create_pretrained(name, pretrained, num_classes, image_size, overrides)
     default_size = peer_names.image_size_of(name) or 224  # timm's names state theirs

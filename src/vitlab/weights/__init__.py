@@ -217,12 +217,10 @@ def _checked_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     readers' own (torchvision, timm_bit)."""
     import dataclasses
 
-    from vitlab.models.config import ResNetConfig, canonical_fields
-    from vitlab.weights.timm import check_override_fields
+    from vitlab.models.config import ResNetConfig, ViTConfig, canonical_fields, check_fields
 
     overrides = canonical_fields(overrides)
-    resnet_fields = {f.name for f in dataclasses.fields(ResNetConfig)}
-    check_override_fields({k: v for k, v in overrides.items() if k not in resnet_fields})
+    check_fields(ViTConfig, set(overrides) - {f.name for f in dataclasses.fields(ResNetConfig)})
     return overrides
 
 
@@ -317,10 +315,10 @@ def load_with_meta(
 ) -> tuple[nn.Module, dict]:
     """Like `load`, also returning meta: `class_names` (list or None), `preprocess` (a `Preprocess`),
     `format` ('native', 'hf', 'official', 'timm', 'torchvision', 'big_vision') and `source`."""
-    if "img_size" in overrides:  # timm's name for the size to run at: `image_size` here, not the file's own size
-        if image_size is not None:
-            raise VitlabError("image_size and img_size name the same setting: give it once")
-        image_size = overrides.pop("img_size")
+    from vitlab.models.config import size_to_run_at
+
+    # timm's img_size is the size to run at (`image_size` here), not the file's own size (an `image_size` override)
+    image_size, overrides = size_to_run_at(image_size, overrides)
     config, sd, meta = read_checkpoint(path, size_hint=image_size, **overrides)
     from vitlab.weights.limits import validate_preprocess
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.models.config import ResNetConfig, ViTConfig, unknown_fields_error
+from vitlab.models.config import ResNetConfig, ViTConfig, check_fields
 from vitlab.models.resnet import resnet_reduction
 from vitlab.weights.io import folder_config
 
@@ -90,12 +90,7 @@ def _resnet_layout(sd: dict[str, torch.Tensor], prefix: str) -> tuple[ResNetConf
 
 def check_override_fields(overrides: dict[str, Any]) -> None:
     """Overrides must be model config fields: one line naming the unknown ones (not a TypeError)."""
-    import dataclasses
-
-    known = {f.name for f in dataclasses.fields(ViTConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise unknown_fields_error(unknown, known)
+    check_fields(ViTConfig, overrides)
 
 
 def file_image_size(
