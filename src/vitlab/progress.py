@@ -3,7 +3,7 @@
 The convention is training's: a bar is shown unless the command runs with `--quiet` (`enabled=False`);
 it always goes to stderr so stdout stays the command's result. tqdm is imported lazily (fast CLI start).
 Every bar of vitlab redraws at `redraw_seconds()`: twice a second on a terminal, every 30 s into a log file or a
-pipe, where each redraw is kept (a day-long training run redrawn 10 times a second wrote megabytes of them).
+pipe, where each redraw is kept (a day-long training run redrawn 10 times a second would write megabytes of them).
 """
 
 from __future__ import annotations
