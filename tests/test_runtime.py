@@ -76,6 +76,27 @@ def test_bad_device_is_one_line():
         runtime.resolve_device("gpu0")
 
 
+
+def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
+    """Seen on a 1-GPU machine: torchrun --nproc-per-node 2 with --device auto failed inside CUDA ("invalid device
+    ordinal", reported as an unexpected failure). Each process uses GPU LOCAL_RANK, so that must exist."""
+    from vitlab.errors import VitlabError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert runtime.resolve_device("auto") == runtime.resolve_device("cuda") == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    for name in ("auto", None, "cuda"):
+        with pytest.raises(VitlabError, match=r"^this process is torchrun's local rank 1, but this machine has 1 GPU: "
+                                              r"start one process per GPU \(torchrun --nproc-per-node 1\), or train "
+                                              r"on the CPU with --device cpu$"):
+            runtime.resolve_device(name)
+    assert runtime.resolve_device("cuda:0") == torch.device("cuda", 0)  # named by the user: taken as named
+    assert runtime.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(VitlabError, match=r"^--device cuda:3 asked for, but this machine has 1 GPU \(cuda:0\)$"):
+        runtime.resolve_device("cuda:3")
+
 def test_train_keeps_its_names_through_re_exports():
     from vitlab.train import precision
 
@@ -216,3 +237,16 @@ def test_cpu_only_engines_take_the_cpu_when_the_device_is_auto():
     with pytest.raises(VitlabError, match=r"--engine auto --int8 runs on the CPU; add --device cpu"):
         runtime.device_for_engine("cuda:1", "auto", "static")
     assert runtime.device_for_engine("gpu", "onnxruntime") == "gpu"  # resolve_device names the unknown device
+
+
+def test_one_gpu_named_for_every_torchrun_process_is_one_line(monkeypatch):
+    """--device cuda:0 under torchrun puts every process on GPU 0, which NCCL refuses after a long wait."""
+    from vitlab.errors import VitlabError
+    from vitlab.train.distributed import init_distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(VitlabError, match=r"^--device cuda:0 names one GPU for every torchrun process; leave "
+                                          r"--device auto \(or cuda\): each process then takes GPU LOCAL_RANK$"):
+        init_distributed(torch.device("cuda", 0))

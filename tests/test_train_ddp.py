@@ -15,6 +15,7 @@ ARGS = [
     "--model-args", "dim=32,depth=2,heads=2,mlp_dim=64,patch_size=2", "--batch-size", "32", "--steps", "6",
     "--warmup-steps", "1", "--lr", "0.002", "--label-smoothing", "0", "--no-inception-crop", "--seed", "1",
     "--threads", "1", "--quiet", "--log-every", "1", "--ckpt-every", "0", "--eval-batch-size", "64",
+    "--device", "cpu",  # gloo on the CPU by design, also on a GPU machine
 ]
 
 
@@ -58,3 +59,21 @@ def test_two_processes_follow_one_process(tmp_path):
     w3 = load_file(tmp_path / "fsdp" / "model" / "model.safetensors")
     for k in w1:
         torch.testing.assert_close(w1[k], w3[k], rtol=1e-3, atol=1e-4, msg=k)
+
+
+def test_fsdp_shards_over_the_training_device_not_the_machines_accelerator(monkeypatch):
+    """fully_shard's default mesh is the machine's accelerator: on a 1-GPU machine `torchrun --nproc-per-node 2
+    ... --fsdp --device cpu` failed in rank 1 ("invalid device ordinal"). The mesh must be the run's device."""
+    import torch.distributed.device_mesh as device_mesh
+    import torch.distributed.fsdp as fsdp
+
+    from vitlab.models import create_model
+    from vitlab.train.distributed import DistInfo, wrap_model
+
+    meshes, sharded = [], []
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda kind, shape: meshes.append((kind, shape)) or "mesh")
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, mesh=None: sharded.append((type(module).__name__, mesh)))
+    model = create_model("custom", dim=32, depth=2, heads=2, mlp_dim=64, patch_size=2, image_size=8, num_classes=3)
+    assert wrap_model(model, DistInfo(rank=0, world_size=2), torch.device("cpu"), fsdp=True) is model
+    assert meshes == [("cpu", (2,))]
+    assert sharded == [("Block", "mesh"), ("Block", "mesh"), ("VisionTransformer", "mesh")]

@@ -44,9 +44,7 @@ CPU_BF16_MIN_SPEEDUP = 1.3
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     """"auto" (or None): the GPU of this process when there is one (LOCAL_RANK under torchrun), else the CPU."""
     if name in (None, "auto"):
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cpu")
+        return _gpu_of_this_process() if torch.cuda.is_available() else torch.device("cpu")
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
@@ -54,8 +52,28 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise VitlabError("--device cuda asked for, but no CUDA GPU is visible; use --device cpu")
     if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return _gpu_of_this_process()
+    if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
+        last = torch.cuda.device_count() - 1
+        raise VitlabError(f"--device {name} asked for, but this machine has {_gpus()} "
+                          f"({'cuda:0' if last == 0 else f'cuda:0 to cuda:{last}'})")
     return dev
+
+
+def _gpus() -> str:
+    count = torch.cuda.device_count()
+    return f"{count} GPU" + ("" if count == 1 else "s")
+
+
+def _gpu_of_this_process() -> torch.device:
+    """GPU LOCAL_RANK (0 outside torchrun): one process per GPU, as DDP over NCCL needs. More processes than
+    GPUs would fail later in CUDA's own words ("invalid device ordinal")."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if local_rank >= torch.cuda.device_count():
+        raise VitlabError(f"this process is torchrun's local rank {local_rank}, but this machine has {_gpus()}: "
+                          f"start one process per GPU (torchrun --nproc-per-node {torch.cuda.device_count()}), "
+                          "or train on the CPU with --device cpu")
+    return torch.device("cuda", local_rank)
 
 
 # ------------------------------------------------------------------------------------------ threads

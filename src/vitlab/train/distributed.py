@@ -42,6 +42,9 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistInfo
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda" and device.index != local_rank:  # NCCL needs a GPU of its own for each process
+        raise VitlabError(f"--device {device} names one GPU for every torchrun process; leave --device auto (or "
+                          "cuda): each process then takes GPU LOCAL_RANK")
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
@@ -83,11 +86,15 @@ def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: boo
     if fsdp:
         # FSDP2 (fully_shard): each Transformer block is one shard unit, then the rest; works with
         # gloo on CPU as well as NCCL on GPUs. Parameters become DTensors sharded over the processes.
+        # The mesh is named: fully_shard's default takes the machine's accelerator, so a CPU run on a GPU
+        # machine failed ("invalid device ordinal" on local rank 1 of a 1-GPU machine).
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        mesh = init_device_mesh(device.type, (info.world_size,))
         for block in getattr(model, "blocks", []):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
