@@ -37,7 +37,9 @@ def test_explicit_route_equals_the_fused_kernel_and_the_float64_truth(tokens, ke
     ref_grads = torch.autograd.grad(ref, (q, k, v), g)
     truth_grads = torch.autograd.grad(truth, (q, k, v), g.double())
     for a, b, t in zip(grads, ref_grads, truth_grads):
-        assert max_diff(a, b) <= 1e-5
+        # the fused kernel's own gradients are up to 1.3e-5 off the float64 truth here (largest gradient 14):
+        # the two fp32 routes differ by about as much, more or less depending on the CPU's kernels
+        assert max_diff(a, b) <= max(1e-5, 2e-6 * float(t.abs().max()))
         assert max_diff(a, t) <= 2 * max_diff(b, t) + 1e-6
 
 

@@ -129,7 +129,9 @@ def test_a_convolution_that_is_not_a_plain_cut_into_patches_runs_as_itself(produ
 
 def test_the_packed_and_the_plain_product_give_the_same_logits(products, monkeypatch):
     """The engine's packed weight and the plain call's (out, in * p * p) view of the convolution's weight: the same
-    oneDNN product, so the same logits to the bit (as for the linear layers, benchmarks/packed_weights.py)."""
+    oneDNN product. The logits are the same to the bit on the AMD EPYC this project runs on (as for the linear
+    layers, benchmarks/packed_weights.py) but differed in the last bits on the H200 machine's CPU, where oneDNN's
+    kernel for a layout packed ahead of the call is not the one it picks inside the call: fp32 rounding, then."""
     from vitlab.engine import torch_engines
 
     monkeypatch.setattr(torch_engines, "ONE_THREAD_MAX_FLOPS", 0)  # both calls on the same threads
@@ -141,4 +143,4 @@ def test_the_packed_and_the_plain_product_give_the_same_logits(products, monkeyp
     with torch.inference_mode():
         plain = model(images)
     assert len(products) == 2
-    assert torch.equal(packed, plain)
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5 * float(plain.abs().max()))

@@ -153,7 +153,7 @@ def test_train_loop_batchnorm_modes(tmp_path, mode, capsys):
     cfg = resolve_config("small-data", overrides=dict(
         data="tiny", out_dir=str(tmp_path), name=mode, steps=2, batch_size=16, lr=0.1, warmup_steps=0, threads=1,
         quiet=True, inception_crop=False, hflip=False, eval_batch_size=8, save_model=False, batchnorm=mode,
-        precision="fp32", epochs=0))
+        precision="fp32", epochs=0, device="cpu"))
     result = train(cfg, model=model, data=_tiny_data())  # 2 epochs of one step, evaluated in between
     after = _bn_buffers(result.model)
     changed = [k for k in before if not torch.equal(before[k], after[k])]

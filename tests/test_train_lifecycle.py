@@ -27,7 +27,7 @@ from vitlab.train.run_dir import read_metrics
 
 def tiny_cfg(tmp_path, **kw):
     """48 / 16 = 3 steps an epoch, 2 epochs; checkpoints at steps 2, 3 (epoch end), 4, 6."""
-    base = dict(data="tiny", model="custom", out_dir=str(tmp_path), name="run", deterministic=True,
+    base = dict(data="tiny", model="custom", out_dir=str(tmp_path), name="run", deterministic=True, device="cpu",
                 model_args=dict(dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2), drop_path=0.1,
                 epochs=2, batch_size=16, lr=1e-3, warmup_steps=1, quiet=True, log_every=1,
                 inception_crop=False, hflip=True, label_smoothing=0.0, eval_batch_size=16, ckpt_every=2)

@@ -68,7 +68,15 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     exact = dict(device="cpu", precision="fp32", save_model=False)  # the arithmetic, not a GPU's bf16 (auto there)
     one = train(tiny_cfg(tmp_path, name="one", **exact), data=data)
     acc = train(tiny_cfg(tmp_path, name="acc", micro_batch=4, **exact), data=data)  # 4 x 4 accumulation
+    dim = one.model.config.dim
     for (k, a), b in zip(one.model.state_dict().items(), acc.model.state_dict().values()):
+        if k.endswith("attn.qkv.bias"):
+            # the key bias has no true gradient (softmax ignores a shift shared by all keys): Adam turns its
+            # rounding noise into steps, which differ with the summation order (1.3e-5 with oneDNN held to AVX2;
+            # q and v biases agree to 4e-10)
+            torch.testing.assert_close(a[dim:2 * dim], b[dim:2 * dim], rtol=0, atol=1e-4, msg=k)
+            query_and_value = torch.cat([torch.arange(dim), torch.arange(2 * dim, 3 * dim)])
+            a, b = a[query_and_value], b[query_and_value]
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
 
 

@@ -57,7 +57,7 @@ def test_config_yaml_records_the_resolved_precision(tmp_path, monkeypatch):
 
     monkeypatch.setenv("VITLAB_CPU_BF16_SPEEDUP", "0.5")
     cfg = tiny_cfg(tmp_path, model_args=dict(conv_stem=[8], patch_size=1, dim=32, depth=1, heads=2, mlp_dim=64),
-                   epochs=1)
+                   epochs=1, device="cpu")  # the CPU's bf16 probe decides; a GPU would take bf16
     assert cfg.precision == "auto"
     result = train(cfg, data=tiny_data())
     saved = yaml.safe_load((result.run_dir / "config.yaml").read_text())

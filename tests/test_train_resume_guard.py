@@ -148,7 +148,8 @@ def test_a_lock_of_another_host_needs_force_unlock(interrupted, capsys):
 
 def test_a_resume_while_the_run_still_trains_is_refused_and_writes_nothing(tmp_path):
     run = tmp_path / "run"
-    proc = start(*ARGS, "--out", str(tmp_path), "--name", "run")
+    # long enough to outlast the second process's start on any machine: it is stopped below, not run to the end
+    proc = start(*ARGS, "--epochs", "100", "--out", str(tmp_path), "--name", "run")
     try:
         wait_for_step(proc, run / "metrics.jsonl")
         assert json.loads((run / "run.lock").read_text())["pid"] == proc.pid
@@ -177,6 +178,7 @@ def start_rank(rank: int, port: int, out: Path, log: Path):
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", VITLAB_TEST_STEP_SLEEP="0.3")
     return subprocess.Popen([sys.executable, "-m", "vitlab", "train", *ARGS, "--threads", "1", "--dist-timeout", "3",
+                             "--device", "cpu",
                              "--out", str(out), "--name", "run"], env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, text=True)
 

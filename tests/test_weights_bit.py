@@ -109,6 +109,13 @@ def _logits(model, image):
         return model.eval()(torch.from_numpy(to_input(image))).numpy()
 
 
+# fp32 logits of a 50-layer ResNet: the convolutions' summation order follows the CPU's kernels, so the last bits
+# differ between machines. Max |dlogit| against bit_pytorch (logit scale 1.9): 9.4e-6 with AVX-512, 1.9e-5 with
+# oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2), 1.7e-5 on the H200 machine's CPU. The standardisation's epsilon,
+# whose effect here is that small, is checked on its own in test_model_bit.py.
+LOGIT_ATOL = 5e-5
+
+
 # ------------------------------------------------------------------------------------------ tests
 def test_r50x1_matches_bit_pytorch(r50x1_file):
     """The R50x1 read from a big_transfer .npz gives bit_pytorch's logits (eps 1e-10 as big_transfer)."""
@@ -123,7 +130,7 @@ def test_r50x1_matches_bit_pytorch(r50x1_file):
     got = _logits(_built(config, sd), image)
     diff = float(np.abs(got - want).max())
     print(f"R50x1 vs bit_pytorch: max |dlogit| {diff:.3g} (logit scale {np.abs(want).max():.3g})")
-    assert diff < 1e-5
+    assert diff < LOGIT_ATOL
 
 
 def test_vitlab_load_builds_bit(r50x1_file):
@@ -133,7 +140,7 @@ def test_vitlab_load_builds_bit(r50x1_file):
     _, image, want = _case("r50x1")
     model = load(r50x1_file)
     assert isinstance(model, BiTResNet)
-    assert np.abs(_logits(model, image) - want).max() < 1e-5
+    assert np.abs(_logits(model, image) - want).max() < LOGIT_ATOL
     tuned = adapt(model, num_classes=3)
     assert tuned.config.num_classes == 3 and not torch.any(tuned.head.weight)
 
@@ -146,7 +153,7 @@ def test_wide_odd_layers_matches_bit_pytorch():
     assert config.resnet.layers == (1, 2, 1, 1) and config.resnet.width == 128 and config.num_classes == 3
     diff = float(np.abs(_logits(_built(config, sd), image) - want).max())
     print(f"[1,2,1,1]x2 vs bit_pytorch: max |dlogit| {diff:.3g}")
-    assert diff < 1e-5
+    assert diff < LOGIT_ATOL
 
 
 def test_names_match_bit_pytorch_load_from():
