@@ -149,6 +149,27 @@ def test_int8_choice_includes_openvino_and_is_named(tmp_path, monkeypatch):
     assert choose.int8_candidates("openvino", "static")[0] == "openvino-static"
 
 
+def test_int8_auto_leaves_out_a_runtime_that_cannot_build_the_model(tmp_path, monkeypatch):
+    """Seen with oneDNN held to AVX2: OpenVINO found no Softmax kernel, and `--int8 static --engine auto` failed
+    as a whole although ONNX Runtime's static graph built. Under auto such a runtime is left out, with why."""
+    real = choose._Builder.int8
+
+    def int8(self, mode, *args, **kwargs):
+        if mode.startswith("openvino"):
+            raise RuntimeError("Supported primitive descriptors list is empty for node: Softmax")
+        return real(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(choose._Builder, "int8", int8)
+    monkeypatch.setattr(choose, "_agreement", lambda engine, reference, holdout: (1.0, len(holdout)))
+    engine = prepare_engine(tiny(), "auto", int8="static", calibration=[images(64).numpy()], source=tmp_path,
+                            quiet=True, sub_batches=False, batch_size=4)
+    assert engine.name == "onnxruntime-int8-static"
+    assert "openvino-static left out: RuntimeError: Supported primitive descriptors list is empty" in engine.note
+    with pytest.raises(VitlabError, match=r"int8 cannot be built for this model \(RuntimeError: Supported primitive"):
+        prepare_engine(tiny(), "openvino", int8="static", calibration=[images(64).numpy()], source=tmp_path,
+                       quiet=True, sub_batches=False, batch_size=4)
+
+
 def test_openvino_int8_refusals_are_one_line(tmp_path):
     with pytest.raises(VitlabError, match="OpenVINO's int8 is static"):
         prepare_engine(tiny(), "openvino", int8="dynamic", quiet=True, source=tmp_path)

@@ -304,7 +304,9 @@ def test_wall_time_in_summary_adds_up_all_segments(tmp_path, monkeypatch):
     train(resume_cfg(run), data=tiny_data())
     second = time.perf_counter() - t0
     wall = json.loads((run / "summary.json").read_text())["wall_time_s"]
-    assert first + 0.5 * second <= wall <= first + second + 1
+    # the resumed segment sleeps through steps 5 and 6; the plots and files written after the count are not in it
+    # (more than half of the segment on a loaded machine)
+    assert first + 2 * 0.3 <= wall <= first + second + 1
 
 
 @pytest.mark.parametrize("warmup, said", [(1, False), (5, False), (6, True), (100, True)])

@@ -503,7 +503,7 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], en
         kept = builder.int8(cached["picked"], calib, tag)
         notes.append(f"{kept.name} (int8 auto, chosen before on this machine: {cached['detail']})")
         return kept
-    engines = {m: builder.int8(m, calib, tag) for m in modes}
+    engines, left_out = _int8_engines_that_build(builder, modes, calib, tag)
     reference = builder.torch()
     agreements = {m: _agreement(e, reference, holdout) for m, e in engines.items()}
     # timed at the command's batch: which runtime wins changes with it (ViT-B/16: ONNX Runtime's int8 at batch 1,
@@ -515,11 +515,27 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], en
     picked = max(good, key=lambda m: speeds[m] * (1.0 if m == "dynamic" else STATIC_INT8_MARGIN))
     detail = "; ".join(f"{engines[m].name} {speeds[m]:.1f} images/s, agreement {agreements[m][0]:.1%}"
                        for m in engines)
-    detail += f" on {len(holdout)} held-out images"
+    detail += f" on {len(holdout)} held-out images" + "".join(f"; {n}" for n in left_out)
     choices.put(key, {"picked": picked, "images_per_s": {m: round(v, 2) for m, v in speeds.items()},
                       "detail": detail, "when": time.strftime("%Y-%m-%d %H:%M:%S")})
     notes.append(f"{engines[picked].name} (int8 auto: {detail})")
     return engines[picked]
+
+
+def _int8_engines_that_build(builder: _Builder, modes: list[str], calib, tag: str):
+    """The int8 variants that build here, and a note for each that does not: under auto one runtime that cannot take
+    the model (an OpenVINO without a kernel for this CPU, say) leaves the others, as for the exact engines. None
+    building raises the first failure."""
+    engines, left_out, first = {}, [], None
+    for mode in modes:
+        try:
+            engines[mode] = builder.int8(mode, calib, tag)
+        except Exception as exc:
+            first = first or exc
+            left_out.append(f"{mode} left out: {reason(exc)}")
+    if not engines:
+        raise first
+    return engines, left_out
 
 
 def calibration_tag(batches: list[np.ndarray] | None) -> str:
