@@ -88,13 +88,14 @@ def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
     assert runtime.resolve_device("auto") == runtime.resolve_device("cuda") == torch.device("cuda", 0)
     monkeypatch.setenv("LOCAL_RANK", "1")
     for name in ("auto", None, "cuda"):
-        with pytest.raises(VitlabError, match=r"^this process is torchrun's local rank 1, but this machine has 1 GPU: "
-                                              r"start one process per GPU \(torchrun --nproc-per-node 1\), or train "
-                                              r"on the CPU with --device cpu$"):
+        with pytest.raises(VitlabError, match=r"^this process is torchrun's local rank 1, but it sees 1 GPU: start one "
+                                              r"process per GPU \(torchrun --nproc-per-node 1\), or train on the CPU "
+                                              r"with --device cpu; where each process is given GPUs of its own "
+                                              r"\(CUDA_VISIBLE_DEVICES per process\), name one: --device cuda:0$"):
             runtime.resolve_device(name)
     assert runtime.resolve_device("cuda:0") == torch.device("cuda", 0)  # named by the user: taken as named
     assert runtime.resolve_device("cpu") == torch.device("cpu")
-    with pytest.raises(VitlabError, match=r"^--device cuda:3 asked for, but this machine has 1 GPU \(cuda:0\)$"):
+    with pytest.raises(VitlabError, match=r"^--device cuda:3 asked for, but this process sees 1 GPU \(cuda:0\)$"):
         runtime.resolve_device("cuda:3")
 
 def test_train_keeps_its_names_through_re_exports():
@@ -247,6 +248,25 @@ def test_one_gpu_named_for_every_torchrun_process_is_one_line(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # GPU 1 is there
     with pytest.raises(VitlabError, match=r"^--device cuda:0 names one GPU for every torchrun process; leave "
                                           r"--device auto \(or cuda\): each process then takes GPU LOCAL_RANK$"):
         init_distributed(torch.device("cuda", 0))
+
+
+def test_a_process_with_a_gpu_of_its_own_uses_the_one_it_names(monkeypatch):
+    """CUDA_VISIBLE_DEVICES per process (SLURM's --gpus-per-task): local rank 1 sees one GPU, cuda:0, its own."""
+    import torch.distributed as dist
+
+    from vitlab.train.distributed import init_distributed
+
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout: calls.append(("init", backend)))
+    info = init_distributed(torch.device("cuda", 0))
+    assert calls == [("set_device", torch.device("cuda", 0)), ("init", "nccl")]
+    assert (info.rank, info.world_size, info.local_rank, info.backend) == (1, 2, 1, "nccl")

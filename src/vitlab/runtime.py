@@ -55,7 +55,7 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
         return _gpu_of_this_process()
     if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
         last = torch.cuda.device_count() - 1
-        raise VitlabError(f"--device {name} asked for, but this machine has {_gpus()} "
+        raise VitlabError(f"--device {name} asked for, but this process sees {_gpus()} "
                           f"({'cuda:0' if last == 0 else f'cuda:0 to cuda:{last}'})")
     return dev
 
@@ -70,9 +70,10 @@ def _gpu_of_this_process() -> torch.device:
     GPUs would fail later in CUDA's own words ("invalid device ordinal")."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if local_rank >= torch.cuda.device_count():
-        raise VitlabError(f"this process is torchrun's local rank {local_rank}, but this machine has {_gpus()}: "
-                          f"start one process per GPU (torchrun --nproc-per-node {torch.cuda.device_count()}), "
-                          "or train on the CPU with --device cpu")
+        raise VitlabError(f"this process is torchrun's local rank {local_rank}, but it sees {_gpus()}: start one "
+                          f"process per GPU (torchrun --nproc-per-node {torch.cuda.device_count()}), or train on "
+                          "the CPU with --device cpu; where each process is given GPUs of its own "
+                          "(CUDA_VISIBLE_DEVICES per process), name one: --device cuda:0")
     return torch.device("cuda", local_rank)
 
 

@@ -42,12 +42,15 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> DistInfo
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda" and device.index != local_rank:  # NCCL needs a GPU of its own for each process
+    # NCCL needs a GPU of its own for each process. A process that sees GPU LOCAL_RANK but names another one is
+    # the same GPU named for all; one that does not see it has GPUs of its own (CUDA_VISIBLE_DEVICES per process,
+    # as SLURM's --gpus-per-task sets), and the GPU it names is its own.
+    if device.type == "cuda" and device.index != local_rank and local_rank < torch.cuda.device_count():
         raise VitlabError(f"--device {device} names one GPU for every torchrun process; leave --device auto (or "
                           "cuda): each process then takes GPU LOCAL_RANK")
     if not dist.is_initialized():
         if device.type == "cuda":
-            torch.cuda.set_device(local_rank)
+            torch.cuda.set_device(device)
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     return DistInfo(rank, world, local_rank, backend, timeout_s)
 
