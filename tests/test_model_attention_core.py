@@ -67,6 +67,7 @@ def test_the_rule_depends_on_the_token_and_thread_counts_only(monkeypatch, keep_
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # jit.trace: the tracer the ONNX export uses
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch 2.14 says the same as a FutureWarning
 def test_fused_kernel_for_bf16_autocast_and_tracing(monkeypatch):
     calls = fused_calls(monkeypatch)
     q, k, v = (t.detach() for t in qkv(10))
