@@ -270,3 +270,25 @@ def test_a_process_with_a_gpu_of_its_own_uses_the_one_it_names(monkeypatch):
     info = init_distributed(torch.device("cuda", 0))
     assert calls == [("set_device", torch.device("cuda", 0)), ("init", "nccl")]
     assert (info.rank, info.world_size, info.local_rank, info.backend) == (1, 2, 1, "nccl")
+
+
+@pytest.mark.parametrize("name, says", [
+    ("meta", r"^--device meta: vitlab runs on cpu, cuda \(or cuda:N\), mps \(Apple GPUs\) or xpu \(Intel GPUs\)$"),
+    ("mps", r"^--device mps asked for, but no Apple GPU \(MPS\) is visible; use --device cpu$"),
+    ("xpu", r"^--device xpu asked for, but no Intel GPU \(XPU\) is visible; use --device cpu$"),
+    ("cuda:1", r"^--device cuda asked for, but no CUDA GPU is visible; use --device cpu$"),
+])
+def test_a_device_this_machine_lacks_is_one_line(monkeypatch, name, says):
+    """Before, `--device mps` on a machine without one and `--device meta` failed inside the command ("PyTorch is
+    not linked with support for mps devices", "Tensor.item() cannot be called on meta tensors")."""
+    from vitlab.errors import VitlabError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(VitlabError, match=says):
+        runtime.resolve_device(name)
+
+
+def test_an_apple_gpu_is_taken_where_there_is_one(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert runtime.resolve_device("mps") == torch.device("mps")

@@ -49,8 +49,12 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
         raise VitlabError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise VitlabError("--device cuda asked for, but no CUDA GPU is visible; use --device cpu")
+    if dev.type not in _ACCELERATORS and dev.type != "cpu":
+        raise VitlabError(f"--device {name}: vitlab runs on cpu, cuda (or cuda:N), mps (Apple GPUs) or xpu (Intel "
+                          "GPUs)")
+    if dev.type != "cpu" and not _ACCELERATORS[dev.type]():
+        raise VitlabError(f"--device {dev.type} asked for, but no {_ACCELERATOR_NAMES[dev.type]} is visible; use "
+                          "--device cpu")
     if dev.type == "cuda" and dev.index is None:
         return _gpu_of_this_process()
     if dev.type == "cuda" and dev.index >= torch.cuda.device_count():
@@ -58,6 +62,16 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
         raise VitlabError(f"--device {name} asked for, but this process sees {_gpus()} "
                           f"({'cuda:0' if last == 0 else f'cuda:0 to cuda:{last}'})")
     return dev
+
+
+# Device types a run may name, with how torch says one is there: anything else (meta, a typo torch accepts) fails
+# deep inside a command otherwise
+_ACCELERATORS = {
+    "cuda": lambda: torch.cuda.is_available(),
+    "mps": lambda: torch.backends.mps.is_available(),
+    "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
+}
+_ACCELERATOR_NAMES = {"cuda": "CUDA GPU", "mps": "Apple GPU (MPS)", "xpu": "Intel GPU (XPU)"}
 
 
 def _gpus() -> str:
