@@ -48,10 +48,9 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
-        raise VitlabError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+        raise VitlabError(f"unknown device {name!r}; use auto, {_DEVICE_TYPES}") from None
     if dev.type not in _ACCELERATORS and dev.type != "cpu":
-        raise VitlabError(f"--device {name}: vitlab runs on cpu, cuda (or cuda:N), mps (Apple GPUs) or xpu (Intel "
-                          "GPUs)")
+        raise VitlabError(f"--device {name}: vitlab runs on {_DEVICE_TYPES}")
     if dev.type != "cpu" and not _ACCELERATORS[dev.type]():
         raise VitlabError(f"--device {dev.type} asked for, but no {_ACCELERATOR_NAMES[dev.type]} is visible; use "
                           "--device cpu")
@@ -72,6 +71,7 @@ _ACCELERATORS = {
     "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
 }
 _ACCELERATOR_NAMES = {"cuda": "CUDA GPU", "mps": "Apple GPU (MPS)", "xpu": "Intel GPU (XPU)"}
+_DEVICE_TYPES = "cpu, cuda (or cuda:N), mps (Apple GPUs) or xpu (Intel GPUs)"  # what both refusals offer
 
 
 def _gpus() -> str:
