@@ -99,3 +99,35 @@ def test_run_folder_loads_as_its_model(tmp_path):
     x = torch.randn(2, 1, 28, 28)
     assert torch.equal(loaded(x), model(x))
     assert meta["class_names"] == ["a", "b", "c"]
+
+
+def test_vitlab_save_is_the_counterpart_of_vitlab_load(tmp_path):
+    model = create_model("resnet-18", num_classes=4, seed=0).eval()
+    assert vitlab.save(model, tmp_path / "r", class_names=list("abcd")) == tmp_path / "r"
+    loaded, meta = load_with_meta(tmp_path / "r")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+    assert meta["class_names"] == list("abcd")
+
+
+def test_vitlab_save_refuses_what_it_cannot_write_in_one_line(tmp_path):
+    with pytest.raises(VitlabError, match="Linear is not a vitlab model"):
+        vitlab.save(torch.nn.Linear(2, 2), tmp_path / "x")
+    (tmp_path / "file.pth").write_bytes(b"")
+    with pytest.raises(VitlabError, match="is a file; vitlab's format is a folder"):
+        vitlab.save(_tiny(), tmp_path / "file.pth")
+
+
+def test_a_bare_state_dict_of_a_vitlab_model_points_to_vitlab_save(tmp_path):
+    """vitlab's keys are timm's, so torch.save(model.state_dict()) carries timm's pooling question."""
+    model = _tiny().eval()
+    torch.save(model.state_dict(), tmp_path / "m.pth")
+    with pytest.raises(VitlabError, match=r"does not say how it pools.*vitlab\.save\(model, folder\)"):
+        vitlab.load(tmp_path / "m.pth")
+    with pytest.raises(VitlabError, match=r"pass heads=N.*vitlab\.save\(model, folder\)"):
+        vitlab.load(tmp_path / "m.pth", classifier="token")
+    loaded = vitlab.load(tmp_path / "m.pth", classifier="token", heads=4)
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))

@@ -34,7 +34,15 @@ def load(path, num_classes=None, image_size=None, **kwargs):
     return _load(path, num_classes=num_classes, image_size=image_size, **kwargs)
 
 
+def save(model, folder, class_names=None, preprocess=None):
+    """Write `model` to `folder` in vitlab's format (config.json + model.safetensors); `vitlab.load(folder)` gives
+    it back to the bit. A bare `torch.save(model.state_dict())` loses the config (see `vitlab.weights.save_native`)."""
+    from vitlab.weights import save_native
+
+    return save_native(model, folder, class_names=class_names, preprocess=preprocess)
+
+
 __all__ = [
     "ResNetConfig", "ViTConfig", "VisionTransformer", "VitlabError", "__version__",
-    "create_model", "get_config", "load", "model_names",
+    "create_model", "get_config", "load", "model_names", "save",
 ]

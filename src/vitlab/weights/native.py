@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.models.config import ViTConfig
+from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.weights.io import folder_config
 
 FORMAT = "vitlab"
@@ -44,8 +44,13 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
 
     for wrapper in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
         model = getattr(model, wrapper, model)
-    config: ViTConfig = model.config
+    config = getattr(model, "config", None)
+    if not isinstance(config, (ViTConfig, ResNetConfig)):
+        raise VitlabError(f"{type(model).__name__} is not a vitlab model (no vitlab config to write); save a model "
+                          "from vitlab.create_model or vitlab.load, or convert a peer's with `vitlab convert`")
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise VitlabError(f"{folder} is a file; vitlab's format is a folder (config.json + model.safetensors)")
     folder.mkdir(parents=True, exist_ok=True)
     if class_names is not None:
         class_names = [str(c) for c in class_names]

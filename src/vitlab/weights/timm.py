@@ -47,6 +47,9 @@ TIMM_LAYER_NORM_EPS = 1e-6
 # timm's stem-only hybrids (`vit_tiny_r_s16_p8_*`: a ResNet with no stages) keep the stem's conv and norm
 # directly under the backbone (`patch_embed.backbone.conv/norm`); vitlab nests them in `backbone.stem`.
 _BACKBONE = "patch_embed.backbone."
+# vitlab's key names are timm's, so `torch.save(model.state_dict())` of a vitlab model is read as a timm file.
+OWN_STATE_DICT_HINT = ("A vitlab model's own state dict has timm's names and says no more; "
+                       "`vitlab.save(model, folder)` keeps the config")
 
 
 def guess_heads(dim: int) -> int:
@@ -237,8 +240,11 @@ def read_timm(sd: dict[str, torch.Tensor], size_hint: Any = None,
     if _BACKBONE + "stem.conv.weight" in sd:
         resnet, in_chans = _resnet_layout(sd, _BACKBONE)
     depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
-    classifier = timm_classifier(sd, overrides.pop("classifier", None))
-    heads = overrides.pop("heads", None) or guess_heads(dim)
+    try:
+        classifier = timm_classifier(sd, overrides.pop("classifier", None))
+        heads = overrides.pop("heads", None) or guess_heads(dim)
+    except VitlabError as missing:  # what the file does not say: also where vitlab's own bare state dicts land
+        raise VitlabError(f"{missing}. {OWN_STATE_DICT_HINT}") from None
     image_size = overrides.pop("image_size", None)
     posemb = "learn" if "pos_embed" in sd else "sincos2d"
     if posemb == "learn":
