@@ -63,6 +63,18 @@ def test_run_folder_has_everything(tmp_path):
         torch.testing.assert_close(a.cpu(), b, msg=k)
 
 
+def test_a_name_that_already_holds_a_run_is_refused_and_left_untouched(tmp_path):
+    """A second run under the same --name would mix its metrics and checkpoints into the first's (and --resume
+    would then continue the old run's checkpoint); an empty folder made beforehand is fine."""
+    (tmp_path / "run").mkdir()
+    first = train(tiny_cfg(tmp_path, epochs=1, save_model=False), data=tiny_data())
+    before = {p: p.read_bytes() for p in first.run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(VitlabError, match=r"already holds a run \(config\.yaml, metrics\.jsonl, summary\.json, "
+                                          r"checkpoints/\); continue it with --resume .*or choose another --name"):
+        train(tiny_cfg(tmp_path, epochs=1, save_model=False), data=tiny_data())
+    assert {p: p.read_bytes() for p in first.run_dir.rglob("*") if p.is_file()} == before
+
+
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     data = tiny_data()
     exact = dict(device="cpu", precision="fp32", save_model=False)  # the arithmetic, not a GPU's bf16 (auto there)

@@ -79,6 +79,7 @@ from vitlab.train.state import (
     load_optim_state,
     restore_rng,
 )
+from vitlab.weights.run_checkpoint import META_KEY
 
 __all__ = ["TrainResult", "TrainingRun", "StopSignals", "train", "params_finite", "predict_split", "split_metrics",
            "auto_threads", "resolve_threads", "run_folder_of", "resume_command"]
@@ -140,6 +141,14 @@ def peer_failure_message(cfg: TrainConfig, info: D.DistInfo) -> str:
             f"--dist-timeout of {info.timeout_s:g} s (it stopped, hung or died); check that process's log, raise "
             f"--dist-timeout if a step or an evaluation really takes that long, then resume with: "
             f"torchrun ... {resume_command(cfg, run)}")
+
+
+def _new_run_path(cfg: TrainConfig) -> tuple[str | None, str | None]:
+    """(the new run's folder, None), or (None, why it cannot be used): decided on rank 0, sent to every rank."""
+    try:
+        return str(new_run_dir(cfg)), None
+    except VitlabError as exc:
+        return None, str(exc)
 
 
 def lock_run_folder(lock: RunLock, run: RunDir, info: D.DistInfo, force: bool) -> None:
@@ -309,7 +318,9 @@ class TrainingRun:
         if cfg.resume:
             run_path = run_folder_of(cfg.resume)
         else:
-            run_path = D.broadcast_object(str(new_run_dir(cfg)) if self.main else None, info)
+            run_path, problem = D.broadcast_object(_new_run_path(cfg) if self.main else None, info)
+            if problem:  # raised on every process, so that none waits for the others in a collective
+                raise VitlabError(problem)
         self.run = RunDir(run_path, enabled=self.main)
         lock_run_folder(lock, self.run, info, force_unlock)  # before anything in the folder is touched
         self.run.remove_leftovers()
@@ -387,7 +398,15 @@ class TrainingRun:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
                 "rng": rngs, **self.progress.to_state(), "config": self.cfg.to_dict(),
-                "world_size": self.info.world_size, "wall_time_s": self.wall_time()}
+                "world_size": self.info.world_size, "wall_time_s": self.wall_time(), META_KEY: self.model_meta()}
+
+    def model_meta(self) -> dict[str, Any] | None:
+        """What RUN/model/config.json will hold, so that a checkpoint loads as weights on its own."""
+        if self.model_config is None:
+            return None
+        from vitlab.weights.native import native_meta
+
+        return native_meta(self.model_config, self.class_names, self.tcfg.preprocess())
 
     def save_checkpoint(self, best_metric: float | None = None) -> None:
         self.progress.last_saved_step = self.progress.global_step

@@ -17,9 +17,16 @@ from vitlab.train.config import TrainConfig, save_yaml
 
 
 def new_run_dir(cfg: TrainConfig) -> Path:
-    """`out_dir/name`, or `out_dir/<recipe>-<data>-<UTC time>` (a numeric suffix if it exists)."""
+    """`out_dir/name`, or `out_dir/<recipe>-<data>-<UTC time>` (a numeric suffix if it exists). A named folder
+    that already holds a run is refused: a new run written into it would mix its metrics, checkpoints and
+    reports with the old run's, and a later --resume would pick up the old run's checkpoints."""
     if cfg.name:
-        return Path(cfg.out_dir) / cfg.name
+        path = Path(cfg.out_dir) / cfg.name
+        earlier = earlier_run_files(path)
+        if earlier:
+            raise VitlabError(f"{path} already holds a run ({', '.join(earlier)}); continue it with --resume {path}, "
+                              "or choose another --name (or delete that folder to start over)")
+        return path
     data = Path(str(cfg.data).split(":")[0]).name.replace("/", "_") or "data"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(cfg.out_dir) / f"{cfg.recipe}-{data}-{stamp}"
@@ -28,6 +35,17 @@ def new_run_dir(cfg: TrainConfig) -> Path:
         path = Path(f"{base}-{i}")
         i += 1
     return path
+
+
+def earlier_run_files(path: Path) -> list[str]:
+    """The files of a run that `path` already holds (none for a missing or empty folder, or unrelated files)."""
+    if not path.is_dir():
+        return []
+    found = [name for name in ("config.yaml", "metrics.jsonl", "summary.json", "model") if (path / name).exists()]
+    checkpoints = path / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        found.append("checkpoints/")
+    return found
 
 
 def _clean(value: Any) -> Any:

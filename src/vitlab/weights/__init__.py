@@ -248,16 +248,24 @@ def _read_format(p: Path, fmt: str, size_hint: Any, overrides: dict) -> tuple[An
 
         config, sd, meta = big_transfer.read_big_transfer(p, **overrides)
     else:
-        from vitlab.weights import timm
-        from vitlab.weights.io import read_tensors
+        from vitlab.weights import run_checkpoint, timm
+        from vitlab.weights.io import load_tensor_file, unwrap_state_dict
 
-        sd = read_tensors(p)
+        loaded = load_tensor_file(p)
+        if run_checkpoint.is_run_checkpoint(loaded):  # RUN/checkpoints/best.pt: the config is in it (or beside it)
+            config, sd, meta = run_checkpoint.read_run_checkpoint(loaded, p)
+            return _finish_meta(config.replace(**overrides) if overrides else config, sd, meta, "checkpoint", p)
+        sd = unwrap_state_dict(loaded, str(p))
         # vitlab's timm export records what the keys cannot tell (heads, GELU, pooling, ..., class names,
         # preprocessing) in the safetensors header or a `NAME.vitlab.json` sidecar; what the caller passes wins.
         record = timm.stored_record(p, sd)
         overrides = {**timm.hints_from(record, sd), **overrides}
         config, sd, meta = convert_state_dict(sd, str(p), size_hint, **overrides)
         meta = {**meta, **timm.meta_from(record, config)}
+    return _finish_meta(config, sd, meta, fmt, p)
+
+
+def _finish_meta(config: Any, sd: dict, meta: dict, fmt: str, p: Path) -> tuple[Any, dict[str, torch.Tensor], dict]:
     meta = dict(meta)
     meta["format"] = meta.get("format", fmt)
     meta["source"] = str(p)

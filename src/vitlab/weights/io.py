@@ -27,6 +27,12 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     Torch files are read with `weights_only=True`; common wrappers (`{"model": ...}`,
     `{"state_dict": ...}`, a DDP `module.` prefix) are unwrapped.
     """
+    return unwrap_state_dict(load_tensor_file(path), str(path))
+
+
+def load_tensor_file(path: str | Path) -> Any:
+    """What a `.safetensors` file (a name -> tensor dict) or a torch file (any object of tensors and plain data,
+    `weights_only=True`) holds, on the CPU."""
     p = Path(path)
     if not p.is_file():
         raise VitlabError(f"no such file: {p}")
@@ -39,10 +45,9 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
             raise VitlabError(f"cannot read {p} as safetensors ({exc}); is the file complete?") from exc
     _check_torch_zip(p)
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated zip, pickle with code, not a torch file at all
         raise _torch_load_error(p, exc) from exc
-    return unwrap_state_dict(obj, str(p))
 
 
 def _torch_load_error(path: Path, exc: Exception) -> VitlabError:

@@ -58,16 +58,21 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
             raise VitlabError(
                 f"{len(class_names)} class names given for a model with {config.num_classes} outputs"
             )
-    meta = {
+    meta = native_meta(config, class_names, preprocess)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return folder
+
+
+def native_meta(config: ViTConfig | ResNetConfig, class_names: list[str] | None, preprocess: Any = None) -> dict:
+    """The record config.json holds (training checkpoints keep the same one under "model_meta")."""
+    return {
         "format": FORMAT,
         "model": config.to_dict(),
         "class_names": class_names,
         "preprocess": _preprocess_dict(preprocess) or default_preprocess(config),
     }
-    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return folder
 
 
 def is_native(folder: Path) -> bool:
@@ -94,22 +99,30 @@ def read_native(folder: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor],
     documented limits, the stored preprocessing consistent with the model, and the tensors in the
     safetensors header exactly those the config implies, all before a tensor is read."""
     from vitlab.weights.io import read_json, read_tensors, safetensors_shapes
-    from vitlab.weights.limits import check_shapes_fit, model_shapes, validate_preprocess
+    from vitlab.weights.limits import check_shapes_fit, model_shapes
 
     folder = Path(folder)
     cfg_path = folder / CONFIG_FILE
-    meta = read_json(cfg_path, "vitlab config.json")
-    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
-        raise VitlabError(f"{cfg_path} has no 'model' section; was it written by vitlab?")
-    try:
-        config = ViTConfig.from_dict(meta["model"])
-    except VitlabError as exc:
-        raise VitlabError(f"{cfg_path}: {exc}") from exc
-    class_names = _class_names(meta.get("class_names"), config, cfg_path)
-    preprocess = validate_preprocess(meta.get("preprocess"), config, str(cfg_path))
+    config, meta = parse_meta(read_json(cfg_path, "vitlab config.json"), cfg_path)
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise VitlabError(f"{folder} has a config.json but no {WEIGHTS_FILE}")
     check_shapes_fit(model_shapes(config), safetensors_shapes(weights), str(weights))
     state = read_tensors(weights)
-    return config, state, {"class_names": class_names, "preprocess": preprocess}
+    return config, state, meta
+
+
+def parse_meta(meta: Any, source: Path) -> tuple[ViTConfig, dict]:
+    """(model config, meta with class_names and preprocess dict) of what `save_native` writes to config.json
+    (training checkpoints hold the same record)."""
+    from vitlab.weights.limits import validate_preprocess
+
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise VitlabError(f"{source} has no 'model' section; was it written by vitlab?")
+    try:
+        config = ViTConfig.from_dict(meta["model"])
+    except VitlabError as exc:
+        raise VitlabError(f"{source}: {exc}") from exc
+    class_names = _class_names(meta.get("class_names"), config, source)
+    preprocess = validate_preprocess(meta.get("preprocess"), config, str(source))
+    return config, {"class_names": class_names, "preprocess": preprocess}
