@@ -105,6 +105,21 @@ def test_bad_image_path_gives_one_line_error(trained, tmp_path, capsys):
     assert rc == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
+def test_an_unreadable_image_stops_with_the_way_past_it_or_is_skipped(trained, tmp_path, capsys):
+    _, run, images = trained
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for f in sorted(images.iterdir())[:3]:
+        (mixed / f.name).write_bytes(f.read_bytes())
+    (mixed / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)
+    args = ["inspect", str(run), "--images", str(mixed), "--out", str(tmp_path / "out"), "--quiet"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().endswith("broken.png; add --skip-bad to leave unreadable images out")
+    assert main([*args, "--skip-bad"]) == 0
+    assert "vitlab inspect: skipped" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "inspect.json").read_text())["num_images"] == 3
+
+
 def test_hybrid_skips_filters_gap_model_without_class_token(tmp_path):
     from vitlab.inspect import inspect_model
 

@@ -90,6 +90,8 @@ def test_predict_errors_are_one_line(setup, capsys):
     (imgs / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 20)
     assert main(["predict", str(tmp / "w"), str(imgs / "broken.png")]) == 2
     assert len(_err(capsys)) == 1
+    assert main(["predict", str(tmp / "w"), str(imgs)]) == 2  # a folder: the line names the way past it
+    assert _err(capsys)[-1].endswith("broken.png; add --skip-bad to leave unreadable images out")
     assert main(["predict", str(tmp / "w"), str(imgs), "--skip-bad", "--format", "json"]) == 0
     captured = capsys.readouterr()
     assert len(json.loads(captured.out)) == 3 and "broken.png" in captured.err

@@ -131,3 +131,30 @@ def test_a_bare_state_dict_of_a_vitlab_model_points_to_vitlab_save(tmp_path):
     x = torch.randn(1, 3, 16, 16)
     with torch.no_grad():
         assert torch.equal(model(x), loaded(x))
+
+
+@pytest.mark.parametrize("fmt", ["native", "hf", "timm"])
+def test_saved_weights_get_the_umask_mode_not_safetensors_0600(tmp_path, fmt):
+    """safetensors' save_file writes 0600: a model saved for a team or a container was readable by its owner only."""
+    import os
+
+    from vitlab.weights import save_hf, save_timm
+
+    model = _tiny()
+    old = os.umask(0o022)
+    try:
+        if fmt == "native":
+            path = save_native(model, tmp_path / "m") / "model.safetensors"
+        elif fmt == "hf":
+            path = save_hf(model, tmp_path / "h") / "model.safetensors"
+        else:
+            path = save_timm(model, tmp_path / "t.safetensors")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_refused_save_leaves_no_folder_behind(tmp_path):
+    with pytest.raises(VitlabError, match="2 class names given for a model with 3 outputs"):
+        vitlab.save(_tiny(), tmp_path / "m", class_names=["a", "b"])
+    assert not (tmp_path / "m").exists()

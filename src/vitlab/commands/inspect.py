@@ -4,6 +4,7 @@ distance, rollout) for a model, as PNGs plus one self-contained HTML report."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL",
                    help=WEIGHTS_HELP)
     p.add_argument("--images", nargs="+", metavar="PATH", help="image files and/or folders (searched recursively)")
+    p.add_argument("--skip-bad", action="store_true", help="skip unreadable --images (listed on stderr) instead of "
+                   "stopping")
     p.add_argument("--data", metavar="SOURCE", help="take the images from a data set, e.g. fashion-mnist, digits, a folder")
     p.add_argument("--split", default="test", choices=["test", "val", "train"], help="split of --data (default test)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder for the PNGs, report.html and arrays")
@@ -102,16 +105,23 @@ def image_files(paths: list[str]) -> list[Path]:
 
 
 def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, list[str]]:
+    """Normalised (N, C, H, W) images and a label per image (file name or class name)."""
     import torch
 
-    """Normalised (N, C, H, W) images and a label per image (file name or class name)."""
-    from vitlab.data.images import open_image
+    from vitlab.data.images import BadImageError, open_image
 
     tensors, labels = [], []
-    if args.images:
-        for f in image_files(args.images)[: args.num_images]:
+    for f in image_files(args.images or []):
+        if len(tensors) == args.num_images:
+            break
+        try:
             tensors.append(preprocess(open_image(f)))
-            labels.append(f.stem[:16])
+        except BadImageError as exc:
+            if not args.skip_bad:
+                raise VitlabError(f"{exc}; add --skip-bad to leave unreadable images out") from None
+            print(f"vitlab inspect: skipped {exc}", file=sys.stderr)
+            continue
+        labels.append(f.stem[:16])
     remaining = args.num_images - len(tensors)
     if args.data and remaining > 0:
         from vitlab.data import load_data

@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from vitlab.commands._engine_args import engine_for, resolved_source
     from vitlab.commands._load_args import load_overrides
+    from vitlab.data.images import BadImageError
     from vitlab.engine.calibration import calibration_from_files
     from vitlab.errors import VitlabError
     from vitlab.predict import collect_images, format_predictions, predict_files, preprocess_for
@@ -59,9 +60,14 @@ def run(args: argparse.Namespace) -> int:
                                   default_calibration=lambda: calibration_from_files(files, preprocess_for(model, meta))))
         return engines[-1]
 
-    preds, failed = predict_files(model, meta, files, args.top_k, args.batch_size, runtime.device,
-                                  progress=not args.quiet and len(files) > 50, strict=not args.skip_bad,
-                                  engine_factory=make_engine)
+    try:
+        preds, failed = predict_files(model, meta, files, args.top_k, args.batch_size, runtime.device,
+                                      progress=not args.quiet and len(files) > 50, strict=not args.skip_bad,
+                                      engine_factory=make_engine)
+    except BadImageError as exc:
+        if len(files) == 1:
+            raise
+        raise VitlabError(f"{exc}; add --skip-bad to leave unreadable images out") from None
     # announced after the images were read: a bad image still fails with exactly one line
     runtime.announce("predict", args.quiet)
     if engines and engines[0] is not None and not args.quiet:

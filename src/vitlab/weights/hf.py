@@ -390,7 +390,7 @@ def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
     """Write config.json, model.safetensors and preprocessor_config.json in the Hugging Face layout."""
-    from safetensors.torch import save_file
+    from vitlab.weights.io import save_safetensors
 
     cfg = model.config
     resnet = cfg.arch == "resnet" and cfg.resnet is not None and cfg.resnet.kind == "standard"
@@ -405,7 +405,7 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
-    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(sd, folder / "model.safetensors", metadata={"format": "pt"})
     if resnet:
         from vitlab.weights.torchvision import resnet_v1_preprocess
 

@@ -1,11 +1,12 @@
 """Reading tensor files safely: safetensors, torch files with `weights_only=True` (no pickled code),
 `.npz` archives lazily (one array at a time, its size checked before decompression), and small
-JSON files with a size bound."""
+JSON files with a size bound; writing safetensors files with the permissions any other file gets."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -28,6 +29,29 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     `{"state_dict": ...}`, a DDP `module.` prefix) are unwrapped.
     """
     return unwrap_state_dict(load_tensor_file(path), str(path))
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str]) -> None:
+    """safetensors' `save_file`, then the file mode the user's umask gives (rw-r--r-- under 022): safetensors
+    writes 0600, so a model saved for a team or a container would be unreadable to everyone but its owner."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it where Linux shows it (setting it is racy with threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def load_tensor_file(path: str | Path) -> Any:

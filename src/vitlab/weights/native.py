@@ -40,7 +40,7 @@ def default_preprocess(config: ViTConfig) -> dict:
 
 def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
     """Write `folder/config.json` + `folder/model.safetensors`; `load(folder)` gives the same model back."""
-    from safetensors.torch import save_file
+    from vitlab.weights.io import save_safetensors
 
     for wrapper in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
         model = getattr(model, wrapper, model)
@@ -51,16 +51,16 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise VitlabError(f"{folder} is a file; vitlab's format is a folder (config.json + model.safetensors)")
-    folder.mkdir(parents=True, exist_ok=True)
     if class_names is not None:
         class_names = [str(c) for c in class_names]
         if config.num_classes and len(class_names) != config.num_classes:
             raise VitlabError(
                 f"{len(class_names)} class names given for a model with {config.num_classes} outputs"
             )
+    folder.mkdir(parents=True, exist_ok=True)
     meta = native_meta(config, class_names, preprocess)
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_safetensors(state, folder / WEIGHTS_FILE, metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return folder
 

@@ -450,9 +450,9 @@ def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None 
         record["timm_args"] = args
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
+        from vitlab.weights.io import save_safetensors
 
-        save_file(sd, str(path), metadata={"format": "pt", **{k: json.dumps(v) for k, v in record.items()}})
+        save_safetensors(sd, path, metadata={"format": "pt", **{k: json.dumps(v) for k, v in record.items()}})
     else:
         torch.save(sd, path)
         sidecar = {"format": SIDECAR_FORMAT, "weights": path.name, "keys": keys_digest(sd), **record}
