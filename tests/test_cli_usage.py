@@ -35,6 +35,8 @@ def usage_error(argv: list[str], capsys) -> str:
     (["convert", "--src", "a.npz", "b"], "vitlab convert", "vitlab convert takes SRC as an argument, without --src"),
     (["train", "--epoch", "3"], "vitlab train", "did you mean --epochs?"),
     (["predict", "w", "img.png", "--top_k", "3"], "vitlab predict", "did you mean --top-k?"),
+    (["finetune", "runs/x/model", "--data", "digits"], "vitlab finetune",  # the reverse of predict's WEIGHTS
+     "unrecognized arguments: runs/x/model; vitlab finetune takes the weights as an option: --weights WEIGHTS"),
 ])
 def test_a_mistaken_option_gets_its_hint_from_the_sub_command(argv, command, hint, capsys):
     line = usage_error(argv, capsys)
@@ -47,6 +49,11 @@ def test_a_nested_sub_command_reports_its_own_name(capsys):
     line = usage_error(["data", "inspect", "digits", "--no-such-option"], capsys)
     assert line == ("vitlab data inspect: error: unrecognized arguments: --no-such-option; "
                     "see `vitlab data inspect --help`")
+
+
+def test_no_weights_hint_where_the_weights_option_was_given(capsys):
+    line = usage_error(["finetune", "--weights", "w", "--data", "digits", "extra"], capsys)
+    assert line == "vitlab finetune: error: unrecognized arguments: extra; see `vitlab finetune --help`"
 
 
 def test_no_unrelated_hint_for_an_option_like_no_other(capsys):

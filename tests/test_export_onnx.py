@@ -49,3 +49,15 @@ def test_cli_export_bad_path_is_one_line(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nope"), str(tmp_path / "m.onnx")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error" in err[0]
+
+
+@pytest.mark.parametrize("name", ["out.pt", "model.safetensors", "w.PTH"])
+def test_cli_export_refuses_a_weights_file_name_for_an_onnx_model(tmp_path, capsys, name):
+    """`vitlab export W out.pt` wrote an ONNX model named .pt, which torch.load then fails on."""
+    from vitlab.weights import save_native
+
+    save_native(_random_tiny(), tmp_path / "native")
+    assert main(["export", str(tmp_path / "native"), str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{name} names a weights file: call it OUT.onnx" in err[0]
+    assert not (tmp_path / name).exists()

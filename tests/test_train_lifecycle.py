@@ -317,4 +317,6 @@ def test_a_warm_up_that_takes_the_whole_run_is_said(tmp_path, capsys, warmup, sa
     notice = [line for line in err.splitlines() if "warm-up" in line]
     assert len(notice) == int(said), err
     if said:
-        assert notice[0].startswith(f"vitlab train: the warm-up ({warmup} steps) is as long as the run (6 steps)")
+        # the model line says the capped warm-up; where it was capped, this line names what was asked for
+        asked = "the warm-up" if warmup == 6 else f"the warm-up asked for ({warmup} steps)"
+        assert notice[0].startswith(f"vitlab: {asked} is as long as the run (6 steps)"), notice

@@ -110,9 +110,23 @@ def _hint(parser: argparse.ArgumentParser, option: str) -> str:
     return f"did you mean {known[close[0]]}?" if close else ""
 
 
+def _positional_hint(parser: argparse.ArgumentParser, tokens: list[str]) -> str:
+    """Where a bare argument was left over and the command takes weights as an option (`vitlab finetune --weights
+    W`, unlike predict's positional WEIGHTS): say so."""
+    if not any(t and not t.startswith("-") for t in tokens):
+        return ""
+    for action in parser._actions:
+        given = any(t.split("=", 1)[0] in action.option_strings for t in _ARGV)
+        if action.dest == "weights" and action.option_strings and not given:
+            option = max(action.option_strings, key=len)
+            return f"{parser.prog} takes the weights as an option: {option} {action.metavar or 'WEIGHTS'}"
+    return ""
+
+
 def _with_hint(parser: argparse.ArgumentParser, message: str, tokens: list[str]) -> str:
-    """`message` and the hint for the first unknown option in `tokens` that has one."""
+    """`message` and the hint for the first unknown option in `tokens` that has one (else for a bare argument)."""
     hints = [h for h in (_hint(parser, o) for o in _unknown_options(parser, tokens)) if h]
+    hints = hints or [h for h in (_positional_hint(parser, tokens),) if h]
     return f"{message}; {hints[0]}" if hints else message
 
 

@@ -76,6 +76,10 @@ def check_export_engine(engine: str, path: str | Path | None = None) -> None:
     if engine == "compiled":
         raise VitlabError("--engine compiled is torch.compile at run time, not a file; export writes ONNX: "
                           "use --engine onnxruntime (fused for ORT), torch (portable), openvino or auto")
+    if path is not None and Path(path).suffix.lower() in (".pt", ".pth", ".bin", ".safetensors", ".npz", ".ckpt"):
+        raise VitlabError(f"export writes an ONNX model (OpenVINO's .xml with --engine openvino), and "
+                          f"{Path(path).name} names a weights file: call it OUT.onnx, or write weights in another "
+                          "format with `vitlab convert`")
     if engine == "openvino" and path is not None and Path(path).suffix != ".xml":
         raise VitlabError(f"--engine openvino writes an OpenVINO model: name it OUT.xml (its weights go to OUT.bin "
                           f"beside it), not {Path(path).name}")

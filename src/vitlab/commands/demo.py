@@ -1,5 +1,5 @@
 """`vitlab demo`: train a small ViT on the bundled Fashion-MNIST subset, evaluate it and write a run
-folder with curves, a confusion matrix and attention figures - offline, in a few minutes on 2 CPU cores."""
+folder with curves, a confusion matrix and attention figures - offline, in about a minute on 2 CPU cores."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="train + evaluate a small ViT on bundled data in a few minutes (offline)",
+    p = sub.add_parser("demo", help="train + evaluate a small ViT on bundled data in about a minute (offline)",
                        description=__doc__)
     p.add_argument("--out", default="runs", help="folder for the run folder (default runs/)")
     p.add_argument("--name", default=None, help="run folder name (default demo-<time>)")

@@ -331,10 +331,11 @@ class ViTConfig:
         size = _pair(size)
         if not self.conv_stem:
             if size[0] % self.stride or size[1] % self.stride:
-                raise VitlabError(
-                    f"image size {size} is not a multiple of the total stride {self.stride}; "
-                    f"use a size divisible by {self.stride}"
-                )
+                fit = [-(-side // self.stride) * self.stride for side in size]  # the next multiples up
+                example = (f"image_size={fit[0]} (--image-size {fit[0]} on the command line)" if fit[0] == fit[1]
+                           else f"image_size=({fit[0]}, {fit[1]})")
+                raise VitlabError(f"image size {size} is not a multiple of the total stride {self.stride}; use a "
+                                  f"size divisible by {self.stride}, e.g. {example}")
             return (size[0] // self.stride, size[1] // self.stride)
         feature = list(size)
         for _ in self.conv_stem:

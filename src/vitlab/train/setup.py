@@ -107,7 +107,7 @@ def convert_sync_batchnorm(model: nn.Module, batchnorm: str, info: D.DistInfo, d
     if info.enabled and info.world_size > 1 and device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if info.is_main:
-        print("vitlab train: batchnorm=sync needs several CUDA processes (torchrun on GPUs); running plain "
+        print("vitlab: batchnorm=sync needs several CUDA processes (torchrun on GPUs); running plain "
               "BatchNorm (statistics of each process's micro-batch)", file=sys.stderr)
     return model
 
@@ -198,9 +198,10 @@ def warmup_notice(cfg: TrainConfig, plan: BatchPlan) -> str | None:
     requested = requested_warmup(cfg, plan.steps_per_epoch)
     if plan.total_steps < 2 or requested < plan.total_steps:
         return None
-    return (f"vitlab train: the warm-up ({requested:,} steps) is as long as the run ({plan.total_steps:,} steps) or "
-            "longer: the learning rate rises for the whole run and never reaches its peak or decays; lower "
-            "--warmup-steps (or --warmup-epochs) or train longer")
+    asked = f"the warm-up asked for ({requested:,} steps)" if requested > plan.warmup else "the warm-up"
+    return (f"vitlab: {asked} is as long as the run ({plan.total_steps:,} steps) or longer: the learning rate rises "
+            "for the whole run and never reaches its peak or decays; lower --warmup-steps (or --warmup-epochs) or "
+            "train longer")
 
 
 # ------------------------------------------------------------------------- precision, optimizer
@@ -210,7 +211,7 @@ def run_precision(cfg: TrainConfig, device: torch.device, model: nn.Module, info
     precision = D.broadcast_object(resolve_precision(cfg.precision, device, model) if info.is_main else None, info)
     if precision in ("bf16", "bf16-stem") and device.type == "cpu" and not cpu_bf16_supported():
         if info.is_main:
-            print("vitlab train: this CPU has no bf16 support; using fp32", file=sys.stderr)
+            print("vitlab: this CPU has no bf16 support; using fp32", file=sys.stderr)
         precision = "fp32"
     return precision
 
