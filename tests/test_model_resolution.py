@@ -141,5 +141,9 @@ def test_resolve_model_rules(assets):
     assert resolve_model(ENTRY.name) == root / "cache" / "official" / "test" / "fm.safetensors"
     with pytest.raises(VitlabError, match="vit-b/16 has these checkpoints: vit-b/16.augreg"):
         resolve_model("vit-b/16.no-such-tag")
+    with pytest.raises(VitlabError, match=r"did you mean vit-b/16\?\)"):  # a typo, not a Hub repo
+        resolve_model("vit-b/61")
+    with pytest.raises(VitlabError, match="if you meant the Hugging Face Hub repo, write hf:myorg/mymodel"):
+        resolve_model("myorg/mymodel")
     with pytest.raises(VitlabError, match="VITLAB_OFFLINE=1 and ViT-B_16.npz is not in the cache"):
         resolve_model("vit-b/16.orig-in21k")

@@ -95,6 +95,12 @@ def test_predict_errors_are_one_line(setup, capsys):
     assert main(["predict", str(tmp / "w"), str(imgs), "--skip-bad", "--format", "json"]) == 0
     captured = capsys.readouterr()
     assert len(json.loads(captured.out)) == 3 and "broken.png" in captured.err
+    assert main(["predict", str(imgs / "a.png"), str(tmp / "w")]) == 2  # swapped: said before the images fail
+    assert _err(capsys)[-1].endswith("a.png is an image, not weights: the weights come first "
+                                     "(`vitlab predict WEIGHTS IMAGES`)")
+    (tmp / "m.onnx").write_bytes(b"\x08\x07")
+    assert main(["predict", str(tmp / "m.onnx"), str(imgs / "a.png")]) == 2
+    assert "m.onnx is an exported model (ONNX / OpenVINO), which vitlab runs but does not read back" in _err(capsys)[-1]
     assert main(["predict", str(tmp / "w"), str(tmp / "missing.png")]) == 2
     assert "no such image" in _err(capsys)[-1]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
 from vitlab.commands._engine_args import add_engine_arguments
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from vitlab.commands._engine_args import engine_for, resolved_source
     from vitlab.commands._load_args import load_overrides
-    from vitlab.data.images import BadImageError
+    from vitlab.data.images import BadImageError, is_image_file
     from vitlab.engine.calibration import calibration_from_files
     from vitlab.errors import VitlabError
     from vitlab.predict import collect_images, format_predictions, predict_files, preprocess_for
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise VitlabError(f"--batch-size must be at least 1, got {args.batch_size}")
     runtime = setup_runtime(device_for_engine(args.device, args.engine, args.int8), args.threads)
+    if is_image_file(args.weights) and Path(args.weights).is_file():  # checked first: else the images fail first
+        raise VitlabError(f"{args.weights} is an image, not weights: the weights come first "
+                          "(`vitlab predict WEIGHTS IMAGES`)")
     files, skipped = collect_images(args.images)
     overrides, image_size = load_overrides(args)
     model, meta = load_with_meta(args.weights, image_size=image_size, **overrides)

@@ -97,6 +97,14 @@ def detect_format(path: str | Path) -> str:
         if timm.is_timm_folder(p.parent):
             return "timm_folder"
         return "state_dict"
+    if p.suffix.lower() in (".onnx", ".xml"):
+        raise VitlabError(f"{p} is an exported model (ONNX / OpenVINO), which vitlab runs but does not read back as "
+                          "weights: pass the weights it was exported from, with --engine onnxruntime or openvino "
+                          "to run it through that runtime")
+    from vitlab.data.images import is_image_file
+
+    if is_image_file(p):
+        raise VitlabError(f"{p} is an image, not weights: expected a weights file, model folder or run folder")
     raise VitlabError(
         f"unknown checkpoint format: {p} (expected an official .npz, a .safetensors/.pth/.bin state dict, "
         "a Hugging Face folder or a vitlab folder)"
@@ -165,11 +173,24 @@ def _not_found(text: str) -> str:
     model = text.partition(".")[0]
     if "." in text and (tags := names(model.lower())):
         hint = f"; {model} has these checkpoints: {', '.join(tags[:4])}{' ...' if len(tags) > 4 else ''}"
+    elif close := _close_model_name(text):  # vit-b/61: a typo of a model name, before the Hub guess below
+        hint = f"; did you mean {close}?"
     elif peer_names.looks_like_hf_repo(text):  # ORG/NAME starts with a letter or digit: ./x, /x, ~/x never do
         hint = f"; if you meant the Hugging Face Hub repo, write hf:{text.strip()}"
     return (f"no such file or folder: {text} (it does not exist: no weights file, model folder or run folder "
             f"there, and it is not a pretrained checkpoint or model name{hint}); check the path, or see "
             "`vitlab models --pretrained` / `vitlab models`")
+
+
+def _close_model_name(text: str) -> str | None:
+    """The registry or pretrained name `text` most likely misspells, if one is close."""
+    import difflib
+
+    from vitlab.models.registry import model_names
+    from vitlab.weights.pretrained import PRETRAINED
+
+    close = difflib.get_close_matches(text.strip().lower(), [*model_names(), *PRETRAINED], n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def resolve_weights(spec: str | Path) -> Path:
