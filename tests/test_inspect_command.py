@@ -120,6 +120,25 @@ def test_an_unreadable_image_stops_with_the_way_past_it_or_is_skipped(trained, t
     assert json.loads((tmp_path / "out" / "inspect.json").read_text())["num_images"] == 3
 
 
+def test_a_run_folder_defaults_to_its_own_data_and_folder_as_evaluate_does(trained, tmp_path, capsys):
+    import shutil
+
+    _, run, _ = trained
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine)
+    (mine / "config.yaml").write_text("data: digits\n")
+    assert main(["inspect", str(mine), "-n", "16", "--rollout-images", "2"]) == 0
+    assert "images from the run's data (digits)" in capsys.readouterr().err
+    assert json.loads((mine / "inspect" / "inspect.json").read_text())["num_images"] == 16
+
+
+def test_a_model_that_is_not_a_run_writes_to_inspect_model_here(trained, tmp_path, monkeypatch):
+    _, run, _ = trained
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", str(run / "model"), "--quiet"]) == 0
+    assert (tmp_path / "inspect-model" / "report.html").is_file()
+
+
 def test_hybrid_skips_filters_gap_model_without_class_token(tmp_path):
     from vitlab.inspect import inspect_model
 

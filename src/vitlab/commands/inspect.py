@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "stopping")
     p.add_argument("--data", metavar="SOURCE", help="take the images from a data set, e.g. fashion-mnist, digits, a folder")
     p.add_argument("--split", default="test", choices=["test", "val", "train"], help="split of --data (default test)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder for the PNGs, report.html and arrays")
+    p.add_argument("--out", metavar="DIR", help="output folder for the PNGs, report.html and arrays (default: "
+                   "RUN/inspect for a run folder, else inspect-<model>)")
     p.add_argument("-n", "--num-images", type=int, default=128,
                    help="images the attention distance averages over (default 128, as the paper)")
     p.add_argument("--rollout-images", type=int, default=8, help="images shown with rollout overlays (default 8)")
@@ -157,6 +158,23 @@ def _attention_engine(args: argparse.Namespace, model, runtime, n_images: int):
                                     source=resolved_source(resolve_model_path(args.model)), quiet=args.quiet)
 
 
+def run_defaults(args: argparse.Namespace) -> None:
+    """As evaluate does: a run folder's report goes into it (RUN/inspect), and its images come from the run's own
+    data unless --images or --data say otherwise; other models write to ./inspect-<model>."""
+    from vitlab.commands.evaluate import _run_data_kwargs
+    from vitlab.evaluate.loading import is_run_folder, read_run_config
+
+    folder = Path(args.model)
+    run = is_run_folder(folder)
+    if args.out is None:
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in folder.name or args.model)
+        args.out = str(folder / "inspect") if run else f"inspect-{safe}"
+    if run and not args.images and not args.data:
+        args.data = _run_data_kwargs(read_run_config(folder)).get("data")
+        if args.data and not args.quiet:
+            print(f"images from the run's data ({args.data}); --images or --data choose others", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from vitlab.inspect import check_inspectable, inspect_model
     from vitlab.runtime import device_for_engine, setup_runtime
@@ -167,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         raise VitlabError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     runtime = setup_runtime(device_for_engine(args.device, args.engine), args.threads)
     model, class_names, preprocess = load_model(args.model, args.image_size)
+    run_defaults(args)
     check_inspectable(model)
     preprocess = make_preprocess(model, preprocess)
     images, labels = gather_images(args, preprocess)
