@@ -173,3 +173,21 @@ def test_cli_train_with_an_exponent_lr_runs(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     saved = yaml.safe_load((out / "run" / "config.yaml").read_text())
     assert saved["lr"] == 1e-3 and saved["steps"] == 1
+
+
+def test_a_length_in_epochs_overrides_an_earlier_layers_steps(tmp_path):
+    """Steps win within one layer; a later layer's epochs win over an earlier one's steps. Before, the finetune
+    recipe's 1000 steps silently outlived `vitlab finetune --epochs 1` (500 epochs on a 20-image set)."""
+    from vitlab.train.config import resolve_config
+
+    recipe = resolve_config("finetune")
+    assert (recipe.steps, recipe.warmup_steps) == (1000, 100)
+    cfg = resolve_config("finetune", overrides={"epochs": 1, "warmup_epochs": 0.5})
+    assert (cfg.epochs, cfg.steps, cfg.warmup_epochs, cfg.warmup_steps) == (1, 0, 0.5, None)
+    both = resolve_config("finetune", overrides={"epochs": 1, "steps": 50, "warmup": 5})
+    assert (both.steps, both.warmup_steps) == (50, 5)
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("epochs: 3\n")
+    from_file = resolve_config("finetune", yaml_file)
+    assert (from_file.epochs, from_file.steps) == (3, 0)
+    assert resolve_config("finetune", yaml_file, {"steps": 7}).steps == 7  # the command line's steps win again

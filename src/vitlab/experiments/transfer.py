@@ -106,6 +106,10 @@ def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
     )
     if (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir()):
         overrides["resume"] = str(run)
+    elif run.exists():  # killed before its first checkpoint: nothing to keep (a new run may not reuse the folder)
+        import shutil
+
+        shutil.rmtree(run)
     if not st.quiet:
         print(f"=== pre-training {name} ({spec} {args}) on {len(st.upstream_classes)} upstream classes ===", flush=True)
     train(resolve_config("small-data", overrides=overrides))

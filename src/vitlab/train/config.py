@@ -317,10 +317,25 @@ def resolve_config(recipe: str | None = None, yaml_path: str | Path | None = Non
     file_values = load_yaml(yaml_path) if yaml_path else {}
     name = recipe or file_values.get("recipe") or "small-data"
     cfg = apply_overrides(TrainConfig(), recipe_overrides(str(name)), source=f"from recipe {name}")
-    cfg = apply_overrides(cfg, file_values, source=f"from {yaml_path}")
-    cfg = apply_overrides(cfg, overrides or {}, source="from the command line")
+    for values, source in ((file_values, f"from {yaml_path}"), (overrides or {}, "from the command line")):
+        cfg = apply_overrides(cfg, values, source=source)
+        epochs_win_over_earlier_steps(cfg, values, source)
     validate(cfg)
     return cfg
+
+
+# (length in epochs, length in steps, the steps value that lets the epochs count)
+_LENGTHS = (("epochs", "steps", 0), ("warmup_epochs", "warmup_steps", None))
+
+
+def epochs_win_over_earlier_steps(cfg: TrainConfig, values: dict[str, Any], source: str) -> None:
+    """A layer that gives a length in epochs and not in steps overrides an earlier layer's steps. Steps take
+    precedence within one layer, so without this the finetune recipe's 1000 steps silently outlived
+    `--epochs 1` (and its 100 warm-up steps a `--warmup-epochs`)."""
+    named = {setting_name(key, source) for key in values}
+    for epochs, steps, counts_epochs in _LENGTHS:
+        if epochs in named and steps not in named:
+            setattr(cfg, steps, counts_epochs)
 
 
 def validate(cfg: TrainConfig) -> None:
