@@ -34,6 +34,7 @@ def usage_error(argv: list[str], capsys) -> str:
      "vitlab evaluate takes MODEL as an argument, without --weights"),
     (["convert", "--src", "a.npz", "b"], "vitlab convert", "vitlab convert takes SRC as an argument, without --src"),
     (["train", "--epoch", "3"], "vitlab train", "did you mean --epochs?"),
+    (["train", "--epo", "3"], "vitlab train", "did you mean --epochs?"),  # cut short: the one option it begins
     (["predict", "w", "img.png", "--top_k", "3"], "vitlab predict", "did you mean --top-k?"),
     (["finetune", "runs/x/model", "--data", "digits"], "vitlab finetune",  # the reverse of predict's WEIGHTS
      "unrecognized arguments: runs/x/model; vitlab finetune takes the weights as an option: --weights WEIGHTS"),

@@ -107,6 +107,9 @@ def _hint(parser: argparse.ArgumentParser, option: str) -> str:
     known = {o.lstrip("-").replace("-", "_"): o for a in parser._actions for o in a.option_strings
              if o.startswith("--")}
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    if not close and len(name) >= 3:  # a cut-short name (--epo): the one option it begins, if only one
+        close = [k for k in known if k.startswith(name)]
+        close = close if len(close) == 1 else []
     return f"did you mean {known[close[0]]}?" if close else ""
 
 
