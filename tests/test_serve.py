@@ -248,6 +248,21 @@ def test_keep_alive_and_decompression_bomb(served):
     conn.close()
 
 
+def test_an_early_refusal_still_reads_the_body_so_the_connection_carries_on(served):
+    """?top_k=0 or a wrong path is refused before the images are looked at; the body used to stay unread, and its
+    bytes were parsed as the connection's next request ("PNG" 400 Bad request syntax in the log)."""
+    model, srv = served
+    arr, data = png(3)
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+    for path, status in (("/predict?top_k=0", 400), ("/nowhere", 404), ("/predict", 200)):
+        conn.request("POST", path, body=data)
+        response = conn.getresponse()
+        doc = json.loads(response.read())
+        assert response.status == status, doc
+    check_top(model, arr, doc["results"][0]["top"])  # the same connection still serves
+    conn.close()
+
+
 def test_health_and_info(served):
     _, srv = served
     status, info = srv.request("GET", "/info")

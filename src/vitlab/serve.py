@@ -398,10 +398,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _predict(self) -> None:
         url = urlsplit(self.path)
         try:
+            # the body is read before the URL is judged: a refusal that left it unread would have its bytes parsed
+            # as the connection's next request (a bogus 400 logged, a keep-alive client confused)
+            body = self._body()
             if url.path.rstrip("/") != "/predict":
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {url.path}; POST images to /predict")
             top_k = self._top_k(url.query)
-            body = self._body()
             started = time.perf_counter()
             images = request_images(body, self.headers.get("Content-Type", ""), self.server.options.max_images)
             results = self.server.predict(images, top_k)

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "compare", help="zero-shot vs fine-tuned comparison of several models (table, curves, runtimes)",
         description="For each model: zero-shot evaluation on the test split, fine-tuning on the training "
                     "split with the same settings for all, final evaluation. A model is a registry name "
-                    "(trained from scratch; overrides as custom(dim=32,depth=1)), a weights file/folder, "
+                    "(trained from scratch; overrides as custom(dim=32,depth=1,heads=2)), a weights file/folder, "
                     "or a vitlab run folder; --weights gives pretrained weights per model.",
     )
     add_data_args(p, required=True)

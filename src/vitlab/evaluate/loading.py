@@ -59,7 +59,7 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     for item in filter(None, (s.strip() for s in split_outside_brackets(inner))):
         key, eq, value = item.partition("=")
         if not eq:
-            raise VitlabError(f"bad model override {item!r} in {spec!r}; write NAME(key=value,...), e.g. custom(dim=32,depth=1)")
+            raise VitlabError(f"bad model override {item!r} in {spec!r}; write NAME(key=value,...), e.g. custom(dim=32,depth=1,heads=2)")
         val = yaml.safe_load(value.strip().replace("(", "[").replace(")", "]"))
         overrides[key.strip()] = tuple(val) if isinstance(val, list) else val
     return name.strip(), typed_model_args(overrides, f"in {spec!r}")

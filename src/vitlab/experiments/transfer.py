@@ -212,7 +212,7 @@ def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
         f"max({st.finetune_min_steps} steps, {st.finetune_epochs:g} epochs), no augmentation.", "",
         "Columns: *fresh head* = the pre-trained backbone with a new untrained head (chance by construction, "
         "not transfer); *kNN* and *few-shot ridge* = frozen pre-trained features, no backbone training "
-        "(the analogue of zero-shot here: the upstream head has no footwear classes); *fine-tuned* = the "
+        "(the analogue of zero-shot here: the upstream head has none of the downstream classes); *fine-tuned* = the "
         "whole model trained on the downstream images. Accuracy and macro-F1 in %, 95 % Wilson intervals.", "",
         "| model | parameters | GMACs/image | upstream test acc % | pre-train s | images/class | fresh head % "
         "| kNN acc % (F1) | few-shot ridge acc % (F1) | fine-tuned acc % | 95 % CI | fine-tuned F1 % | fine-tune s |",

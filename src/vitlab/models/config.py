@@ -272,7 +272,11 @@ class ViTConfig:
         _set(self, "depth", check_int("depth", self.depth, 1, MAX_DEPTH))
         _set(self, "heads", check_int("heads", self.heads, 1, self.dim))
         if self.dim % self.heads:
-            raise VitlabError(f"dim={self.dim} is not divisible by heads={self.heads}; choose heads that divide the width")
+            # the most heads, up to 16, that keep a head at least 16 wide (Ti/S/B keep 64)
+            divisors = [h for h in range(1, 17) if self.dim % h == 0 and self.dim // h >= 16] or [1]
+            raise VitlabError(f"dim={self.dim} is not divisible by heads={self.heads}; choose heads that divide the "
+                              f"width, e.g. heads={divisors[-1]} (a model not named by its size, such as custom, "
+                              "starts from ViT-B's 12 heads)")
         _set(self, "mlp_dim", check_int("mlp_dim", self.mlp_dim, 1, MAX_MLP_DIM))
         if self.representation_size is not None:
             _set(self, "representation_size",
