@@ -105,3 +105,14 @@ def test_from_scratch_image_size_fits_the_patch():
     assert parse_model_spec("resnet-26-small(layers=(1,1),width_factor=2)") == (
         "resnet-26-small", {"layers": (1, 1), "width_factor": 2})
     assert split_model_list("a(x=1,y=(1,2)),b") == ["a(x=1,y=(1,2))", "b"]
+
+
+def test_a_zero_shot_map_that_does_not_fit_the_data_stops_before_anything_is_written(tmp_path, capsys):
+    """Accepted before whatever the models were (from-scratch ones never read it), and shown in compare.md."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--data", "digits", "--models", "resnet-18", "--epochs", "1", "--out", str(out), "--quiet"]
+    assert main([*args, "--zero-shot-map", "Sandal=774"]) == 2
+    assert "--zero-shot-map names class 'Sandal', which the data set does not have" in capsys.readouterr().err
+    assert main([*args, "--zero-shot-map", "0=1,1=2"]) == 2
+    assert "leaves classes ['2', '3', '4', '5', '6', '7', '8', '9'] unmapped" in capsys.readouterr().err
+    assert not out.exists()

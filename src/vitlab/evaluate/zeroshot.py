@@ -148,23 +148,39 @@ def parse_class_map(
     head indices, or the head's label names when `head_names` (the model's class names) are known.
     """
     names = [str(n) for n in class_names]
-    lowered = {n.lower(): i for i, n in enumerate(names)}
     mapping: dict[int, list[int]] = {}
     entries, _ = read_class_map(spec)
     for key, targets in entries:
-        if key.lower() in lowered:
-            cls = lowered[key.lower()]
-        elif key.isdigit() and int(key) < len(names):
-            cls = int(key)
-        else:
-            raise VitlabError(f"--zero-shot-map names class {key!r}, which the data set does not have; its classes: {names}")
+        cls = _data_class(key, names)
         if not all(targets):
             raise VitlabError(f"bad --zero-shot-map target list for {key!r}; give head indices like 770+630")
         mapping[cls] = [_head_index(t, key, head_classes, head_names) for t in targets]
+    check_every_class_mapped(mapping, names)
+    return [mapping[i] for i in range(len(names))]
+
+
+def check_map_fits_data(spec: str, class_names: Sequence[str]) -> None:
+    """What of a map the data alone can judge (its keys name the data's classes, every class is mapped): for
+    `vitlab compare`, before any model is loaded, also where no model's head ends up using the map."""
+    names = [str(n) for n in class_names]
+    entries, _ = read_class_map(spec)
+    check_every_class_mapped({_data_class(key, names): [] for key, _ in entries}, names)
+
+
+def _data_class(key: str, names: list[str]) -> int:
+    """The data class a map key names: a class name (any case) or its index."""
+    lowered = {n.lower(): i for i, n in enumerate(names)}
+    if key.lower() in lowered:
+        return lowered[key.lower()]
+    if key.isdigit() and int(key) < len(names):
+        return int(key)
+    raise VitlabError(f"--zero-shot-map names class {key!r}, which the data set does not have; its classes: {names}")
+
+
+def check_every_class_mapped(mapping: dict[int, list[int]], names: list[str]) -> None:
     missing = [names[i] for i in range(len(names)) if i not in mapping]
     if missing:
         raise VitlabError(f"--zero-shot-map leaves classes {missing} unmapped; map every class of the data set")
-    return [mapping[i] for i in range(len(names))]
 
 
 def mapped_scores(logits: torch.Tensor, class_map: Sequence[Sequence[int]]) -> torch.Tensor:

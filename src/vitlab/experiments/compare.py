@@ -143,9 +143,13 @@ def run_compare(
     Resumable: a model whose `<out>/<model>/result.json` was made with the same settings and data is
     reused, not redone; a failing model becomes a row saying why and the others go on.
     """
+    _map_source(settings.zero_shot_map)  # a missing or malformed map file fails now, once, not per model
+    if settings.zero_shot_map:  # and one that does not fit the data (from-scratch models never read it)
+        from vitlab.evaluate.zeroshot import check_map_fits_data
+
+        check_map_fits_data(settings.zero_shot_map, data.class_names)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _map_source(settings.zero_shot_map)  # a missing or malformed map file fails now, once, not per model
     study = study_settings(data, settings, frozen, data_args)
     # check every earlier result first: a settings mismatch stops before any work, not after hours
     finished = {ms.name: finished_result(out / _safe(ms.name), model_settings(ms, study)) for ms in models}
