@@ -68,6 +68,11 @@ def test_untrained_registry_model_with_frozen_features(tmp_path, data):
     labels = [r["label"] for r in m["rows"]]
     assert "few-shot ridge, 5-shot (frozen)" in labels and labels[-1].startswith("linear probe")
     assert (out / "fewshot.png").exists() and (out / "fewshot.csv").read_text().count("\n") == 1 + 2 * 2
+    (out / "skipped_files.txt").write_text("x.png\tnot an image\n")  # as an earlier evaluation's list
+    # the same folder again without --fewshot: the earlier report's few-shot files must not stay beside it
+    assert main(["evaluate", spec, *DATA, "--out", str(out), "--quiet"]) == 0
+    assert _metrics(out)["fewshot"] is None
+    assert not any((out / f).exists() for f in ("fewshot.png", "fewshot.csv", "skipped_files.txt"))
 
 
 def test_mapped_by_name_and_by_flag_and_fresh(tmp_path, data):

@@ -208,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     files = write_report(res, out)
     from vitlab.data import write_skipped
 
+    (out / "skipped_files.txt").unlink(missing_ok=True)  # an earlier evaluation's list, if this one skips none
     line = write_skipped(data, out)  # load-time skips and training files that failed while streaming
     if data.all_skipped() and not quiet:
         print(line, file=sys.stderr)

@@ -332,7 +332,10 @@ def write_report(result: EvalResult, out_dir: str | Path, title: str | None = No
         w.writeheader()
         for r in result.rows:
             w.writerow({c: r[c] for c in cols})
-    if result.fewshot:
+    if not result.fewshot:  # an earlier report's few-shot files must not stand beside this one
+        for stale in ("fewshot.csv", "fewshot.png"):
+            (out / stale).unlink(missing_ok=True)
+    else:
         files["fewshot_csv"] = out / "fewshot.csv"
         with files["fewshot_csv"].open("w", newline="") as f:
             w = csv.writer(f)
