@@ -116,3 +116,24 @@ def test_a_zero_shot_map_that_does_not_fit_the_data_stops_before_anything_is_wri
     assert main([*args, "--zero-shot-map", "0=1,1=2"]) == 2
     assert "leaves classes ['2', '3', '4', '5', '6', '7', '8', '9'] unmapped" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_training_interrupted_inside_compare_says_to_rerun_compare(tmp_path, monkeypatch, capsys):
+    """Its own advice, `vitlab train --resume OUT/MODEL/finetune`, would train a run compare never picks up."""
+    from pathlib import Path
+
+    import vitlab.experiments.compare as experiment
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.resume import resume_command
+
+    said = []
+
+    def interrupted(*args, **kwargs):
+        said.append(resume_command(TrainConfig(), Path("inner")))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "run_compare", interrupted)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", "digits", "--models", "resnet-18", "--out", str(out), "--quiet"]) == 130
+    assert said == [f"the same `vitlab compare` command with --resume {out} (finished models are kept)"]
+    assert resume_command(TrainConfig(), Path("inner")) == "vitlab train --resume inner"  # outside compare

@@ -4,6 +4,7 @@ model with one identical budget; a Markdown + CSV table, per-epoch validation cu
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
 
@@ -65,6 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from vitlab.experiments.compare import parse_models, run_compare
     from vitlab.runtime import setup_runtime
+    from vitlab.train.resume import resume_advice
 
     models = parse_models(args.models, args.weights)
     settings = _settings(args)
@@ -76,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     data_args = {"data": args.data, "classes": args.classes, "per_class": args.per_class,
                  "val_fraction": args.val_fraction, "test_fraction": args.test_fraction}
     runtime.announce("compare", args.quiet)
-    summary = run_compare(data, models, settings, out, frozen=frozen_options(args), data_args=data_args)
+    again = f"the same `vitlab compare` command with --resume {shlex.quote(str(out))} (finished models are kept)"
+    with resume_advice(again):
+        summary = run_compare(data, models, settings, out, frozen=frozen_options(args), data_args=data_args)
     _print_table(summary, out)
     if summary["failed"]:
         # non-zero so that scripts notice a missing row; the tables for the others are written anyway

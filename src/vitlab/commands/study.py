@@ -105,7 +105,10 @@ def run_transfer(args: argparse.Namespace) -> int:
         finetune_lr=args.finetune_lr, finetune_epochs=args.finetune_epochs,
         finetune_min_steps=args.finetune_min_steps, seed=args.seed, quiet=args.quiet,
     )
-    run_transfer_study(st, args.out)
+    from vitlab.train.resume import resume_advice
+
+    with resume_advice("the same `vitlab study transfer` command (finished runs are kept)"):
+        run_transfer_study(st, args.out)
     print((f"{args.out}/study.md").replace("//", "/"))
     print(open(f"{args.out}/study.md").read())
     return 0
@@ -167,7 +170,11 @@ def run_scaling(args: argparse.Namespace) -> int:
         min_epochs=args.min_epochs, min_steps=args.min_steps, batch_size=args.batch_size, lr=args.lr,
         val_fraction=args.val_fraction, evals=args.evals, seed=args.seed, quiet=args.quiet,
     )
-    run_scaling_study(st, args.out)
+    from vitlab.train.resume import resume_advice
+
+    with resume_advice("the same `vitlab study scaling` command (finished runs are kept, an interrupted "
+                       "one goes on from its checkpoint)"):
+        run_scaling_study(st, args.out)
     print((f"{args.out}/study.md").replace("//", "/"))
     print(open(f"{args.out}/study.md").read())
     return 0

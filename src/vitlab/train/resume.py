@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +171,25 @@ def record_changes(run: RunDir, cfg: TrainConfig, changes: dict[str, tuple[Any, 
 
 
 
+# What to run to go on, where a training runs inside a bigger command (compare, the studies): that command again,
+# not `vitlab train --resume` of its inner run (which compare would not pick up).
+_RESUME_ADVICE: ContextVar[str | None] = ContextVar("vitlab_resume_advice", default=None)
+
+
+@contextlib.contextmanager
+def resume_advice(command: str) -> Iterator[None]:
+    """Trainings in this block say `command` where they would say how to resume themselves."""
+    token = _RESUME_ADVICE.set(command)
+    try:
+        yield
+    finally:
+        _RESUME_ADVICE.reset(token)
+
+
 def resume_command(cfg: TrainConfig, run_path: Path) -> str:
+    advice = _RESUME_ADVICE.get()
+    if advice is not None:
+        return advice
     command = "finetune" if cfg.weights else "train"
     return f"vitlab {command} --resume {shlex.quote(str(run_path))}"
 
