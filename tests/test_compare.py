@@ -137,3 +137,16 @@ def test_a_training_interrupted_inside_compare_says_to_rerun_compare(tmp_path, m
     assert main(["compare", "--data", "digits", "--models", "resnet-18", "--out", str(out), "--quiet"]) == 130
     assert said == [f"the same `vitlab compare` command with --resume {out} (finished models are kept)"]
     assert resume_command(TrainConfig(), Path("inner")) == "vitlab train --resume inner"  # outside compare
+
+
+@pytest.mark.parametrize("models, words", [
+    ("resnet-18,vit-zz/16", "--models entry 'vit-zz/16': no such file or folder"),
+    ("custom(dim=32,depht=1)", "unknown model config fields ['depht'] (for depht use depth)"),
+    ("custom(dim=32", "the overrides have no closing ')'"),
+])
+def test_a_bad_model_entry_stops_before_any_model_trains(tmp_path, capsys, models, words):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", "digits", "--models", models, "--epochs", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists()

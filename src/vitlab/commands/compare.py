@@ -64,11 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.experiments.compare import parse_models, run_compare
+    from vitlab.experiments.compare import check_model_specs, parse_models, run_compare
     from vitlab.runtime import setup_runtime
     from vitlab.train.resume import resume_advice
 
     models = parse_models(args.models, args.weights)
+    check_model_specs(models)  # before the data loads (run_compare checks again for callers of the API)
     settings = _settings(args)
     out = _out_dir(args)
     runtime = setup_runtime(args.device, args.threads)  # the zero-shot and final evaluations

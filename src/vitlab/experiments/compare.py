@@ -95,6 +95,24 @@ def _data_side(data) -> int:
     return int(size if isinstance(size, int) else max(size))
 
 
+def check_model_specs(models: list[ModelSpec]) -> None:
+    """Every entry resolves (weights found, or a registry name whose overrides are known fields), checked before
+    the first model trains: a typo in the last of three models must not wait for the other two to train."""
+    from vitlab.evaluate.loading import parse_model_spec, weights_path
+    from vitlab.models.registry import get_config
+
+    for ms in models:
+        try:
+            if (weights_path(ms.weights) if ms.weights else weights_path(ms.spec)) is not None:
+                continue
+            if "(" in ms.spec and not ms.spec.rstrip().endswith(")"):
+                raise VitlabError("the overrides have no closing ')'; write NAME(key=value,...)")
+            name, args = parse_model_spec(ms.spec)
+            get_config(name, **args)
+        except VitlabError as exc:
+            raise VitlabError(f"--models entry {ms.spec!r}: {exc}") from None
+
+
 def _load(ms: ModelSpec, data, st: CompareSettings):
     """(loaded model, preprocess, source, local weights path or None) for one entry.
 
@@ -143,6 +161,7 @@ def run_compare(
     Resumable: a model whose `<out>/<model>/result.json` was made with the same settings and data is
     reused, not redone; a failing model becomes a row saying why and the others go on.
     """
+    check_model_specs(models)
     _map_source(settings.zero_shot_map)  # a missing or malformed map file fails now, once, not per model
     if settings.zero_shot_map:  # and one that does not fit the data (from-scratch models never read it)
         from vitlab.evaluate.zeroshot import check_map_fits_data
