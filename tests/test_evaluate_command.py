@@ -103,6 +103,16 @@ def test_mapped_by_name_and_by_flag_and_fresh(tmp_path, data):
     assert m["rows"][0]["label"] == "zero-shot (fresh head, chance)" and m["head_mode"] == "fresh"
 
 
+@pytest.mark.parametrize("extra, words", [
+    (["--shots", "5"], "--shots sets up --fewshot, which is not on; add --fewshot, or drop --shots"),
+    (["--knn-k", "5", "--knn-temperature", "0.1"], "--knn-k, --knn-temperature set up --knn, which is not on"),
+])
+def test_a_frozen_feature_setting_without_its_analysis_is_refused(capsys, extra, words):
+    """It used to run a plain evaluation without a word."""
+    assert main(["evaluate", "custom(dim=32,depth=1,heads=2,patch_size=7)", *DATA, "--quiet", *extra]) == 2
+    assert words in capsys.readouterr().err
+
+
 def test_errors_are_one_line(tmp_path, capsys):
     assert main(["evaluate", "no-such-model-or-path", *DATA, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -49,12 +49,28 @@ def add_frozen_args(p: argparse.ArgumentParser) -> None:
                    help="at most N training images per class for kNN/probe features (saves time on a CPU)")
 
 
+# Settings of one frozen-feature analysis, with their defaults: given without the analysis they would do nothing
+_FROZEN_SETTINGS = {"fewshot": {"shots": (1, 5, 10, 25), "fewshot_seeds": 3, "l2": 1024.0},
+                    "knn": {"knn_k": 20, "knn_temperature": 0.07}}
+
+
 def frozen_options(args: argparse.Namespace):
     from vitlab.evaluate.runner import FrozenOptions
 
+    for analysis, settings in _FROZEN_SETTINGS.items():
+        changed = [name for name, default in settings.items() if _as_tuple(getattr(args, name)) != _as_tuple(default)]
+        if changed and not getattr(args, analysis):
+            given = ", ".join("--" + name.replace("_", "-") for name in changed)
+            raise VitlabError(f"{given} set{'s' if len(changed) == 1 else ''} up --{analysis}, which is not on; "
+                              f"add --{analysis}, or drop {given}")
     return FrozenOptions(fewshot=args.fewshot, knn=args.knn, probe=args.probe, shots=tuple(args.shots),
                          fewshot_seeds=args.fewshot_seeds, l2_reg=args.l2, knn_k=args.knn_k,
                          knn_temperature=args.knn_temperature, max_train_per_class=args.max_train_per_class)
+
+
+def _as_tuple(value) -> tuple:
+    """A setting as a tuple, so that (1, 5) from the command line and a default compare alike."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -88,6 +88,11 @@ def _safe(name: str) -> str:
     return out.strip("-")[:60] or "model"
 
 
+def _count(n: float, noun: str) -> str:
+    """'1 epoch', '2 epochs', '0.5 epochs'."""
+    return f"{n:g} {noun}{'' if n == 1 else 's'}"
+
+
 def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
     """Pre-train one family on the upstream classes; a finished run is reused, an interrupted one resumed."""
     from vitlab.train import resolve_config, train
@@ -206,10 +211,10 @@ def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
         f"Data: {st.data}. Upstream (pre-training) classes: {', '.join(st.upstream_classes)}. Downstream "
         f"classes: {', '.join(st.downstream_classes)}; the downstream test set is the source's whole test split "
         "of those classes, the same for every row.", "",
-        f"Pre-training, identical for every model: the small-data recipe, {st.pretrain_epochs:g} epochs, batch "
+        f"Pre-training, identical for every model: the small-data recipe, {_count(st.pretrain_epochs, 'epoch')}, batch "
         f"{st.pretrain_batch}, AdamW lr {st.pretrain_lr:g}, flip + random erasing + 1-pixel shift. Fine-tuning, "
         f"identical for every model: AdamW lr {st.finetune_lr:g}, cosine, batch {st.finetune_batch}, "
-        f"max({st.finetune_min_steps} steps, {st.finetune_epochs:g} epochs), no augmentation.", "",
+        f"max({_count(st.finetune_min_steps, 'step')}, {_count(st.finetune_epochs, 'epoch')}), no augmentation.", "",
         "Columns: *fresh head* = the pre-trained backbone with a new untrained head (chance by construction, "
         "not transfer); *kNN* and *few-shot ridge* = frozen pre-trained features, no backbone training "
         "(the analogue of zero-shot here: the upstream head has none of the downstream classes); *fine-tuned* = the "
@@ -259,14 +264,17 @@ def plot_study(rows: list[dict], out: Path) -> Path:
             ax.plot(xs, [100 * r["knn_accuracy"] for r in pts], "s--", color=color, alpha=0.8,
                     label=f"{name} frozen kNN")
     ax.set_xscale("log")
+    sizes = sorted({r["per_class"] for r in rows})
+    ax.set_xticks(sizes, [str(n) for n in sizes])  # the sizes run, not log-scale labels such as 6x10^0
+    ax.minorticks_off()
     ax.set_xlabel("downstream training images per class (log scale)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Transfer from the upstream classes: frozen features vs fine-tuned")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
-    fig.tight_layout()
+    ax.grid(alpha=0.3)
+    # below the axes: beside them, a long legend squeezed the axes until the title was cut off
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=9, frameon=False)
     path = out / "study.png"
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -351,13 +351,14 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def _refuse(name: str, value: Any, rule: str) -> None:
-    raise VitlabError(f"{name} must be {rule}, got {value}")
+    shown = f"{value:g}" if isinstance(value, float) else value  # epochs -1, not -1.0 (the field is a float)
+    raise VitlabError(f"{name} must be {rule}, got {shown}")
 
 
 def _at_least(cfg: TrainConfig, name: str, low: float, rule: str | None = None) -> None:
     value = getattr(cfg, name)
     if value is not None and value < low:
-        _refuse(name, value, rule or f">= {low}")
+        _refuse(name, value, rule or f">= {low:g}")
 
 
 def _in_range(cfg: TrainConfig, name: str, low: float, high: float, high_included: bool = False) -> None:
