@@ -150,3 +150,19 @@ def test_a_bad_model_entry_stops_before_any_model_trains(tmp_path, capsys, model
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
     assert not out.exists()
+
+
+def test_frozen_feature_rows_reach_the_csv_and_the_printed_table(tmp_path, capsys):
+    """--knn / --fewshot rows were only in compare.md."""
+    out = tmp_path / "cmp"
+    tiny_vit = "custom(dim=32,depth=1,heads=2,mlp_dim=64,patch_size=7)"
+    rc = main(["compare", "--data", "bundled", "--classes", CLASSES, "--per-class", "10", "--models", tiny_vit,
+               "--epochs", "1", "--batch-size", "10", "--precision", "fp32", "--out", str(out), "--quiet",
+               "--knn", "--fewshot", "--shots", "1,2", "--fewshot-seeds", "1"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "frozen features before fine-tuning (frozen.csv)" in printed and "kNN" in printed
+    with (out / "frozen.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["model"] for r in rows] == [tiny_vit] * 3  # two few-shot counts and the kNN
+    assert {r["method"] for r in rows} >= {"fewshot-1", "fewshot-2"} and all(0 <= float(r["accuracy"]) <= 1 for r in rows)

@@ -140,9 +140,13 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 
 def _print_table(summary: dict, out: Path) -> None:
-    from vitlab.experiments.compare import PRINT_COLS, markdown_table, table_rows
+    from vitlab.evaluate.runner import rows_markdown
+    from vitlab.experiments.compare import PRINT_COLS, frozen_rows, markdown_table, table_rows
 
     print("\n".join(markdown_table(table_rows(summary), PRINT_COLS)))
+    frozen = frozen_rows(summary)
+    if frozen:
+        print(f"\nfrozen features before fine-tuning (frozen.csv):\n{rows_markdown(frozen, with_model=True)}")
     if summary["models"] and len(summary["failed"]) < len(summary["models"]):
         print(f"table: {out / 'compare.md'} (CSV: compare.csv); curves from epoch 0 (zero-shot): val_loss.png, "
               "val_accuracy.png; runtime.png")

@@ -502,7 +502,25 @@ def _write_csvs(summary: dict, out: Path) -> dict[str, Path]:
         for r in summary["models"]:
             for h in r["history"]:
                 w.writerow({"model": r["model"], **{c: h.get(c) for c in HIST_COLS[1:]}})
+    frozen = frozen_rows(summary)
+    if frozen:  # --fewshot / --knn / --probe: one row per model and analysis, as evaluate's summary.csv
+        files["frozen"] = out / "frozen.csv"
+        with files["frozen"].open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FROZEN_COLS)
+            w.writeheader()
+            for r in frozen:
+                w.writerow({c: (f"{r[c]:.6f}" if isinstance(r.get(c), float) else r.get(c)) for c in FROZEN_COLS})
+    else:
+        (out / "frozen.csv").unlink(missing_ok=True)
     return files
+
+
+FROZEN_COLS = ["model", "method", "label", "accuracy", "ci95_lo", "ci95_hi", "macro_f1", "n_test", "train_images"]
+
+
+def frozen_rows(summary: dict) -> list[dict]:
+    """The frozen-feature rows (few-shot, kNN, probe) of the models that finished, each with its model's name."""
+    return [dict(row, model=r["model"]) for r in summary["models"] if _ok(r) for row in r["zero_shot"]["rows"][1:]]
 
 
 def _write_plots(summary: dict, out: Path) -> dict[str, Path]:
@@ -553,10 +571,9 @@ def _markdown(summary: dict) -> list[str]:
     if summary.get("failed"):
         md += ["", f"**Failed: {', '.join(summary['failed'])}** (reasons in the status column, tracebacks in "
                "<model>/error.txt). Rerun the same command with the same --out to retry only these."]
-    frozen_rows = [dict(row, model=r["model"]) for r in summary["models"] if _ok(r)
-                   for row in r["zero_shot"]["rows"][1:]]
-    if frozen_rows:
-        md += ["", "## Frozen features before fine-tuning", "", rows_markdown(frozen_rows, with_model=True)]
+    frozen = frozen_rows(summary)
+    if frozen:
+        md += ["", "## Frozen features before fine-tuning (frozen.csv)", "", rows_markdown(frozen, with_model=True)]
     if summary.get("mcnemar"):
         md += ["", "## Fine-tuned models, paired (exact McNemar test on the test images)", "",
                "| model A | model B | only A right | only B right | p-value |", "|---|---|---|---|---|"]
