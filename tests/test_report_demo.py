@@ -108,3 +108,11 @@ def test_hf_export_of_a_1_channel_model_runs_through_vit_image_processor(tmp_pat
     # the documented failures of RGB input: in the PIL processor, or in the model after torchvision's processor
     with pytest.raises(ValueError, match="mean must have 3 elements|Expected 1 but got 3"):
         hf(pixel_values=proc(rgb, return_tensors="pt")["pixel_values"])
+
+
+def test_two_demos_in_one_second_get_two_folders(tmp_path):
+    """A named folder that already holds a run is refused, so the demo's default name must not repeat."""
+    first = demo._new_name(str(tmp_path))
+    (tmp_path / first).mkdir()
+    second = demo._new_name(str(tmp_path))
+    assert second != first and second.startswith(first[: len("demo-YYYYmmdd-HH")])

@@ -21,11 +21,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _new_name(out: str) -> str:
+    """demo-<UTC time>, with a suffix where a demo of the same second has the folder (a named run folder that
+    already holds a run is refused)."""
+    from pathlib import Path
+
+    base = time.strftime("demo-%Y%m%d-%H%M%S", time.gmtime())
+    name, i = base, 1
+    while (Path(out) / name).exists():
+        name, i = f"{base}-{i}", i + 1
+    return name
+
+
 def run(args: argparse.Namespace) -> int:
     from vitlab.train import resolve_config, train
 
-    overrides = {"out_dir": args.out, "device": args.device, "quiet": args.quiet,
-                 "name": args.name or time.strftime("demo-%Y%m%d-%H%M%S", time.gmtime())}
+    overrides = {"out_dir": args.out, "device": args.device, "quiet": args.quiet, "name": args.name or _new_name(args.out)}
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     if args.threads is not None:
