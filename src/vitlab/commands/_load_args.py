@@ -23,6 +23,14 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
                         "(image_size=HxW: the size a non-square file was made for)")
 
 
+def model_folder_name(spec: str) -> str:
+    """A model argument as part of a default output folder's name (eval-<this>-test, inspect-<this>): its last
+    path part, with what a folder name should not hold (/, parentheses, commas) as dashes."""
+    from pathlib import Path
+
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(spec).name or spec)
+
+
 def parse_image_size(text: str) -> int | tuple[int, int]:
     """'384' -> 384; '384x512', '384,512' or [384, 512] -> (384, 512)."""
     if isinstance(text, int):

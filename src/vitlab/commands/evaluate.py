@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vitlab.commands._argtypes import THREADS_HELP, fraction, non_negative_float, positive_float, positive_int
 from vitlab.commands._engine_args import add_engine_arguments
-from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments
+from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, model_folder_name
 from vitlab.errors import VitlabError
 
 
@@ -216,8 +216,7 @@ def run(args: argparse.Namespace) -> int:
     elif loaded.source == "run":
         out = Path(args.model) / f"eval-{args.split}"
     else:
-        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(args.model).name or args.model)
-        out = Path(f"eval-{safe}-{args.split}")
+        out = Path(f"eval-{model_folder_name(args.model)}-{args.split}")
     res.info["model_description"] = loaded.description
     res.info["data"] = data.summary()
     res.info["runtime"] = runtime.to_dict()

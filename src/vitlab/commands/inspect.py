@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
 from vitlab.commands._engine_args import add_engine_arguments
-from vitlab.commands._load_args import WEIGHTS_HELP
+from vitlab.commands._load_args import WEIGHTS_HELP, model_folder_name
 from vitlab.errors import VitlabError
 
 if TYPE_CHECKING:
@@ -167,8 +167,7 @@ def run_defaults(args: argparse.Namespace) -> None:
     folder = Path(args.model)
     run = is_run_folder(folder)
     if args.out is None:
-        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in folder.name or args.model)
-        args.out = str(folder / "inspect") if run else f"inspect-{safe}"
+        args.out = str(folder / "inspect") if run else f"inspect-{model_folder_name(args.model)}"
     if run and not args.images and not args.data:
         args.data = _run_data_kwargs(read_run_config(folder)).get("data")
         if args.data and not args.quiet:
