@@ -26,11 +26,9 @@ def _new_name(out: str) -> str:
     already holds a run is refused)."""
     from pathlib import Path
 
-    base = time.strftime("demo-%Y%m%d-%H%M%S", time.gmtime())
-    name, i = base, 1
-    while (Path(out) / name).exists():
-        name, i = f"{base}-{i}", i + 1
-    return name
+    from vitlab.train.run_dir import unused_folder
+
+    return unused_folder(Path(out) / time.strftime("demo-%Y%m%d-%H%M%S", time.gmtime())).name
 
 
 def run(args: argparse.Namespace) -> int:

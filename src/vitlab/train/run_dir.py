@@ -29,7 +29,11 @@ def new_run_dir(cfg: TrainConfig) -> Path:
         return path
     data = Path(str(cfg.data).split(":")[0]).name.replace("/", "_") or "data"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = Path(cfg.out_dir) / f"{cfg.recipe}-{data}-{stamp}"
+    return unused_folder(Path(cfg.out_dir) / f"{cfg.recipe}-{data}-{stamp}")
+
+
+def unused_folder(base: Path) -> Path:
+    """`base`, or `base-1`, `base-2`, ... where it exists (runs started in the same second)."""
     path, i = base, 1
     while path.exists():
         path = Path(f"{base}-{i}")
