@@ -83,3 +83,26 @@ def test_compare_hf_vit_and_resnet_folders_end_to_end(tmp_path, capsys):
     md = (out / "compare.md").read_text()
     assert f"map: file {cmap}" in md and "zero-shot (mapped ImageNet head)" in md
     assert "zero-shot (mapped ImageNet head)" in printed and "train images/s" in printed
+
+
+def test_compare_looks_an_hf_name_up_once(tmp_path, monkeypatch, capsys):
+    """Each look-up of an `hf:` name asks the Hub whether the snapshot is fresh; the command's pre-flight check,
+    run_compare's check (for API callers) and the load must share one answer."""
+    from vitlab.weights import hub
+
+    folder = _hf_vit(tmp_path / "hf-vit")
+    real, asked = hub.resolve, []
+
+    def fake_resolve(text):
+        if str(text).startswith("hf:"):
+            asked.append(text)
+            return folder
+        return real(text)
+
+    monkeypatch.setattr(hub, "resolve", fake_resolve)
+    rc = main(["compare", "--data", "bundled", "--classes", FOOT, "--per-class", "8", "--models", "hf:org/tiny-vit",
+               "--epochs", "0.5", "--precision", "fp32", "--out", str(tmp_path / "cmp"), "--quiet"])
+    assert rc == 0
+    assert asked == ["hf:org/tiny-vit"]
+    summary = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert summary["models"][0]["source"] == "pretrained"

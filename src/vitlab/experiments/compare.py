@@ -55,6 +55,10 @@ class ModelSpec:
     name: str  # what the tables call it
     spec: str  # registry name (with overrides) or path
     weights: str | None = None
+    # set by check_model_specs: the local path the weights resolved to (None: a registry name), so that an
+    # hf: name is looked up once, not again in every check and at load (each look-up asks the Hub)
+    resolved: Path | None = field(default=None, repr=False, compare=False)
+    checked: bool = field(default=False, repr=False, compare=False)
 
 
 def parse_models(models: str, weights: str | None = None) -> list[ModelSpec]:
@@ -102,13 +106,18 @@ def check_model_specs(models: list[ModelSpec]) -> None:
     from vitlab.models.registry import get_config
 
     for ms in models:
+        if ms.checked:
+            continue
         try:
-            if (weights_path(ms.weights) if ms.weights else weights_path(ms.spec)) is not None:
+            path = weights_path(ms.weights) if ms.weights else weights_path(ms.spec)
+            if path is not None:
+                ms.resolved, ms.checked = path, True
                 continue
             if "(" in ms.spec and not ms.spec.rstrip().endswith(")"):
                 raise VitlabError("the overrides have no closing ')'; write NAME(key=value,...)")
             name, args = parse_model_spec(ms.spec)
             get_config(name, **args)
+            ms.checked = True
         except VitlabError as exc:
             raise VitlabError(f"--models entry {ms.spec!r}: {exc}") from None
 
@@ -122,7 +131,10 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
     from vitlab.data import Preprocess
     from vitlab.evaluate.loading import fit_image_size, load_for_eval, weights_path
 
-    path = weights_path(ms.weights) if ms.weights else weights_path(ms.spec)
+    if ms.checked:
+        path = ms.resolved
+    else:
+        path = weights_path(ms.weights) if ms.weights else weights_path(ms.spec)
     if ms.weights and path is None:
         raise VitlabError(f"--weights {ms.weights!r} for {ms.name}: no such file or folder, and not an official "
                           "checkpoint name (e.g. ViT-B_16.npz) or hf:ORG/NAME")
