@@ -119,3 +119,55 @@ def test_official_names_and_run_folders_resolve(tmp_path, monkeypatch):
     rows = json.loads((out / "compare.json").read_text())["models"]
     assert [x["source"] for x in rows] == ["vitlab run", "vitlab run"]
     assert all(x["zero_shot_label"] == "trained head" for x in rows)  # the run's head knows the classes
+
+
+def test_a_model_cut_short_resumes_its_finetuning_exactly(tmp_path, monkeypatch, capsys):
+    """Killed after the fine-tuning's first checkpoint, the model resumes from it on the rerun (not from step 0)
+    and ends with the numbers of a run never cut short; other settings start that model over."""
+    from vitlab.train.loop import TrainingRun
+
+    budget = ["--epochs", "2"]  # a checkpoint at the end of epoch 1, then the kill
+    real_save, saved = TrainingRun.save_checkpoint, []
+
+    def save_then_kill(self, *args, **kwargs):
+        real_save(self, *args, **kwargs)
+        saved.append(self.progress.global_step)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TrainingRun, "save_checkpoint", save_then_kill)
+    out = tmp_path / "cut"
+    assert _compare(out, TINY, *budget) == 130
+    monkeypatch.setattr(TrainingRun, "save_checkpoint", real_save)
+    first_ckpt = saved[0]
+    assert first_ckpt > 0 and not (out / cmp._safe(TINY) / "result.json").exists()
+
+    capsys.readouterr()
+    resumed_steps: list[int] = []
+    real_restore = TrainingRun.restore
+
+    def restore(self, state):
+        resumed_steps.append(state["global_step"])
+        return real_restore(self, state)
+
+    monkeypatch.setattr(TrainingRun, "restore", restore)
+    assert _compare(out, TINY, *budget) == 0
+    assert resumed_steps == [first_ckpt]
+    assert "resuming its fine-tuning from" in capsys.readouterr().out
+    assert _compare(tmp_path / "whole", TINY, *budget) == 0  # the same study, never cut short
+    assert resumed_steps == [first_ckpt]
+
+    def numbers(folder):
+        r = json.loads((folder / "compare.json").read_text())["models"][0]
+        history = [{k: v for k, v in h.items() if k not in ("time_s", "images_per_s")} for h in r["history"]]
+        return r["fine_tuned"]["head"], r["fine_tuned_correct"], history
+
+    assert numbers(out) == numbers(tmp_path / "whole")
+
+    # cut short again, then rerun with another learning rate: that model starts over
+    monkeypatch.setattr(TrainingRun, "save_checkpoint", save_then_kill)
+    shutil.rmtree(out)
+    assert _compare(out, TINY, *budget) == 130
+    monkeypatch.setattr(TrainingRun, "save_checkpoint", real_save)
+    resumed_steps.clear()
+    assert _compare(out, TINY, *budget, "--lr", "1e-2") == 0
+    assert resumed_steps == []

@@ -9,7 +9,9 @@ model with the same code and preprocessing. Every model sees the same data, orde
 
 The study always finishes: a model that fails (bad weights, NaN, OOM, ...) becomes a row saying why
 and the others go on. It resumes: each finished model stores `<out>/<model>/result.json` with the
-settings it ran with; the same command with the same --out reuses those and redoes only the rest.
+settings it ran with; the same command with the same --out reuses those and redoes only the rest. A model
+cut short mid fine-tuning resumes that run from its last checkpoint (epoch ends and every 200 steps) when
+its attempt ran with the same settings (`<out>/<model>/attempt.json`); its evaluations are redone.
 The validation curves start at epoch 0, the zero-shot evaluation on the validation split.
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,7 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
 
 
 RESULT_FILE = "result.json"
+ATTEMPT_FILE = "attempt.json"  # the settings of the attempt under way (a killed one resumes only with the same)
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 _STAGE_DIRS = ("zero-shot", "fine-tuned", "finetune", RESULT_FILE, "error.txt")  # what one model attempt writes
@@ -263,13 +265,22 @@ def compare_one(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, da
     """One model's row: computed and stored in `mdir/result.json`, or a failure record saying why."""
     import shutil
 
-    for name in _STAGE_DIRS:  # an unfinished earlier attempt is redone from scratch
+    # an unfinished earlier attempt with the same settings resumes its fine-tuning from the last checkpoint
+    # (exactly: the run's own resume); anything else it left is redone
+    resumable = _resumable_finetune(mdir, wanted)
+    for name in _STAGE_DIRS:
         stale = mdir / name
+        if resumable is not None and stale == resumable:
+            continue
         if stale.is_dir():
             shutil.rmtree(stale)
         elif stale.exists():
             stale.unlink()
-    if not st.quiet:
+    mdir.mkdir(parents=True, exist_ok=True)
+    (mdir / ATTEMPT_FILE).write_text(json.dumps(wanted, indent=2))
+    if resumable is not None:  # said even with --quiet: the run goes on from a checkpoint, not from the start
+        print(f"=== {ms.name}: resuming its fine-tuning from {resumable / 'checkpoints'} ===", flush=True)
+    elif not st.quiet:
         print(f"=== {ms.name} ===", flush=True)
     stage = ["loading"]
     try:
@@ -281,6 +292,24 @@ def compare_one(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, da
     tmp.write_text(json.dumps(record, indent=2))
     tmp.replace(mdir / RESULT_FILE)
     return record
+
+
+def _finetune_checkpoints(run: Path) -> list[Path]:
+    ckpts = run / "checkpoints"
+    return sorted(ckpts.glob("step-*.pt")) if ckpts.is_dir() else []
+
+
+def _resumable_finetune(mdir: Path, wanted: dict) -> Path | None:
+    """The fine-tuning run an interrupted attempt left, if it has a checkpoint and the attempt ran with the
+    settings wanted now (`attempt.json`); None: the model starts from the beginning."""
+    run = mdir / "finetune"
+    if not _finetune_checkpoints(run):
+        return None
+    try:
+        earlier = json.loads((mdir / ATTEMPT_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return run if earlier == wanted else None
 
 
 def _failure(ms: ModelSpec, mdir: Path, stage: str, exc: BaseException) -> dict:
@@ -354,13 +383,14 @@ def _finetune(model, lm, zs, ms: ModelSpec, data, st: CompareSettings, pre, sour
         warmup_steps=st.warmup_steps, warmup_epochs=0.0, grad_clip=st.grad_clip, label_smoothing=0.0,
         zero_head=not keep_head, mean=list(pre.mean), std=list(pre.std),
         inception_crop=st.augment, hflip=st.augment, precision=st.precision, device=st.device,
-        seed=st.seed, quiet=st.quiet, ckpt_every=0, keep_last=1, eval_every=1,
+        seed=st.seed, quiet=st.quiet, ckpt_every=200, keep_last=1, eval_every=1,
     )
     overrides.update(st.train_overrides)
+    if _finetune_checkpoints(mdir / "finetune"):  # left by an interrupted attempt with these settings
+        overrides["resume"] = str(mdir / "finetune")
     cfg = resolve_config("finetune", overrides=overrides)
-    t0 = time.perf_counter()
     tr = train(cfg, model=model, data=data)
-    return tr, time.perf_counter() - t0
+    return tr, tr.wall_time_s  # a resumed run's time includes its earlier segments
 
 
 def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, data_args: dict | None,
