@@ -180,3 +180,11 @@ def test_peer_names_reach_the_right_family():
     bit = get_config("resnetv2_152x2_bit").resnet
     assert (bit.kind, bit.layers, bit.width_factor) == ("bit", (3, 8, 36, 3), 2)
     assert get_config("BiT-M-R50x1").resnet == get_config("bit-r50x1").resnet
+
+
+@pytest.mark.parametrize("name", ["resnet-18", "bit-r50x1", "bit-r50x1-postact"])
+def test_return_attention_on_a_cnn_says_why_in_one_line(name):
+    model = create_model(name, num_classes=3, image_size=32).eval()
+    with pytest.raises(VitlabError, match="convolutional network and has no attention maps"):
+        model(torch.zeros(1, 3, 32, 32), return_attention=True)
+    assert model(torch.zeros(1, 3, 32, 32), return_attention=False).shape == (1, 3)

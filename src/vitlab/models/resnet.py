@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
 
 
@@ -193,7 +194,10 @@ class PooledClassifier:
         pooled = features.mean(dim=(2, 3))  # = AdaptiveAvgPool2d(1) + flatten
         return pooled if pre_logits else self.head(pooled)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> torch.Tensor:
+        if return_attention:  # the ViT's keyword: say why it has no answer here instead of Python's TypeError
+            raise VitlabError(f"{self.config.name} is a convolutional network and has no attention maps; "
+                              "return_attention=True is for ViT and hybrid models")
         return self.forward_head(self.forward_features(x))
 
     def set_image_size(self, image_size: int | tuple[int, int]) -> None:
