@@ -161,3 +161,24 @@ def test_bars_redraw_rarely_into_a_file_or_a_pipe(monkeypatch, tmp_path):
             assert bar.mininterval == 30.0
         monkeypatch.setattr(log, "isatty", lambda: True, raising=False)
         assert progress.redraw_seconds() == progress.MININTERVAL == 0.5
+
+
+@pytest.mark.parametrize("leave", [False, True])
+def test_a_bar_into_a_log_writes_whole_lines(monkeypatch, leave):
+    """Where stderr is a file or a pipe, each redraw is a line of its own: no carriage returns, no line of blanks
+    where a finished bar was erased, and what is printed after the bar starts on a line of its own."""
+    import io
+    import sys
+
+    from vitlab.progress import progress_bar
+
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    for _ in progress_bar(range(3), desc="work", unit="item", leave=leave):
+        pass
+    print("next line", file=sys.stderr)
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert lines[-1] == "next line" and all(line.strip() for line in lines)
+    assert all(line.startswith("work: ") for line in lines[:-1]) and "3/3 item" in lines[-2]

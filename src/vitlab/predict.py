@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.progress import redraw_seconds
+from vitlab.progress import bar_options
 
 
 @dataclass
@@ -189,7 +189,7 @@ def predict_files(
         return pre(open_image(path))
 
     for path, tensor in tqdm(prefetched(files, read, ahead=2 * batch_size), total=len(files), desc="predict",
-                             unit="img", disable=not progress, mininterval=redraw_seconds()):
+                             unit="img", disable=not progress, **bar_options()):
         try:
             x = tensor.result()
         except VitlabError as exc:

@@ -2,8 +2,9 @@
 
 The convention is training's: a bar is shown unless the command runs with `--quiet` (`enabled=False`);
 it always goes to stderr so stdout stays the command's result. tqdm is imported lazily (fast CLI start).
-Every bar of vitlab redraws at `redraw_seconds()`: twice a second on a terminal, every 30 s into a log file or a
-pipe, where each redraw is kept (a day-long training run redrawn 10 times a second would write megabytes of them).
+Every bar of vitlab takes `bar_options()`: redrawn twice a second on a terminal; into a log file or a pipe, every
+30 s (each redraw is kept there: a day-long training run redrawn 10 times a second would write megabytes of them)
+and as a line of its own, without the carriage returns that draw over a terminal's line.
 """
 
 from __future__ import annotations
@@ -19,11 +20,42 @@ BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} {unit} [{ela
 
 def redraw_seconds() -> float:
     """How often a bar may redraw: MININTERVAL on a terminal, LOG_MININTERVAL where stderr is a file or a pipe."""
+    return MININTERVAL if _is_terminal() else LOG_MININTERVAL
+
+
+def _is_terminal() -> bool:
     try:
-        terminal = sys.stderr.isatty()
+        return sys.stderr.isatty()
     except (AttributeError, ValueError):  # replaced or closed stderr
-        terminal = False
-    return MININTERVAL if terminal else LOG_MININTERVAL
+        return False
+
+
+class _LogLines:
+    """stderr as a bar sees it where stderr is a log file or a pipe: each redraw becomes a line of its own.
+
+    On a terminal tqdm redraws over one line with carriage returns; a log keeps them all as one long line of
+    fragments, and the blanks that erase a finished bar as a line of spaces. Here each redraw is written as a
+    line, and a write with nothing but spaces and line ends (the erase, the final newline) is dropped."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        line = text.replace("\r", "").rstrip()
+        if line:
+            self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def bar_options() -> dict[str, Any]:
+    """tqdm's `file` and `mininterval` for every bar of vitlab: stderr, redrawn twice a second on a terminal;
+    one line per redraw, every 30 s, into a log file or a pipe."""
+    terminal = _is_terminal()
+    return {"file": sys.stderr if terminal else _LogLines(sys.stderr),
+            "mininterval": MININTERVAL if terminal else LOG_MININTERVAL}
 
 
 def progress_bar(iterable: Iterable | None = None, *, desc: str, unit: str, total: int | None = None,
@@ -33,5 +65,5 @@ def progress_bar(iterable: Iterable | None = None, *, desc: str, unit: str, tota
 
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)  # type: ignore[arg-type]
-    return tqdm(iterable, desc=desc, unit=unit, total=total, disable=not enabled, leave=leave, file=sys.stderr,
-                dynamic_ncols=True, bar_format=BAR_FORMAT, mininterval=redraw_seconds())
+    return tqdm(iterable, desc=desc, unit=unit, total=total, disable=not enabled, leave=leave, dynamic_ncols=True,
+                bar_format=BAR_FORMAT, **bar_options())

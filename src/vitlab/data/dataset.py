@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from vitlab.data.images import BadImageError, one_line, open_image, pil_to_tensor, resize_shorter_center_crop
 from vitlab.errors import VitlabError
-from vitlab.progress import redraw_seconds
+from vitlab.progress import bar_options
 
 
 def _as_labels(labels) -> torch.Tensor:
@@ -172,7 +172,7 @@ class FileImageDataset(ImageDataset):
         with ThreadPoolExecutor(threads) as pool:  # Pillow releases the GIL while decoding
             it = pool.map(work, range(n), chunksize=64)
             for res in tqdm(it, total=n, desc=f"{desc} {self.name or 'images'}", unit="img",
-                            disable=not progress or n < 500, leave=False, mininterval=redraw_seconds()):
+                            disable=not progress or n < 500, leave=False, **bar_options()):
                 if res is not None:
                     skipped.append(res)
         return skipped

@@ -22,7 +22,7 @@ import numpy as np
 from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import BadImageError, check_image_header, is_image_file
 from vitlab.errors import VitlabError
-from vitlab.progress import redraw_seconds
+from vitlab.progress import bar_options
 
 SPLIT_FOLDERS = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test", "testing")}
 GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -47,7 +47,7 @@ def scan_headers(paths: Sequence[str], progress: bool = True) -> tuple[list[tupl
     with ThreadPoolExecutor(min(8, (os.cpu_count() or 2) * 2)) as pool:
         for info, bad in tqdm(pool.map(one, paths, chunksize=32), total=len(paths), desc="checking images",
                               unit="file", disable=not progress or len(paths) < 2000, leave=False,
-                              mininterval=redraw_seconds()):
+                              **bar_options()):
             infos.append(info)
             if bad:
                 skipped.append(bad)

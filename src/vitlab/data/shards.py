@@ -32,7 +32,7 @@ from vitlab.data.images import (
     resize_shorter_center_crop,
 )
 from vitlab.errors import VitlabError
-from vitlab.progress import redraw_seconds
+from vitlab.progress import bar_options
 
 IMAGE_EXTS = tuple(e.lstrip(".") for e in IMAGE_EXTENSIONS)
 LABEL_EXTS = ("cls", "cls2", "class", "label", "target")  # the class index (or name) as text
@@ -310,7 +310,7 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
         for path, (samples, labels, bad) in tqdm(zip(all_shards, scans), total=len(all_shards), leave=False,
                                                  desc="reading shard headers", unit="shard",
                                                  disable=not progress or len(all_shards) < 20,
-                                                 mininterval=redraw_seconds()):
+                                                 **bar_options()):
             found[path] = (samples, labels)
             skipped.extend(bad)
     raw = [x for s, _ in found.values() for x in _]
@@ -596,7 +596,7 @@ def write_shards(splits: DataSplits, out: str | os.PathLike, shard_size: int, *,
     total = sum(len(v) for v in splits.splits().values())
     result = {}
     with tqdm(total=total, desc=f"writing shards to {out}", unit="img", disable=not progress, leave=False,
-              mininterval=redraw_seconds()) as bar, \
+              **bar_options()) as bar, \
             ThreadPoolExecutor(min(8, os.cpu_count() or 2)) as pool:  # Pillow and zlib release the GIL
         for split, ds in splits.splits().items():
             writer = ShardWriter(out, split, shard_size)

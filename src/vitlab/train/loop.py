@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
-from vitlab.progress import redraw_seconds
+from vitlab.progress import bar_options
 from vitlab.runtime import auto_threads, resolve_device, tune_cpu_allocator  # one policy for every command
 from vitlab.train import distributed as D
 from vitlab.train.checkpoint import (
@@ -434,7 +434,7 @@ class TrainingRun:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=self.plan.total_steps, initial=self.progress.global_step, unit="step",
-                            dynamic_ncols=True, file=sys.stderr, mininterval=redraw_seconds())
+                            dynamic_ncols=True, **bar_options())
         self.last_log = (time.perf_counter(), self.progress.train_images)
         set_train_mode(self.forward_model, self.cfg.batchnorm)
         self.stop.listen()  # from here on a first Ctrl-C / SIGTERM ends the run at the next step boundary

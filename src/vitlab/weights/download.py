@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from vitlab.errors import VitlabError
-from vitlab.progress import redraw_seconds
+from vitlab.progress import bar_options
 
 CHUNK = 1 << 20
 
@@ -153,7 +153,7 @@ def _copy(response, part: Path, mode: str, have: int, total: int | None, progres
 
     with open(part, mode) as out, tqdm(total=total, initial=have, unit="B", unit_scale=True, leave=False,
                                        desc=part.name.removesuffix(".part"), disable=not progress,
-                                       mininterval=redraw_seconds()) as bar:
+                                       **bar_options()) as bar:
         while True:
             try:
                 block = response.read(CHUNK)
