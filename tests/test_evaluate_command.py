@@ -135,3 +135,20 @@ def test_choose_head_mode():
     assert choose_head_mode(m3, ["a", "b", "q"], ["a", "b", "c"]) == ("fresh", None)
     assert choose_head_mode(m3, ["a", "b"], None) == ("fresh", None)
     assert choose_head_mode(m3, ["a", "b", "c"], None, head="fresh") == ("fresh", None)
+
+
+def test_skipped_files_are_counted_once_and_listed(tmp_path, capsys):
+    from PIL import Image
+
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(np.full((28, 28), 40 * i, np.uint8)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    (tmp_path / "imgs" / "a" / "bad.png").write_bytes(b"not a png")
+    out = tmp_path / "ev"
+    spec = "custom(dim=32,depth=1,heads=2,mlp_dim=64,patch_size=7)"
+    assert main(["evaluate", spec, "--data", str(tmp_path / "imgs"), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("data: skipped 1 file (not an image: 1)") == 1
+    assert f"data: the skipped files are listed in {out / 'skipped_files.txt'}" in err
+    assert (out / "skipped_files.txt").read_text().startswith(str(tmp_path / "imgs" / "a" / "bad.png"))

@@ -226,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "skipped_files.txt").unlink(missing_ok=True)  # an earlier evaluation's list, if this one skips none
     line = write_skipped(data, out)  # load-time skips and training files that failed while streaming
     if data.all_skipped() and not quiet:
+        if len(data.all_skipped()) == len(data.skipped):  # the load already said how many and why
+            line = f"data: the skipped files are listed in {out / 'skipped_files.txt'}"
         print(line, file=sys.stderr)
     print(rows_markdown(res.rows))
     if not quiet:
