@@ -118,7 +118,7 @@ PROBES = [
     ("predict-no-arguments", ["predict"], "the following arguments are required"),
     # compare: checked before its output folder exists
     ("compare-epochs-negative", ["compare", "--data", "bundled", "--models", "custom", "--epochs", "-1",
-                                 "--out", "{tmp}/cmp"], "epochs must be >= 0"),
+                                 "--out", "{tmp}/cmp"], "argument --epochs: expected a number > 0, got -1"),
     ("compare-set-lr-abc", ["compare", "--data", "bundled", "--models", "custom", "--set", "lr=abc",
                             "--out", "{tmp}/cmp"], "lr must be a finite number"),
     ("compare-set-unknown", ["compare", "--data", "bundled", "--models", "custom", "--set", "nosuchfield=1",
@@ -126,11 +126,14 @@ PROBES = [
     ("compare-batch-0", ["compare", "--data", "bundled", "--models", "custom", "--batch-size", "0",
                          "--out", "{tmp}/cmp"], "batch_size must be >= 1"),
     # studies: checked before the study folder exists
-    ("study-scaling-lr-0", ["study", "scaling", "--lr", "0", "--out", "{tmp}/st"], "lr must be > 0"),
+    ("study-scaling-lr-0", ["study", "scaling", "--lr", "0", "--out", "{tmp}/st"],
+     "argument --lr: expected a number > 0, got 0"),
     ("study-scaling-seeds-0", ["study", "scaling", "--seeds", "0", "--out", "{tmp}/st"], "--seeds"),
     ("study-scaling-val-0", ["study", "scaling", "--val-fraction", "0", "--out", "{tmp}/st"], "--val-fraction"),
     ("study-transfer-epochs", ["study", "transfer", "--pretrain-epochs", "-1", "--out", "{tmp}/st"],
-     "pre-training"),
+     "argument --pretrain-epochs: expected a number > 0, got -1"),
+    ("compare-epochs-0", ["compare", "--data", "bundled", "--models", "custom", "--epochs", "0",
+                          "--out", "{tmp}/cmp"], "argument --epochs: expected a number > 0, got 0"),
     ("study-transfer-per-class-0", ["study", "transfer", "--per-class", "0", "--out", "{tmp}/st"], "--per-class"),
     # demo, inspect, export, data
     ("demo-threads-0", ["demo", "--threads", "0", "--out", "{tmp}/runs"], "threads must be >= 1"),

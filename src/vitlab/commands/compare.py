@@ -8,7 +8,7 @@ import shlex
 import time
 from pathlib import Path
 
-from vitlab.commands._argtypes import positive_int
+from vitlab.commands._argtypes import positive_float, positive_int
 from vitlab.commands.evaluate import (
     add_data_args,
     add_frozen_args,
@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(p, required=True)
     p.add_argument("--models", required=True, help="comma-separated, e.g. vit-b/16,resnet-50,resnet-152")
     p.add_argument("--weights", help="one per model, comma-separated; '-' or 'none' = from scratch (e.g. --weights=vit.npz,-,- or --weights vit.npz,none,none)")
-    p.add_argument("--epochs", type=float, default=3, help="fine-tuning epochs (default 3)")
-    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    p.add_argument("--epochs", type=positive_float, default=3, help="fine-tuning epochs (default 3)")
+    p.add_argument("--lr", type=positive_float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument("--batch-size", type=int, default=16, help="batch size (default 16)")
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"], help="default adamw")
     p.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")

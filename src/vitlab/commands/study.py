@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from vitlab.commands._argtypes import fraction, non_negative_float, positive_float, positive_int
+
 
 def _names(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
@@ -31,16 +33,6 @@ def _check_positive(flag: str, values: list[int]) -> None:
         from vitlab.errors import VitlabError
 
         raise VitlabError(f"{flag} must be positive whole numbers, got {','.join(map(str, values))}")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
 
 
 def _check_training(what: str, recipe: str, overrides: dict) -> None:
@@ -79,10 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="vit, hybrid, resnet (the study's ~0.4 M-parameter families) or registry specs "
                         "such as 'resnet-26-small(base_width=16)' (default vit,hybrid,resnet)")
     t.add_argument("--per-class", type=_ints, default=d.per_class, help="downstream sizes (default 10,100,1000)")
-    t.add_argument("--pretrain-epochs", type=float, default=d.pretrain_epochs)
-    t.add_argument("--pretrain-lr", type=float, default=d.pretrain_lr)
-    t.add_argument("--finetune-lr", type=float, default=d.finetune_lr)
-    t.add_argument("--finetune-epochs", type=float, default=d.finetune_epochs)
+    t.add_argument("--pretrain-epochs", type=positive_float, default=d.pretrain_epochs)
+    t.add_argument("--pretrain-lr", type=positive_float, default=d.pretrain_lr)
+    t.add_argument("--finetune-lr", type=positive_float, default=d.finetune_lr)
+    t.add_argument("--finetune-epochs", type=non_negative_float, default=d.finetune_epochs)
     t.add_argument("--finetune-min-steps", type=int, default=d.finetune_min_steps)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", default="study-transfer", help="study folder (default study-transfer)")
@@ -135,18 +127,18 @@ def _register_scaling(studies: argparse._SubParsersAction) -> None:
     s.add_argument("--sizes", type=_ints, default=d.sizes,
                    help="training-set sizes; one above the images left after the validation split means "
                         "all of them (default 1000,3000,10000,30000,60000)")
-    s.add_argument("--seeds", type=_positive_int, default=d.seeds, help="seeds at the small sizes (default 3)")
+    s.add_argument("--seeds", type=positive_int, default=d.seeds, help="seeds at the small sizes (default 3)")
     s.add_argument("--multi-seed-max", type=int, default=d.multi_seed_max,
                    help="sizes up to this get --seeds seeds, larger ones one (default 10000)")
-    s.add_argument("--min-epochs", type=float, default=d.min_epochs,
+    s.add_argument("--min-epochs", type=non_negative_float, default=d.min_epochs,
                    help="budget: at least this many epochs (default 5)")
-    s.add_argument("--min-steps", type=_positive_int, default=d.min_steps,
+    s.add_argument("--min-steps", type=positive_int, default=d.min_steps,
                    help="budget: at least this many optimizer steps (default 500)")
-    s.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="default 128")
-    s.add_argument("--lr", type=float, default=d.lr, help="AdamW peak learning rate (default 2e-3)")
-    s.add_argument("--val-fraction", type=float, default=d.val_fraction,
+    s.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="default 128")
+    s.add_argument("--lr", type=positive_float, default=d.lr, help="AdamW peak learning rate (default 2e-3)")
+    s.add_argument("--val-fraction", type=fraction, default=d.val_fraction,
                    help="validation split carved out of the training data first (default 0.1)")
-    s.add_argument("--evals", type=_positive_int, default=d.evals, help="validation passes per run, about (default 8)")
+    s.add_argument("--evals", type=positive_int, default=d.evals, help="validation passes per run, about (default 8)")
     s.add_argument("--seed", type=int, default=d.seed, help="validation split seed and first run seed (default 0)")
     s.add_argument("--out", default="study-scaling", help="study folder (default study-scaling)")
     s.add_argument("--quiet", action="store_true",
