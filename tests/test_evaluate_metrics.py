@@ -151,3 +151,14 @@ def test_mcnemar_exact_for_any_number_of_discordant_pairs(b, c):
         t = mcnemar(a_right, b_right)
         assert (t["only_a"], t["only_b"]) == (b, c)
         assert t["p_value"] == pytest.approx(expected, rel=1e-8, abs=1e-300)
+
+
+@pytest.mark.parametrize("name, lines", [
+    ("vit-b/16", ["vit-b/16"]),
+    ("custom(dim=16,depth=1,heads=2,mlp_dim=32)", ["custom(dim=16,", "depth=1,heads=2,", "mlp_dim=32)"]),
+    ("hf:google/vit-base-patch16-224-in21k", ["hf:google/", "vit-base-patch16-224-in21k"]),
+])
+def test_bar_labels_break_between_parts_never_inside_one(name, lines):
+    from vitlab.evaluate.plots import wrap_label
+
+    assert wrap_label(name).split("\n") == lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -80,6 +81,18 @@ def plot_lines(
     return _save(fig, path)
 
 
+def wrap_label(name: str, width: int = 16) -> str:
+    """A model name on lines of about `width` characters, broken only after a space, ',', '(' or '/'
+    (`custom(dim=32,depth=1)`, `vit-b/16`): a part that does not fit stays whole rather than split mid-word."""
+    lines: list[str] = []
+    for part in re.split(r"(?<=[ ,(/])", name):
+        if lines and len(lines[-1]) + len(part) <= width:
+            lines[-1] += part
+        elif part:
+            lines.append(part)
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def plot_bars(
     values: Mapping[str, float],
     path: str | Path,
@@ -91,12 +104,10 @@ def plot_bars(
     names = list(values)
     vals = [float(values[n]) for n in names]
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 4.2))
-    import textwrap
-
     colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(names))]  # the same colours as the line plots
     bars = ax.bar(range(len(names)), vals, color=colors)
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([textwrap.fill(n, 16) for n in names], rotation=20 if len(names) > 3 else 0, fontsize=8)
+    ax.set_xticklabels([wrap_label(n) for n in names], rotation=20 if len(names) > 3 else 0, fontsize=8)
     for b, v in zip(bars, vals):
         ax.annotate(fmt.format(v), (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=9)

@@ -218,7 +218,9 @@ def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
         "Columns: *fresh head* = the pre-trained backbone with a new untrained head (chance by construction, "
         "not transfer); *kNN* and *few-shot ridge* = frozen pre-trained features, no backbone training "
         "(the analogue of zero-shot here: the upstream head has none of the downstream classes); *fine-tuned* = the "
-        "whole model trained on the downstream images. Accuracy and macro-F1 in %, 95 % Wilson intervals.", "",
+        "whole model trained on the downstream images. Accuracy and macro-F1 in %, 95 % Wilson intervals. "
+        f"*Parameters*: the pre-trained model, its {len(st.upstream_classes)}-class upstream head included (the "
+        f"fine-tuned model swaps it for a {len(st.downstream_classes)}-class one).", "",
         "| model | parameters | GMACs/image | upstream test acc % | pre-train s | images/class | fresh head % "
         "| kNN acc % (F1) | few-shot ridge acc % (F1) | fine-tuned acc % | 95 % CI | fine-tuned F1 % | fine-tune s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
