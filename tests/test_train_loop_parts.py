@@ -192,3 +192,26 @@ def test_stop_interrupted_names_the_resume_command(tmp_path, capsys):
         loop.stop_interrupted(cfg_of(), ns, ckpts, "SIGTERM", 4, None)
     err = capsys.readouterr().err
     assert "stopped by SIGTERM after step 4" in err and f"vitlab train --resume {tmp_path / 'run'}" in err
+
+
+def test_a_new_head_is_announced(tmp_path, capsys):
+    """Fine-tuning's zero head, and a given model's head replaced for other classes, each get one line; a run
+    that keeps its head, or resumes, gets none."""
+    from vitlab.models import create_model
+    from vitlab.train import train
+    from vitlab.train.setup import new_head_note
+
+    tiny = dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7, image_size=28, in_chans=1)
+    model = create_model("custom", num_classes=10, **tiny)
+    cfg = resolve_config("finetune", overrides={"weights": "w"})
+    assert new_head_note(model, cfg, 10, 3) == "head: new, zero-initialised, 3 classes (fine-tuning, paper B.1.1)"
+    cfg = resolve_config("small-data")
+    assert new_head_note(model, cfg, 10, 3) == "head: new, zero-initialised, 3 classes (the model's head had 10)"
+    assert new_head_note(model, cfg, 3, 3) is None
+
+    data = dict(data="bundled", classes=["Sandal", "Sneaker", "Ankle boot"], per_class=4, steps=1, batch_size=6,
+                out_dir=str(tmp_path), precision="fp32", quiet=True)
+    train(resolve_config("small-data", overrides={**data, "name": "a"}), model=model)
+    assert "vitlab: head: new, zero-initialised, 3 classes (the model's head had 10)" in capsys.readouterr().out
+    train(resolve_config("small-data", overrides={**data, "name": "b"}), model=model)
+    assert "head: new" not in capsys.readouterr().out

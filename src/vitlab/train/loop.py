@@ -59,6 +59,7 @@ from vitlab.train.setup import (
     convert_sync_batchnorm,
     init_head,
     load_splits,
+    new_head_note,
     plan_steps,
     prepare_given_model,
     run_precision,
@@ -273,11 +274,13 @@ class TrainingRun:
         self.data = data
         self.class_names = list(data.class_names)
         preprocess = None
+        given_classes = getattr(getattr(model, "config", None), "num_classes", None)
         if model is None:
             model, preprocess = build_model_for(cfg, data)
         else:
             model = prepare_given_model(model, len(self.class_names), cfg)
         init_head(model, cfg)
+        self.head_note = new_head_note(model, cfg, given_classes, len(self.class_names))
         self.model_config = getattr(model, "config", None)
         self.tcfg, self.train_tf, self.eval_tf, self.image_size = build_transforms(cfg, model, data, preprocess,
                                                                                    self.device)
@@ -380,6 +383,8 @@ class TrainingRun:
               f"{f' x {world} processes' if world > 1 else ''}; batch {cfg.batch_size} = {plan.micro} x {world} x "
               f"{plan.accum} accumulation; {plan.total_steps} steps ({plan.steps_per_epoch}/epoch), warm-up "
               f"{plan.warmup}")
+        if self.head_note and not resumed:  # a resumed run's head is the checkpoint's
+            print(f"vitlab: {self.head_note}")
         notice = warmup_notice(cfg, plan)
         if notice:
             print(notice, file=sys.stderr)

@@ -126,6 +126,18 @@ def init_head(model: nn.Module, cfg: TrainConfig) -> None:
             head.bias.zero_()
 
 
+def new_head_note(model: nn.Module, cfg: TrainConfig, given_classes: int | None, num_classes: int) -> str | None:
+    """The line that says the head the run starts from is new (fine-tuning's zero head, or a given model's head
+    replaced for other classes), so that nobody takes the weights' own head to be the one trained on."""
+    if not isinstance(getattr(model, "head", None), nn.Linear):
+        return None
+    if cfg.weights and cfg.zero_head:
+        return f"head: new, zero-initialised, {num_classes} classes (fine-tuning, paper B.1.1)"
+    if given_classes is not None and given_classes != num_classes:
+        return f"head: new, zero-initialised, {num_classes} classes (the model's head had {given_classes})"
+    return None
+
+
 def build_transforms(cfg: TrainConfig, model: nn.Module, data, preprocess, device: torch.device):
     """The train and eval transforms for this model and data: (tcfg, train_tf, eval_tf, image_size). Fills in
     cfg.image_size and, when fine-tuning, cfg.mean / cfg.std from the weights' preprocessing (recorded)."""
