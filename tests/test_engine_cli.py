@@ -45,6 +45,12 @@ def _predict_json(capsys, *argv) -> list[dict]:
     return json.loads(capsys.readouterr().out)
 
 
+def _predict_err(capsys, *argv) -> tuple[list[dict], str]:
+    assert main(["predict", *argv, "--format", "json", "--top-k", "1"]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
 def test_predict_engines_agree_with_torch(model_dir, images, capsys):
     on_cpu = ("--device", "cpu")  # on a GPU machine `auto` runs torch on the GPU and times nothing
     ref = _predict_json(capsys, str(model_dir), str(images), "--engine", "torch", *on_cpu)
@@ -121,3 +127,35 @@ def test_engines_other_than_torch_refuse_a_gpu_in_one_line():
     args.engine = "auto"  # auto on a GPU: the torch model, as before
     assert engine_for(args, None, source=None, preprocess=None, batch_size=1, device=torch.device("cuda"),
                       command="predict") is None
+
+
+def test_auto_never_runs_a_cached_graph_it_did_not_build(model_dir, images, tmp_path, capsys):
+    """A graph in MODEL/engines/ that vitlab did not write there (edited, or brought by a copied folder) is rebuilt,
+    never run: `auto` reuses its cached pick without comparing the graph with the weights."""
+    import vitlab
+    from vitlab.engine.ort import build_fp32
+
+    on_cpu = ("--device", "cpu", "--engine", "auto")
+    ref = _predict_json(capsys, str(model_dir), str(images), "--engine", "torch", "--device", "cpu")
+    _predict_json(capsys, str(model_dir), str(images), *on_cpu)
+    folder = next((model_dir / "engines").iterdir())
+    choices = json.loads((folder / "choices.json").read_text())
+    for entry in choices.values():  # whatever was faster here, the next call takes the ONNX Runtime graph
+        entry["picked"] = "onnxruntime"
+    (folder / "choices.json").write_text(json.dumps(choices))
+    assert "building" not in _predict_err(capsys, str(model_dir), str(images), *on_cpu)[1]  # its own, unchanged
+
+    other = vitlab.load(model_dir)
+    with torch.no_grad():
+        other.head.bias[0] += 20  # the graph of another model, put in place of this one's
+    (tmp_path / "evil").mkdir()
+    shutil.copy(build_fp32(other.eval(), tmp_path / "evil", tuple(other.config.image_size)), folder / "fp32.onnx")
+    out, err = _predict_err(capsys, str(model_dir), str(images), *on_cpu)
+    assert "not built by vitlab on this machine, or has changed" in err
+    assert [r["top"][0]["label"] for r in out] == [r["top"][0]["label"] for r in ref]
+    assert np.allclose([r["top"][0]["probability"] for r in out], [r["top"][0]["probability"] for r in ref],
+                       atol=1e-4)
+
+    copied = tmp_path / "copied"  # a model folder copied with its engines: not built here
+    shutil.copytree(model_dir, copied)
+    assert "not built by vitlab on this machine" in _predict_err(capsys, str(copied), str(images), *on_cpu)[1]

@@ -192,18 +192,32 @@ class _Builder:
 
     def compiled(self):
         from vitlab.engine.torch_engines import CompiledEngine
+        from vitlab.weights.hub import cache_dir
 
-        return CompiledEngine(self.model, self.folder)
+        # Inductor's cache holds generated code that runs when loaded: in the user's own cache, never beside the
+        # model, where a shared folder could bring its own
+        return CompiledEngine(self.model, cache_dir() / "engines" / self.folder.name)
+
+    def _kept_or_built(self, files: list[Path], what: str, build: Callable[[], object]) -> None:
+        """Reuse `files` if vitlab built them here and they are unchanged (`engine/trusted.py`), else build them."""
+        from vitlab.engine.trusted import discard, is_trusted, remember
+
+        if is_trusted(files):
+            return
+        found = discard(files)
+        self.say_building(what + (" (the copy found there was not built by vitlab on this machine, or has changed "
+                                  "since)" if found else ""))
+        build()
+        remember(files)
 
     def fp32_path(self) -> Path:
         from vitlab.engine.ort import build_fp32, require_onnxruntime
 
         require_onnxruntime()  # not installed: said in one line, before any "building" line
         path = self.folder / "fp32.onnx"
-        if path.is_file():
-            return path
-        self.say_building("the ONNX Runtime graph")
-        return build_fp32(self.model, self.folder, self.image_size)
+        self._kept_or_built([path], "the ONNX Runtime graph",
+                            lambda: build_fp32(self.model, self.folder, self.image_size))
+        return path
 
     def onnxruntime(self):
         from vitlab.engine.ort import OrtEngine
@@ -212,14 +226,13 @@ class _Builder:
                                self.say_building)
 
     def openvino_fp32_path(self) -> Path:
-        from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_complete, require_openvino
+        from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_files, require_openvino
 
         require_openvino()  # not installed: said in one line, before any "building" line
         path = self.folder / FP32_IR
-        if ir_complete(path):
-            return path
-        self.say_building("the OpenVINO model")
-        return build_fp32_ir(self.model, self.folder, self.image_size)
+        self._kept_or_built(ir_files(path), "the OpenVINO model",
+                            lambda: build_fp32_ir(self.model, self.folder, self.image_size))
+        return path
 
     def openvino(self):
         from vitlab.engine.openvino import FP32_IR, OvEngine, ir_files
@@ -240,13 +253,11 @@ class _Builder:
                                [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")], self.say_building)
 
     def _openvino_int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None):
-        from vitlab.engine.openvino import OvEngine, build_int8_ir, ir_complete
+        from vitlab.engine.openvino import OvEngine, build_int8_ir, ir_files
 
         path = self.folder / f"openvino-int8-static-{tag or calibration_tag(calibration)}.xml"
-        if not ir_complete(path):
-            fp32 = self.openvino_fp32_path()
-            self.say_building("the OpenVINO static int8 model (calibrating)")
-            build_int8_ir(fp32, path, calibration or [], self.threads)
+        self._kept_or_built(ir_files(path), "the OpenVINO static int8 model (calibrating)",
+                            lambda: build_int8_ir(self.openvino_fp32_path(), path, calibration or [], self.threads))
         bf16 = mode == "openvino-static-bf16"
         return OvEngine(path, self.threads, name=f"openvino-int8-static{'-bf16' if bf16 else ''}", exact=False,
                         precision="bf16" if bf16 else "f32")
@@ -255,18 +266,14 @@ class _Builder:
         from vitlab.engine.ort import OrtEngine, build_int8_dynamic
         from vitlab.engine.static_int8 import build_int8_static
 
-        path = self.folder / f"int8-{mode}.onnx"
         if mode == "static":
             # calibrated artefacts depend on the images: rebuilt when the calibration changes
             path = self.folder / f"int8-static-{tag or calibration_tag(calibration)}.onnx"
-            if not path.is_file():
-                fp32 = self.fp32_path()
-                self.say_building("the static int8 graph (calibrating)")
-                build_int8_static(fp32, path, calibration or [])
-        elif not path.is_file():
-            fp32 = self.fp32_path()
-            self.say_building("the dynamic int8 graph")
-            build_int8_dynamic(fp32, path)
+            self._kept_or_built([path], "the static int8 graph (calibrating)",
+                                lambda: build_int8_static(self.fp32_path(), path, calibration or []))
+        else:
+            path = self.folder / f"int8-{mode}.onnx"
+            self._kept_or_built([path], "the dynamic int8 graph", lambda: build_int8_dynamic(self.fp32_path(), path))
         return OrtEngine(path, self.threads, name=f"onnxruntime-int8-{mode}", exact=False)
 
 
@@ -376,7 +383,7 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     choices = _Choices(folder)
     key = f"{machine_key(builder.threads)}|{shape}|fp32"
     cached = choices.get(key)
-    if cached and cached["picked"] in ("torch", "onnxruntime", "compiled", "openvino"):
+    if cached and cached["picked"] in ("torch", "onnxruntime", "openvino"):  # what auto picks among
         notes.append(f"{cached['picked']} (auto: chosen before on this machine for {shape.replace('|', ', ')}: "
              f"{_speeds_text(cached['images_per_s'])}; cached in {folder})")
         return getattr(builder, cached["picked"])()
