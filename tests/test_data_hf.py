@@ -110,3 +110,36 @@ def test_shard_command_reads_hf_and_missing_library_is_one_line(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(VitlabError, match=r"pip install 'vitlab\[hf\]'"):
         load_data(f"hf:{tmp_path / 'd'}", progress=False)
+
+
+def test_class_numbers_float_huge_and_sparse(tmp_path, capsys):
+    """Class numbers without names: a float column (pandas' integers with a missing value) reads as numbers, not
+    as names sorted as text; one huge number is refused in one line instead of making billions of classes; classes
+    with no image are named on the load's line."""
+    pd = pytest.importorskip("pandas")
+    png = [datasets.Image().encode_example(im)["bytes"] for im in _images(48)]
+    labels = [float(i % 12) for i in range(47)] + [float("nan")]
+    (tmp_path / "pq").mkdir()
+    pd.DataFrame({"image": [{"bytes": b, "path": None} for b in png], "label": labels}).to_parquet(
+        tmp_path / "pq" / "train-00000.parquet")
+    s = load_data(f"hf:{tmp_path / 'pq'}", val_fraction=0, test_fraction=0, progress=False)
+    assert s.class_names == [str(i) for i in range(12)] and len(s.train) == 47
+    expected = torch.stack([torch.from_numpy(np.array(im)).permute(2, 0, 1)[:, 1:11] for im in _images(48)[:47]])
+    assert s.train.labels.tolist() == [i % 12 for i in range(47)] and torch.equal(s.train.images, expected)
+    assert s.skipped == [("hf:pq/train[47]", "missing label (none, or not one of the classes)")]
+
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    huge = datasets.Dataset.from_dict({"image": _images(4), "label": [0, 1, 99_999_999_999, -1]}, features=feats)
+    huge.save_to_disk(str(tmp_path / "huge"))
+    with pytest.raises(VitlabError, match="label 99999999999 would make 100,000,000,000 classes"):
+        load_data(f"hf:{tmp_path / 'huge'}", progress=False)
+    with pytest.raises(VitlabError, match="is not a whole number"):
+        pd.DataFrame({"image": [{"bytes": b, "path": None} for b in png[:2]], "label": [0.5, 1.0]}).to_parquet(
+            tmp_path / "half.parquet")
+        load_data(str(tmp_path / "half.parquet"), progress=False)
+
+    sparse = datasets.Dataset.from_dict({"image": _images(20), "label": [0, 1000] * 10}, features=feats)
+    sparse.save_to_disk(str(tmp_path / "sparse"))
+    s = load_data(f"hf:{tmp_path / 'sparse'}", val_fraction=0, test_fraction=0, progress=True)
+    assert s.num_classes == 1001  # numbers are indices: a 1000-class head still lines up
+    assert "999 of the 1001 classes numbered 0..1000 have no image (1, 2, 3" in capsys.readouterr().err

@@ -291,3 +291,23 @@ def test_streaming_failures_are_listed_or_one_line(tmp_path):
     with pytest.raises(VitlabError, match="every sample this reader was given failed") as err:
         list(make_loader(st.train, 4, shuffle=True, seed=0, drop_last=True, num_workers=1))
     assert "\n" not in str(err.value)
+
+
+def test_class_numbers_in_shards_are_bounded_and_gaps_named(tmp_path, capsys):
+    folder = tmp_path / "huge"
+    folder.mkdir()
+    with tarfile.open(folder / "train-000000.tar", "w") as tar:
+        for i, label in enumerate(["0", "1", "99999999999"]):
+            _add(tar, f"{i:06d}.png", _png(_id_image(i)))
+            _add(tar, f"{i:06d}.cls", label.encode())
+    with pytest.raises(VitlabError, match="label 99999999999 would make 100,000,000,000 classes"):
+        load_data(str(folder), progress=False)
+    folder = tmp_path / "gaps"
+    folder.mkdir()
+    with tarfile.open(folder / "train-000000.tar", "w") as tar:
+        for i in range(12):
+            _add(tar, f"{i:06d}.png", _png(_id_image(i)))
+            _add(tar, f"{i:06d}.cls", str(5 * (i % 2)).encode())
+    s = load_data(str(folder), val_fraction=0, test_fraction=0, progress=True)
+    assert s.class_names == [str(i) for i in range(6)]
+    assert "4 of the 6 classes numbered 0..5 have no image (1, 2, 3, 4)" in capsys.readouterr().err

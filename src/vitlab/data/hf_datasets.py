@@ -20,6 +20,7 @@ import torch
 
 from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import BadImageError, open_image, pil_to_tensor, resize_shorter_center_crop
+from vitlab.data.labels import class_number_names, read_label
 from vitlab.errors import VitlabError
 
 HF_SPLITS = {"train": ("train", "training"), "val": ("validation", "val", "valid", "dev"), "test": ("test", "testing")}
@@ -191,13 +192,18 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
             raise VitlabError(f"{spec}: column {image_col!r} ({table.features[image_col]}) does not hold images "
                               f"({type(exc).__name__}); give a data set with an Image column") from None
         tables[split] = table
-        raw_labels[split] = list(table[label_col])
+        raw_labels[split] = [read_label(v, f"hf:{name}/{split}[{row}]") for row, v in enumerate(table[label_col])]
+    notes = []
     if names is None:
         values = {v for ys in raw_labels.values() for v in ys if v is not None}
-        if all(isinstance(v, (int, np.integer)) for v in values):
-            names = [str(i) for i in range(int(max(values, default=-1)) + 1)]
+        numbers = {v for v in values if isinstance(v, int)}
+        if numbers and len(numbers) != len(values):
+            raise VitlabError(f"{spec}: column {label_col!r} mixes class numbers and class names; give one kind")
+        if numbers:
+            names, note = class_number_names(numbers, f"{spec} (column {label_col!r})")
+            notes += [note] if note else []
         else:
-            names = sorted(str(v) for v in values)
+            names = sorted(values)
     index = {n: i for i, n in enumerate(names)}
     peek = _peek(tables["train"], image_col)
     channels, size = storage_format(peek, storage_size)
@@ -206,7 +212,7 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
     for split, table in tables.items():
         rows, ys = [], []
         for row, y in enumerate(raw_labels[split]):
-            y = index.get(y, -1) if isinstance(y, str) else (-1 if y is None else int(y))
+            y = index.get(y, -1) if isinstance(y, str) else (-1 if y is None else y)
             if 0 <= y < len(names):
                 rows.append(row)
                 ys.append(y)
@@ -214,7 +220,8 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
                 skipped.append((f"{label}/{split}[{row}]", "missing label (none, or not one of the classes)"))
         out[split] = HFImageDataset(table.select_columns([image_col]), rows, image_col, ys, names, channels, size,
                                     f"{label}/{split}") if rows else None
-    notes = [f"{spec}: splits {', '.join(unknown)} not used (vitlab reads train, validation and test)"] if unknown else []
+    if unknown:
+        notes.append(f"{spec}: splits {', '.join(unknown)} not used (vitlab reads train, validation and test)")
     return DataSplits(out.get("train"), out.get("val"), out.get("test"), names, skipped, label, channels, notes)
 
 

@@ -197,8 +197,11 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     for k, v in parts.items():
         if v is not None:
             v.name = f"{splits.name}/{k}"
-    if skipped and (progress if report is None else report):
-        print(skipped_summary(skipped), file=sys.stderr)
+    if progress if report is None else report:
+        if skipped:
+            print(skipped_summary(skipped), file=sys.stderr)
+        for note in notes:  # what the loader noticed (classes without images, splits not read, ...)
+            print(f"data: {note}", file=sys.stderr)
     return DataSplits(parts["train"], parts["val"], parts["test"], list(splits.class_names), skipped,
                       splits.name, splits.channels, notes)
 

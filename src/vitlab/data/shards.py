@@ -31,6 +31,7 @@ from vitlab.data.images import (
     pil_to_tensor,
     resize_shorter_center_crop,
 )
+from vitlab.data.labels import class_number_names
 from vitlab.errors import VitlabError
 from vitlab.progress import bar_options
 
@@ -264,21 +265,22 @@ class ShardDataset(FileImageDataset):
         return self._runs
 
 
-def _class_names(raw_labels: list, given: list[str] | None) -> tuple[list[str], dict]:
-    """Class names and a raw-label -> index map: the classes file, else the labels (ints, or sorted names)."""
+def _class_names(raw_labels: list, given: list[str] | None, where: str) -> tuple[list[str], dict, str | None]:
+    """Class names, a raw-label -> index map and a note on classes without images (or None): the classes file,
+    else the labels (class numbers 0..K-1, `labels.class_number_names`, or sorted names)."""
     if given is not None:
         index = {name: i for i, name in enumerate(given)}
         index.update({i: i for i in range(len(given))})
-        return given, index
-    ints = {x for x in raw_labels if isinstance(x, int)}
+        return given, index, None
+    ints = {x for x in raw_labels if isinstance(x, int) and not isinstance(x, bool) and x >= 0}
     strs = sorted({x for x in raw_labels if isinstance(x, str)})
     if ints and strs:
         raise VitlabError("the shards mix class numbers and class names; add a classes.txt beside them "
                           "(one name per line, in class-number order)")
     if strs:
-        return strs, {name: i for i, name in enumerate(strs)}
-    top = max(ints, default=-1)
-    return [str(i) for i in range(top + 1)], {i: i for i in range(top + 1)}
+        return strs, {name: i for i, name in enumerate(strs)}, None
+    names, note = class_number_names(ints, where)
+    return names, {i: i for i in range(len(names))}, note
 
 
 def _peek(samples: list[ShardSample], n: int = 32) -> list[tuple[int, int, str]]:
@@ -314,11 +316,11 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
             found[path] = (samples, labels)
             skipped.extend(bad)
     raw = [x for s, _ in found.values() for x in _]
-    names, index = _class_names(raw, read_class_file(folder))
+    label = f"shards:{folder.name or folder}"
+    names, index, note = _class_names(raw, read_class_file(folder), f"{label} (.cls labels)")
     first = [s for samples, _ in found.values() for s in samples[:32]][:64]
     peek = _peek(first)
     channels, size = storage_format(peek, storage_size)
-    label = f"shards:{folder.name or folder}"
     parts = {}
     for split, shards in groups.items():
         keep, ys = [], []
@@ -333,7 +335,8 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
     if parts.get("train") is None:
         raise VitlabError(f"no usable training sample in {source} ({len(skipped)} skipped); name training shards "
                           "train-*.tar (or no split prefix) and check them with `vitlab data inspect`")
-    return DataSplits(parts.get("train"), parts.get("val"), parts.get("test"), names, skipped, label, channels)
+    return DataSplits(parts.get("train"), parts.get("val"), parts.get("test"), names, skipped, label, channels,
+                      [note] if note else [])
 
 
 # ------------------------------------------------------------------------------------ streaming
