@@ -61,3 +61,23 @@ def test_cli_export_refuses_a_weights_file_name_for_an_onnx_model(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{name} names a weights file: call it OUT.onnx" in err[0]
     assert not (tmp_path / name).exists()
+
+
+def test_cli_export_static_batch_is_checked_at_its_own_batch(tmp_path, capsys, monkeypatch):
+    """--static-batch fixes the batch to 1; the check fed it 2 images and failed, leaving the file behind."""
+    pytest.importorskip("onnxruntime")
+    from vitlab import export
+    from vitlab.weights import save_native
+
+    save_native(_random_tiny(), tmp_path / "native", class_names=list("abcde"))
+    assert main(["export", str(tmp_path / "native"), str(tmp_path / "one.onnx"), "--static-batch"]) == 0
+    out = capsys.readouterr().out
+    assert "input 'images' 1x3x16x16" in out and "max abs logit difference" in out
+    assert onnx.load(str(tmp_path / "one.onnx")).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT")
+
+    monkeypatch.setattr(export, "check_onnx", broken)  # a file ONNX Runtime cannot run is not left behind
+    assert main(["export", str(tmp_path / "native"), str(tmp_path / "bad.onnx")]) == 2
+    assert "does not run in ONNX Runtime" in capsys.readouterr().err and not (tmp_path / "bad.onnx").exists()

@@ -45,6 +45,7 @@ def check_onnx(model: nn.Module, path: str | Path, batch: int = 2, seed: int = 0
     opts.intra_op_num_threads = torch.get_num_threads()  # the runtime's choice (runtime.py), not one per core
     sess = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
     shape = sess.get_inputs()[0].shape
+    batch = shape[0] if isinstance(shape[0], int) else batch  # a --static-batch graph takes its own batch only
     h = shape[2] if isinstance(shape[2], int) else cfg.image_size[0]
     w = shape[3] if isinstance(shape[3], int) else cfg.image_size[1]
     x = torch.randn(batch, cfg.in_chans, h, w, generator=torch.Generator().manual_seed(seed))

@@ -52,17 +52,27 @@ def run(args: argparse.Namespace) -> int:
     if args.engine != "torch" or args.int8:
         return _export_for_engine(args, model, meta, metadata)
     path = export_onnx(model, args.output, opset=args.opset, dynamic_batch=not args.static_batch, metadata=metadata)
-    print(f"wrote {path} (input 'images' {model.config.in_chans}x{model.config.image_size[0]}x"
-          f"{model.config.image_size[1]}, output 'logits' {model.config.num_classes})")
+    checked = "not checked (--no-check)"
     if not args.no_check:
         try:
             diff = check_onnx(model, path)
-        except VitlabError as exc:
-            print(f"not checked: {exc}")
+        except VitlabError as exc:  # onnxruntime not installed: the file stands, unchecked
+            checked = f"not checked: {exc}"
+        except Exception as exc:  # the file does not run in ONNX Runtime: it is not left behind as if it did
+            path.unlink(missing_ok=True)
+            raise VitlabError(f"the exported file does not run in ONNX Runtime ({type(exc).__name__}: "
+                              f"{str(exc).strip()[:160]}); nothing written, please report this") from exc
         else:
-            print(f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}")
             if diff > 1e-3:
-                raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e}; please report this")
+                path.unlink(missing_ok=True)
+                raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e}; nothing written, please "
+                                  "report this")
+            checked = f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}"
+    batch = "1" if args.static_batch else "B"
+    print(f"wrote {path} (input 'images' {batch}x{model.config.in_chans}x{model.config.image_size[0]}x"
+          f"{model.config.image_size[1]}, output 'logits' {batch}x{model.config.num_classes}; class names and "
+          "preprocessing in its metadata 'vitlab', docs/serving.md \"Exported files\")")
+    print(checked)
     return 0
 
 
