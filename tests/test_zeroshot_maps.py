@@ -83,3 +83,31 @@ def test_evaluation_through_a_map_file_is_labelled(tmp_path):
     fresh = evaluate_model(model, data, pre, **kw)
     assert fresh.rows[0]["label"] == "zero-shot (fresh head, chance)"
     assert zs.mapped_label(21843) == "zero-shot (mapped ImageNet-21k head)"
+
+
+# ImageNet-1k's labels as Hugging Face configs spell them have exactly these collisions
+HEAD = ["tench, Tinca tinca", "Cardigan, Cardigan Welsh corgi", "crane", "cardigan", "crane", "maillot",
+        "maillot, tank suit"]
+
+
+def test_a_label_name_matches_a_whole_label_first_and_never_guesses():
+    names = ["Pullover", "Bird", "Swim"]
+    # 'cardigan' is the sweater's whole label (3), not the dog's synonym (1); 'maillot' likewise (5, not 6)
+    assert zs.parse_class_map("Pullover=cardigan,Bird=0,Swim=maillot", names, 7, HEAD) == [[3], [0], [5]]
+    assert zs.parse_class_map("Pullover=tank suit,Bird=Tinca tinca,Swim=6", names, 7, HEAD) == [[6], [0], [6]]
+    with pytest.raises(VitlabError, match=r"'crane' \(for 'Bird'\) matches 2 classes .* 2 \('crane'\), 4 \('crane'\)"):
+        zs.parse_class_map("Pullover=3,Bird=crane,Swim=5", names, 7, HEAD)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("cat=0,dog=1,cat=2", "maps class 'cat' twice"),
+    ("cat=0,dog=1,0=2", "maps class 'cat' twice"),
+    ("cat=²,dog=1", "neither an index nor a class"),
+    ("cat=0,²=1", "does not have"),
+])
+def test_repeated_classes_and_odd_digits_are_one_line(spec, message):
+    with pytest.raises(VitlabError, match=message):
+        zs.parse_class_map(spec, ["cat", "dog"], 7, HEAD)
+    if "twice" in message:
+        with pytest.raises(VitlabError, match=message):
+            zs.check_map_fits_data(spec, ["cat", "dog"])

@@ -117,9 +117,10 @@ def _parse_map_json(text: str, path: Path) -> list[tuple[str, list[str]]]:
 
 
 def _head_index(target: str, key: str, head_classes: int | None, head_names: Sequence[str] | None) -> int:
-    """A head class given as an index or (when the model's class names are known) as a label name;
-    a name matches the whole label or one of its comma-separated synonyms ('clog, geta, patten, sabot')."""
-    if target.isdigit():
+    """A head class given as an index or (when the model's class names are known) as a label name. A name matches
+    a whole label first, else one of a label's comma-separated synonyms ('clog, geta, patten, sabot'); a name that
+    matches several head classes the same way (ImageNet has two 'crane's) is refused: only an index says which."""
+    if _is_number(target):
         t = int(target)
         if head_classes is not None and t >= head_classes:
             raise VitlabError(f"--zero-shot-map index {t} is outside the pretrained head's 0..{head_classes - 1}")
@@ -128,10 +129,16 @@ def _head_index(target: str, key: str, head_classes: int | None, head_names: Seq
         raise VitlabError(f"--zero-shot-map maps {key!r} to the label {target!r}, but this model's head has no "
                           "class names stored; give head indices instead (e.g. 770 for 'running shoe')")
     want = target.lower()
-    for i, name in enumerate(head_names):
-        label = str(name).lower()
-        if want == label or want in (s.strip() for s in label.split(",")):
-            return i
+    labels = [str(name).lower() for name in head_names]
+    whole = [i for i, label in enumerate(labels) if label == want]
+    synonym = [i for i, label in enumerate(labels) if want in (part.strip() for part in label.split(","))]
+    found = whole or synonym
+    if len(found) > 1:
+        which = ", ".join(f"{i} ({head_names[i]!r})" for i in found[:6])
+        raise VitlabError(f"--zero-shot-map target {target!r} (for {key!r}) matches {len(found)} classes of the "
+                          f"pretrained head: {which}; give the index of the one you mean")
+    if found:
+        return found[0]
     raise VitlabError(f"--zero-shot-map target {target!r} (for {key!r}) is neither an index nor a class of the "
                       "pretrained head; check the spelling or give the index")
 
@@ -149,9 +156,7 @@ def parse_class_map(
     """
     names = [str(n) for n in class_names]
     mapping: dict[int, list[int]] = {}
-    entries, _ = read_class_map(spec)
-    for key, targets in entries:
-        cls = _data_class(key, names)
+    for cls, key, targets in _keyed_entries(spec, names):
         if not all(targets):
             raise VitlabError(f"bad --zero-shot-map target list for {key!r}; give head indices like 770+630")
         mapping[cls] = [_head_index(t, key, head_classes, head_names) for t in targets]
@@ -159,12 +164,25 @@ def parse_class_map(
     return [mapping[i] for i in range(len(names))]
 
 
+def _keyed_entries(spec: str, names: list[str]) -> list[tuple[int, str, list[str]]]:
+    """(data class, key as written, targets) per line of the map; a class named twice is refused (a second line
+    would silently replace the first)."""
+    out, seen = [], {}
+    for key, targets in read_class_map(spec)[0]:
+        cls = _data_class(key, names)
+        if cls in seen:
+            raise VitlabError(f"--zero-shot-map maps class {names[cls]!r} twice ({seen[cls]!r} and {key!r}); give "
+                              "each class one entry, with its head classes joined by '+'")
+        seen[cls] = key
+        out.append((cls, key, targets))
+    return out
+
+
 def check_map_fits_data(spec: str, class_names: Sequence[str]) -> None:
     """What of a map the data alone can judge (its keys name the data's classes, every class is mapped): for
     `vitlab compare`, before any model is loaded, also where no model's head ends up using the map."""
     names = [str(n) for n in class_names]
-    entries, _ = read_class_map(spec)
-    check_every_class_mapped({_data_class(key, names): [] for key, _ in entries}, names)
+    check_every_class_mapped({cls: [] for cls, _, _ in _keyed_entries(spec, names)}, names)
 
 
 def _data_class(key: str, names: list[str]) -> int:
@@ -172,9 +190,14 @@ def _data_class(key: str, names: list[str]) -> int:
     lowered = {n.lower(): i for i, n in enumerate(names)}
     if key.lower() in lowered:
         return lowered[key.lower()]
-    if key.isdigit() and int(key) < len(names):
+    if _is_number(key) and int(key) < len(names):
         return int(key)
     raise VitlabError(f"--zero-shot-map names class {key!r}, which the data set does not have; its classes: {names}")
+
+
+def _is_number(text: str) -> bool:
+    """0-9 only: str.isdigit() also takes '²' and other digits that int() refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def check_every_class_mapped(mapping: dict[int, list[int]], names: list[str]) -> None:
