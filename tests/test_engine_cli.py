@@ -67,9 +67,37 @@ def test_predict_engines_agree_with_torch(model_dir, images, capsys):
 def test_predict_int8_runs_and_names_itself(model_dir, images, capsys, engine, named):
     if engine == "openvino":
         pytest.importorskip("openvino")
-    assert main(["predict", str(model_dir), str(images), "--int8", "static", "--engine", engine, "--top-k", "1"]) == 0
+    assert main(["predict", str(model_dir), str(images), "--int8", "static", "--engine", engine, "--top-k", "1",
+                 "--calibration", str(images)]) == 0
     err = capsys.readouterr().err
     assert named in err and "held-out images" in err
+
+
+def test_predict_static_int8_calibrates_on_the_runs_training_images(tmp_path, model_dir, images, capsys):
+    """Static int8 without --calibration: a run's own training images, so an image's answer does not depend on the
+    other images of the call (it calibrated on those); a model that is not a run needs --calibration."""
+    from vitlab.train import resolve_config, train
+
+    cfg = resolve_config("demo", overrides={"steps": 2, "batch_size": 16, "out_dir": str(tmp_path), "name": "run",
+                                            "quiet": True})
+    run = train(cfg).run_dir
+    capsys.readouterr()
+    first = sorted(images.iterdir())[0]
+    answers = []
+    for others in (sorted(images.iterdir())[1:20], sorted(images.iterdir())[20:]):
+        call = tmp_path / f"call{len(answers)}"
+        call.mkdir()
+        for f in [first, *others]:
+            shutil.copy(f, call / f.name)
+        out, err = _predict_err(capsys, str(run), str(call), "--int8", "static", "--engine", "onnxruntime")
+        answers.append(out[0]["top"][0])
+        assert "onnxruntime-int8-static" in err
+    assert answers[0] == answers[1]
+    assert main(["predict", str(run / "model"), str(first), "--int8", "static", "--engine", "onnxruntime",
+                 "--quiet"]) == 0  # RUN/model is the run too
+    capsys.readouterr()
+    assert main(["predict", str(model_dir), str(first), "--int8", "static", "--engine", "onnxruntime"]) == 2
+    assert "static int8 needs calibration images: add --calibration DATA" in capsys.readouterr().err
 
 
 def test_evaluate_engine_gives_torchs_accuracy(model_dir, tmp_path, capsys):

@@ -25,8 +25,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
                             "5%% faster, of those whose top-1 agreement with fp32 on held-out images is not "
                             "measurably below 99%%; dynamic without calibration images)")
         p.add_argument("--calibration", metavar="DATA",
-                       help="images for static int8: a folder of images or any --data source (default: the images "
-                            "the command runs on)")
+                       help="images for static int8: a folder of images or any --data source (default: evaluate "
+                            "takes its data's training split, predict a training run's own training images; other "
+                            "models need it for static int8, and --int8 auto without it is dynamic)")
 
 
 def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_size: int, device, command: str,
@@ -59,6 +60,30 @@ def calibration_for(args: argparse.Namespace, preprocess, default=None):
 
         return calibration_from_source(args.calibration, preprocess)
     return default() if default is not None else None
+
+
+def run_calibration(spec, preprocess):
+    """Static int8's default calibration for a training run (RUN or RUN/model): a seeded sample of the run's own
+    training images, as `vitlab evaluate RUN` uses; None for other models, which then need `--calibration`.
+    Never the images of the call: the same image would get other answers beside other images."""
+    from pathlib import Path
+
+    from vitlab.evaluate.loading import is_run_folder, read_run_config
+
+    p = Path(str(spec)).expanduser()
+    run = p if is_run_folder(p) else p.parent if p.name == "model" and is_run_folder(p.parent) else None
+    if run is None:
+        return None
+    from vitlab.commands.evaluate import _run_data_kwargs
+    from vitlab.data import load_data
+    from vitlab.engine.calibration import calibration_from_dataset
+
+    settings = _run_data_kwargs(read_run_config(run))
+    source = settings.pop("data", None)
+    if not source:
+        return None
+    data = load_data(str(source), progress=False, report=False, **settings)
+    return calibration_from_dataset(data.train, preprocess)
 
 
 def resolved_source(spec):

@@ -32,10 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.commands._engine_args import engine_for, resolved_source
+    from vitlab.commands._engine_args import engine_for, resolved_source, run_calibration
     from vitlab.commands._load_args import load_overrides
     from vitlab.data.images import BadImageError, is_image_file
-    from vitlab.engine.calibration import calibration_from_files
     from vitlab.errors import VitlabError
     from vitlab.predict import collect_images, format_predictions, predict_files, preprocess_for
     from vitlab.runtime import device_for_engine, setup_runtime
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         engines.append(engine_for(args, model, source=resolved_source(args.weights),
                                   preprocess=preprocess_for(model, meta), batch_size=min(args.batch_size, len(files)),
                                   device=runtime.device, command="predict", defer_note=True,
-                                  default_calibration=lambda: calibration_from_files(files, preprocess_for(model, meta))))
+                                  default_calibration=lambda: run_calibration(args.weights, preprocess_for(model, meta))))
         return engines[-1]
 
     try:

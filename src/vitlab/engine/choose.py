@@ -486,6 +486,9 @@ def _choose_int8(builder: _Builder, mode: str, calibration, notes: list[str], en
     if not calib and any(m != "dynamic" for m in modes):
         have = 0 if holdout is None else len(holdout)
         if mode == "static" or engine == "openvino":
+            if not have:
+                raise VitlabError("static int8 needs calibration images: add --calibration DATA (a folder of your "
+                                  "images or a --data source), or use --int8 dynamic with --engine onnxruntime or auto")
             raise VitlabError(f"--int8 static needs at least {MIN_CALIBRATION} calibration images, got {have} "
                               "(--calibration DATA); or use --int8 dynamic with --engine onnxruntime or auto")
         modes = ["dynamic"]
