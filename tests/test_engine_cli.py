@@ -187,3 +187,14 @@ def test_auto_never_runs_a_cached_graph_it_did_not_build(model_dir, images, tmp_
     copied = tmp_path / "copied"  # a model folder copied with its engines: not built here
     shutil.copytree(model_dir, copied)
     assert "not built by vitlab on this machine" in _predict_err(capsys, str(copied), str(images), *on_cpu)[1]
+
+
+def test_evaluate_records_the_engine_in_its_report(model_dir, tmp_path, capsys):
+    for flags, name in ((["--engine", "torch"], "torch (cpu)"), (["--int8", "dynamic", "--engine", "onnxruntime"],
+                                                                  "onnxruntime-int8-dynamic")):
+        out = tmp_path / name.split()[0]
+        assert main(["evaluate", str(model_dir), "--data", "bundled", "--device", "cpu", *flags, "--out", str(out),
+                     "--quiet"]) == 0
+        info = json.loads((out / "metrics.json").read_text())["info"]
+        assert info["engine"]["name"] == name
+        assert f"Engine: {name}." in (out / "report.md").read_text()

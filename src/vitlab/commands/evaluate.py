@@ -220,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
     res.info["model_description"] = loaded.description
     res.info["data"] = data.summary()
     res.info["runtime"] = runtime.to_dict()
+    # what computed the logits: an int8 graph's report must not read as the fp32 model's
+    res.info["engine"] = ({"name": engine.name, "note": getattr(engine, "note", None)} if engine is not None
+                          else {"name": f"torch ({runtime.device})", "note": None})
     files = write_report(res, out)
     from vitlab.data import write_skipped
 

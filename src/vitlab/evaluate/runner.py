@@ -350,6 +350,7 @@ def write_report(result: EvalResult, out_dir: str | Path, title: str | None = No
     md = [f"# {title or 'Evaluation of ' + result.info['model']}", "",
           f"Split `{result.info['split']}`, {result.info['n_test']} images, {len(names)} classes. "
           "Accuracy CIs are 95% Wilson score intervals; few-shot rows are means over seeds (no CI).", "",
+          *([f"Engine: {result.info['engine']['name']}.", ""] if result.info.get("engine") else []),
           rows_markdown(result.rows), "", "## Head: per class", "", "```", format_report(m, label), "```", "",
           "Files: confusion_matrix.png / .csv, per_class.csv, summary.csv, metrics.json"
           + (", fewshot.csv / .png" if result.fewshot else "") + "."]
