@@ -125,6 +125,10 @@ PROBES = [
                              "--out", "{tmp}/cmp"], "unknown training setting"),
     ("compare-batch-0", ["compare", "--data", "bundled", "--models", "custom", "--batch-size", "0",
                          "--out", "{tmp}/cmp"], "batch_size must be >= 1"),
+    ("train-seed-huge", ["train", "--data", "bundled", "--seed", "99999999999999999999", "--out", "{tmp}/r"],
+     "seed must be from 0 to 4294967295"),
+    ("evaluate-seed-huge", ["evaluate", "custom", "--data", "bundled", "--seed", "99999999999999", "--out",
+                            "{tmp}/ev"], "argument --seed: expected a seed from 0 to 4294967295"),
     # studies: checked before the study folder exists
     ("study-scaling-lr-0", ["study", "scaling", "--lr", "0", "--out", "{tmp}/st"],
      "argument --lr: expected a number > 0, got 0"),

@@ -30,6 +30,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding and most samplers take 32 bits; torch's take 64
+
+
+def seed_value(text: str) -> int:
+    """A random seed: a whole number from 0 to MAX_SEED."""
+    value = int(_number(text, int))
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {value}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A share of the data in [0, 1)."""
     value = _number(text, float)

@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from vitlab.commands._argtypes import seed_value
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="inspect or download a data set")
@@ -22,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--per-class", type=int, help="keep N training images per class (seeded)")
     q.add_argument("--val-fraction", type=float, default=0.1)
     q.add_argument("--test-fraction", type=float, default=0.1)
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=seed_value, default=0)
     q.add_argument("--samples", type=int, default=8, help="images per class in the grid (default 8)")
     q.add_argument("--out", help="folder for samples.png, summary.json and skipped_files.txt "
                                  "(default data-inspect/NAME)")

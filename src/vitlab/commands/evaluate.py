@@ -7,7 +7,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from vitlab.commands._argtypes import THREADS_HELP, fraction, non_negative_float, positive_float, positive_int
+from vitlab.commands._argtypes import (
+    THREADS_HELP,
+    fraction,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    seed_value,
+)
 from vitlab.commands._engine_args import add_engine_arguments
 from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, model_folder_name
 from vitlab.errors import VitlabError
@@ -32,7 +39,7 @@ def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--per-class", type=positive_int, help="keep N training images per class (val/test stay whole)")
     p.add_argument("--val-fraction", type=fraction, default=0.1, help="validation share carved from train if the source has none")
     p.add_argument("--test-fraction", type=fraction, default=0.1, help="test share carved from train if the source has none")
-    p.add_argument("--seed", type=int, default=0, help="seed of the splits, the fresh head and the samplers (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed of the splits, the fresh head and the samplers (default 0)")
 
 
 def add_frozen_args(p: argparse.ArgumentParser) -> None:

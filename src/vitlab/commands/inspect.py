@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitlab.commands._argtypes import THREADS_HELP, positive_int
+from vitlab.commands._argtypes import THREADS_HELP, positive_int, seed_value
 from vitlab.commands._engine_args import add_engine_arguments
 from vitlab.commands._load_args import WEIGHTS_HELP, model_folder_name
 from vitlab.errors import VitlabError
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
-    p.add_argument("--seed", type=int, default=0, help="which images --data picks (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="which images --data picks (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the report path")
     add_engine_arguments(p, int8=False)
     p.set_defaults(func=run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.commands._argtypes import fraction, non_negative_float, positive_float, positive_int
+from vitlab.commands._argtypes import fraction, non_negative_float, positive_float, positive_int, seed_value
 
 
 def _names(text: str) -> list[str]:
@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--finetune-lr", type=positive_float, default=d.finetune_lr)
     t.add_argument("--finetune-epochs", type=non_negative_float, default=d.finetune_epochs)
     t.add_argument("--finetune-min-steps", type=int, default=d.finetune_min_steps)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=seed_value, default=0)
     t.add_argument("--out", default="study-transfer", help="study folder (default study-transfer)")
     t.add_argument("--quiet", action="store_true", help="no progress bars, one line per epoch")
     t.set_defaults(func=run_transfer)
@@ -139,7 +139,7 @@ def _register_scaling(studies: argparse._SubParsersAction) -> None:
     s.add_argument("--val-fraction", type=fraction, default=d.val_fraction,
                    help="validation split carved out of the training data first (default 0.1)")
     s.add_argument("--evals", type=positive_int, default=d.evals, help="validation passes per run, about (default 8)")
-    s.add_argument("--seed", type=int, default=d.seed, help="validation split seed and first run seed (default 0)")
+    s.add_argument("--seed", type=seed_value, default=d.seed, help="validation split seed and first run seed (default 0)")
     s.add_argument("--out", default="study-scaling", help="study folder (default study-scaling)")
     s.add_argument("--quiet", action="store_true",
                    help="one line per run only; the training's own lines go to each run's train.log")

@@ -425,6 +425,8 @@ def _check_budget(cfg: TrainConfig) -> None:
         _at_least(cfg, name, 1)
     for name in ("seed", "ckpt_every"):
         _at_least(cfg, name, 0)
+    if cfg.seed > 2**32 - 1:  # the samplers' seeds are 32 bits (the same bound as the commands' --seed)
+        _refuse("seed", cfg.seed, f"from 0 to {2**32 - 1}")
     if cfg.dist_timeout <= 0:
         _refuse("dist_timeout", cfg.dist_timeout, "> 0 seconds (e.g. 600)")
 
