@@ -214,6 +214,27 @@ def test_csv_row_pointing_to_missing_file(tmp_path):
     assert splits.skipped == [(str(tmp_path / "img" / "missing.png"), "missing file")]
 
 
+@pytest.mark.parametrize("header", ["img,class", "file_name,label", "image_id,category", "path,label,split", None])
+def test_csv_headers_people_write_are_headers(tmp_path, header):
+    """Only five path-column names counted as a header: `img,class` became a data row, a class "class" and a
+    skipped "not a file"."""
+    for i in range(3):
+        good(tmp_path / "img" / f"{i}.png", 30)
+        good(tmp_path / "img" / f"1{i}.png", 220)
+    rows = [f"img/{i}.png,2" for i in range(3)] + [f"img/1{i}.png,10" for i in range(3)]
+    (tmp_path / "list.csv").write_text("\n".join(([header] if header else []) + rows) + "\n")
+    splits = load_data(str(tmp_path / "list.csv"), val_fraction=0, test_fraction=0, progress=False)
+    assert splits.class_names == ["2", "10"] and len(splits.train) == 6 and splits.skipped == []
+
+
+def test_a_first_row_that_is_data_stays_data(tmp_path):
+    good(tmp_path / "x.png", 30)  # an image whose label happens to be a column-like word
+    good(tmp_path / "b.png", 220)
+    (tmp_path / "list.csv").write_text("x.png,class\nb.png,other\n")
+    splits = load_data(str(tmp_path / "list.csv"), val_fraction=0, test_fraction=0, progress=False)
+    assert splits.class_names == ["class", "other"]
+
+
 def test_source_without_usable_image_is_one_clear_error(tmp_path):
     root = tmp_path / "broken"
     make_bad_files(root / "only")

@@ -335,6 +335,22 @@ def _integer_label(label: str) -> bool:
     return re.fullmatch(r"-?[0-9]{1,18}", label) is not None
 
 
+# the column names CSV files of images use (pandas, Kaggle, Hugging Face's imagefolder metadata.csv)
+_PATH_COLUMNS = {"path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_path", "img",
+                 "img_path", "image_file", "image_name", "image_id", "id", "name"}
+_LABEL_COLUMNS = {"label", "labels", "class", "class_name", "classname", "category", "target", "y"}
+
+
+def _is_header(row: list[str], base: Path) -> bool:
+    """Whether the first row names the columns: a known path column name, or a known label column name beside a
+    first field that is no file (`img,class` must not become a data row and a class called "class")."""
+    head = row[0].strip().lower()
+    if head in _PATH_COLUMNS:
+        return True
+    label = row[1].strip().lower() if len(row) > 1 else ""
+    return label in _LABEL_COLUMNS and not (base / row[0].strip()).is_file()
+
+
 def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress: bool = True) -> DataSplits:
     """A CSV of `path,label` rows (optional header; optional third column `split` = train/val/test).
 
@@ -349,7 +365,7 @@ def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress:
     labels_seen: dict[str, None] = {}  # insertion-ordered set
     rows = _csv_rows(path)
     first = next(rows, None)
-    if first is not None and first[0].strip().lower() not in ("path", "file", "filename", "image", "filepath"):
+    if first is not None and not _is_header(first, base):
         rows = itertools.chain([first], rows)  # not a header: a data row
     rowno = 0
     for rowno, row in enumerate(rows, 1):
