@@ -575,3 +575,19 @@ def test_scoring_the_train_split_checks_it_up_front(tmp_path):
                        eval_splits=("train", "val", "test"))
     assert not splits.train.substitute and str(bad) not in splits.train.paths and len(splits.train) == 11
     assert str(bad) in dict(splits.skipped)
+
+
+def test_classes_from_yaml_must_be_names_or_numbers(tmp_path, capsys):
+    """A few hundred bytes of nested YAML aliases under `classes:` expand without end when made into text."""
+    from vitlab.cli import main
+    from vitlab.data.splits import parse_classes
+
+    assert parse_classes(["Sandal", 3]) == ["Sandal", "3"]
+    with pytest.raises(VitlabError, match="each item must be a class name or number, got a list"):
+        parse_classes(["Sandal", ["a", "b"]])
+    levels = ['  - &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    levels += [f"  - &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 8)]
+    (tmp_path / "bomb.yaml").write_text("classes:\n" + "\n".join(levels) + "\n")
+    assert main(["train", "--config", str(tmp_path / "bomb.yaml"), "--data", "bundled", "--steps", "1",
+                 "--out", str(tmp_path / "runs")]) == 2
+    assert "classes: each item must be a class name or number" in capsys.readouterr().err

@@ -66,6 +66,9 @@ def parse_classes(text: str | Sequence | None) -> list[str] | None:
     if isinstance(text, str):
         items = [t.strip().strip("\"'").strip() for t in text.split(",")]
     else:
+        for t in text:  # a YAML list may nest lists (or aliases of them, a few bytes that expand without end)
+            if not isinstance(t, (str, int)) or isinstance(t, bool):
+                raise VitlabError(f"classes: each item must be a class name or number, got a {type(t).__name__}")
         items = [str(t).strip() for t in text]
     items = [t for t in items if t]
     return items or None
