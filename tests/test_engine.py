@@ -261,3 +261,18 @@ def test_compiled_engine_is_exact_and_leaves_inductor_settings_alone(tmp_path, m
     # Inductor itself fills in its default cache dir when the variable is unset; vitlab's own is not left behind
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(tmp_path / "inductor")
     assert any((tmp_path / "inductor").iterdir())  # the kernels went beside the model
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("custom", dict(dim=32, depth=12, heads=2, mlp_dim=64, patch_size=4, image_size=28, in_chans=1)),
+    ("r50+vit-b/16", dict(image_size=64)), ("resnet-18", dict(image_size=32)), ("bit-r50x1", dict(image_size=32)),
+])
+def test_every_model_compiles_as_one_graph(name, kw):
+    """`--engine compiled` traces the whole model at once. A graph break in each block (a ContextVar read in the
+    attention route) compiled the block's forward once per block, past dynamo's limit of 8: blocks 9-12 ran eager,
+    with ten lines of warnings."""
+    model = vitlab.create_model(name, num_classes=5, **kw).eval()
+    x = torch.randn(1, model.config.in_chans, *model.config.image_size)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:2]

@@ -45,9 +45,11 @@ def route_threads_pinned(threads: int) -> Iterator[None]:
 
 
 def explicit_attention_applies(q: torch.Tensor) -> bool:
+    if not (EXPLICIT_ATTENTION and cpu_fp32_eager(q) and q.shape[-2] <= EXPLICIT_MAX_TOKENS):
+        return False
+    # read only on the eager path: torch.compile cannot trace a ContextVar, and broke the graph at every block
     threads = _ROUTE_THREADS.get()
-    return (EXPLICIT_ATTENTION and cpu_fp32_eager(q) and q.shape[-2] <= EXPLICIT_MAX_TOKENS
-            and (torch.get_num_threads() if threads is None else threads) > 1)
+    return (torch.get_num_threads() if threads is None else threads) > 1
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
