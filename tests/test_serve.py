@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from vitlab.serve import (
     RequestError,
     ServeOptions,
     make_server,
+    request_images,
 )
 from vitlab.weights import save_native
 
@@ -162,6 +164,7 @@ def test_concurrent_requests_share_batches(served):
     ("POST", "/predict?top_k=0", png(0)[1], {}, 400, "top_k must be a positive integer"),
     ("POST", "/predict?top_k=abc", png(0)[1], {}, 400, "top_k must be a positive integer"),
     ("POST", "/predict", b"{not json", {"Content-Type": "application/json"}, 400, "not valid JSON"),
+    ("POST", "/predict", b"[" * 10000, {"Content-Type": "application/json"}, 400, "not valid JSON (nested too deeply)"),
     ("POST", "/predict", b'{"images": ["@@@"]}', {"Content-Type": "application/json"}, 400, "not valid base64"),
     ("POST", "/predict", b'{"pictures": []}', {"Content-Type": "application/json"}, 400, '{"images"'),
     ("POST", "/predict", b'{"images": []}', {"Content-Type": "application/json"}, 400, "no image"),
@@ -207,7 +210,7 @@ def test_form_parts_are_cut_at_their_delimiters_only(served):
 
 def test_http_servers_own_refusals_are_json_and_head_probes_work(served):
     _, srv = served
-    status, doc = srv.request("DELETE", "/predict")
+    status, doc = srv.request("BREW", "/predict")  # a method HTTP does not know
     assert status == 501 and "Unsupported method" in doc["error"]
     conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
     for _ in range(2):  # HEAD sends the headers alone: the connection stays usable
@@ -244,7 +247,8 @@ def test_keep_alive_and_decompression_bomb(served):
     srv.server.options = ServeOptions(max_body_mb=5)  # room for the bomb's bytes
     conn.request("POST", "/predict", body=bomb.getvalue())
     response = conn.getresponse()
-    assert response.status == 400 and "decompression bomb" in json.loads(response.read())["error"]
+    error = json.loads(response.read())["error"]
+    assert response.status == 413 and "decompression bomb" in error and "--max-pixels" in error
     conn.close()
 
 
@@ -548,3 +552,161 @@ def test_static_int8_calibrates_on_a_folder(weights, tmp_path):
         assert_answers_like_int8(srv, model, 12)
     finally:
         srv.close()
+
+
+def test_a_client_stalling_mid_body_gets_408_and_one_log_line(weights, capsys):
+    """Content-Length 100 and 3 bytes, then nothing: the read timed out and was answered 500 "inference failed",
+    and the next read of the dead socket logged socketserver's traceback (OSError: cannot read from timed out
+    object). The timeout is ServeOptions.timeout_s (30 s by default), shortened here."""
+    _, folder = weights
+    srv = Running(make_server(folder, port=0, engine="torch", log=True, quiet=True,
+                              options=ServeOptions(timeout_s=0.5)))
+    try:
+        capsys.readouterr()
+        with socket.create_connection((srv.host, srv.port), timeout=30) as client:
+            client.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+            answer = b""
+            while chunk := client.recv(65536):  # until the server closes the connection
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in head, answer
+        assert "stopped arriving" in json.loads(body)["error"]
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and '"POST /predict HTTP/1.1" 408 the request body stopped arriving' in lines[0], lines
+        assert srv.request("GET", "/health")[0] == 200  # and it serves on
+    finally:
+        srv.close()
+
+
+def test_more_images_per_request_than_the_queue_holds(weights, capsys):
+    """--max-queue 4 with --max-images 64: a request of 5 images was answered 503 "retry shortly" forever."""
+    _, folder = weights
+    with pytest.raises(Exception, match=r"--max-images \(5\) is larger than --max-queue \(4\)"):
+        ServeOptions(max_images=5, max_queue=4).check()
+    assert main(["serve", str(folder), "--port", "0", "--max-queue", "4", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--max-images (64) is larger than --max-queue (4)" in err and len(err.splitlines()) == 1
+    batcher = MicroBatcher(lambda x: x.flatten(1), max_batch=4, max_wait_s=0, max_queue=4)
+    with pytest.raises(RequestError) as refused:  # and a batcher used on its own says so too
+        batcher.submit([torch.zeros(1)] * 5)
+    assert refused.value.status == 413 and "at most 4 (--max-queue)" in str(refused.value)
+    assert batcher.submit([torch.ones(1)] * 4)[3].result(10).tolist() == [1.0]
+    batcher.close()
+
+
+def test_deeply_nested_json_is_bad_json():
+    with pytest.raises(RequestError) as refused:
+        request_images(b"[" * 100000, "application/json")
+    assert refused.value.status == 400 and "not valid JSON" in str(refused.value)
+
+
+def test_images_over_max_pixels_are_refused_from_their_header(weights, monkeypatch):
+    model, folder = weights
+    import vitlab.data.images
+
+    big = io.BytesIO()
+    Image.new("L", (40, 30)).save(big, format="PNG")  # 1200 pixels
+    srv = Running(make_server(folder, port=0, engine="torch", log=False, quiet=True,
+                              options=ServeOptions(max_pixels=1000, max_wait_ms=0)))
+    try:
+        decode = vitlab.data.images.decode_image
+        decoded = []
+        monkeypatch.setattr(vitlab.data.images, "decode_image", lambda *a, **k: decoded.append(a[1]) or decode(*a, **k))
+        status, doc = srv.request("POST", "/predict", big.getvalue())
+        assert status == 413 and doc["error"] == ("image too large (40x30 pixels; at most 0.001 megapixels, "
+                                                  "--max-pixels): image")
+        assert decoded == []  # refused before any pixel was decoded
+        arr, data = png(13)  # 16x16: served as before
+        status, doc = srv.request("POST", "/predict", data)
+        assert status == 200 and decoded == ["image"]
+        check_top(model, arr, doc["results"][0]["top"])
+        assert srv.server.info["limits"]["max_pixels"] == 1000
+    finally:
+        srv.close()
+    assert ServeOptions().max_pixels == 40_000_000
+    with pytest.raises(Exception, match="max-pixels must be at most"):
+        ServeOptions(max_pixels=10**9).check()
+
+
+def test_requests_decoding_at_once_are_bounded(weights):
+    """Each decoding request holds a full-size image: 256 connections decoding at once multiplied that memory."""
+    model, folder = weights
+    from vitlab.weights import load_with_meta
+
+    loaded, meta = load_with_meta(folder)
+    lock, busy, peak = threading.Lock(), [0], [0]
+
+    class Counting(ImageClassifier):
+        def tensor(self, data, name, max_pixels=None):
+            with lock:
+                busy[0] += 1
+                peak[0] = max(peak[0], busy[0])
+            time.sleep(0.3)
+            with lock:
+                busy[0] -= 1
+            return super().tensor(data, name, max_pixels)
+
+    srv = Running(InferenceServer(Counting(loaded, meta), loaded, {}, ServeOptions(max_decoding=2, max_wait_ms=0),
+                                  port=0, log=False))
+    try:
+        images = [png(20 + i) for i in range(5)]
+        answers = [None] * 5
+        start = threading.Barrier(5)
+
+        def client(i):
+            start.wait()
+            answers[i] = srv.request("POST", "/predict", images[i][1])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for (arr, _), (status, doc) in zip(images, answers):
+            assert status == 200
+            check_top(model, arr, doc["results"][0]["top"])
+        assert 1 <= peak[0] <= 2
+    finally:
+        srv.close()
+    default = InferenceServer(ImageClassifier(loaded, meta), loaded, {}, port=0, log=False)
+    try:
+        assert default.options.max_decoding == (os.cpu_count() or 1)  # 0: one per core
+    finally:
+        default.server_close()
+        default.batcher.close()
+
+
+def test_other_methods_get_405_with_allow_and_a_post_without_length_411(served):
+    _, srv = served
+    for method, path, allow in (("PUT", "/predict", "POST"), ("OPTIONS", "/predict", "POST"),
+                                ("DELETE", "/health", "GET, HEAD")):
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+        conn.request(method, path, body=b"x" if method == "PUT" else None)
+        response = conn.getresponse()
+        doc = json.loads(response.read())
+        assert response.status == 405 and response.getheader("Allow") == allow, (method, doc)
+        assert method in doc["error"] and "\n" not in doc["error"]
+        conn.close()
+    with socket.create_connection((srv.host, srv.port), timeout=30) as client:  # curl -X POST URL: no body, no length
+        client.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 411 ") and b"Content-Length" in answer.partition(b"\r\n\r\n")[2]
+
+
+def test_a_port_in_use_is_refused_before_the_model_is_loaded(weights, monkeypatch):
+    _, folder = weights
+    import vitlab.weights
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        def load(*args, **kwargs):
+            raise AssertionError("the model was loaded before the port was checked")
+
+        monkeypatch.setattr(vitlab.weights, "load_with_meta", load)
+        with pytest.raises(Exception, match=f"cannot listen on 127.0.0.1:{port}"):
+            make_server(folder, port=port, engine="torch", log=False, quiet=True)

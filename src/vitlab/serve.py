@@ -4,11 +4,12 @@
     curl --data-binary @shoe.png http://127.0.0.1:8000/predict
     curl -F image=@a.png -F image=@b.jpg 'http://127.0.0.1:8000/predict?top_k=3'
 
-Each connection's thread decodes and preprocesses its images (as `vitlab predict` does) and queues them; one
-worker thread runs the model. The worker takes the oldest queued image and whatever else is queued within
-`max_wait_ms` of it, up to `max_batch` images, as one batch: under load requests share batches, which run at the
-engine's batch speed instead of its batch-1 speed (`python benchmarks/serve.py`). It waits only while other
-requests are being decoded, so a lone request runs at once. Python's standard `http.server`: serving installs
+Each connection's thread decodes and preprocesses its images (as `vitlab predict` does; at most one request per
+CPU core at a time) and queues them; one worker thread runs the model. The worker takes the oldest queued image
+and whatever else is queued within `max_wait_ms` of it, up to `max_batch` images, as one batch: under load
+requests share batches, which run at the engine's batch speed instead of its batch-1 speed
+(`python benchmarks/serve.py`). It waits only while other requests are being decoded, so a lone request runs at
+once. Python's standard `http.server`: serving installs
 nothing more.
 
 Endpoints: POST /predict (a raw image body, multipart/form-data files, or JSON {"images": [base64, ...]});
@@ -26,13 +27,15 @@ import email.policy
 import email.utils
 import io
 import json
+import os
 import queue
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -52,15 +55,28 @@ class ServeOptions:
     top_k: int = 5  # classes per image unless the request asks (?top_k=N)
     max_body_mb: float = 20.0  # larger request bodies: 413
     max_images: int = 64  # images per request
-    max_queue: int = 512  # images waiting for the model; beyond: 503 (retry later)
+    max_queue: int = 512  # images waiting for the model; beyond: 503 (retry later); at least max_images
+    max_pixels: int = 40_000_000  # pixels per image (from its header, before decoding); beyond: 413
+    max_decoding: int = 0  # requests decoding images at the same time (0: one per CPU core), bounding their memory
     max_connections: int = 256  # open connections (one thread each); beyond: 503 and closed
     timeout_s: float = 30.0  # a connection that sends nothing for this long is closed
     fast_jpeg: bool = False  # decode JPEGs at a reduced DCT scale (see ImageClassifier)
 
     def check(self) -> None:
-        for name in ("max_batch", "max_images", "max_queue", "max_connections"):
+        from vitlab.data.images import MAX_IMAGE_PIXELS
+
+        for name in ("max_batch", "max_images", "max_queue", "max_connections", "max_pixels"):
             if getattr(self, name) < 1:
                 raise VitlabError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_decoding < 0:
+            raise VitlabError(f"max_decoding must be >= 0 (0: one per CPU core), got {self.max_decoding}")
+        if self.max_images > self.max_queue:  # such a request could never be queued: a 503 "retry" that never works
+            raise VitlabError(f"--max-images ({self.max_images}) is larger than --max-queue ({self.max_queue}): a "
+                              "request of that many images could never be queued; lower --max-images or raise "
+                              "--max-queue")
+        if self.max_pixels > MAX_IMAGE_PIXELS:  # Pillow refuses larger images anyway (decompression bombs)
+            raise VitlabError(f"--max-pixels must be at most {MAX_IMAGE_PIXELS} (Pillow's decompression-bomb limit), "
+                              f"got {self.max_pixels}")
         for name in ("max_wait_ms", "max_body_mb", "timeout_s"):
             if not getattr(self, name) >= 0:
                 raise VitlabError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -102,6 +118,9 @@ class MicroBatcher:
         now = time.monotonic()
         with self._lock:  # queued and no longer expected in one step: the worker always sees one or the other
             self._arriving -= expected
+            if len(images) > self.max_queue:  # would never fit, however long the client waits: not a 503
+                raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                   f"{len(images)} images in one request; at most {self.max_queue} (--max-queue)")
             if self._waiting + len(images) > self.max_queue:
                 raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE,
                                    f"the server is busy ({self._waiting} images waiting); retry shortly")
@@ -173,13 +192,16 @@ class ImageClassifier:
         side = 2 * max(*self.preprocess.image_size, self.preprocess.effective_resize or 0)
         self.draft = (side, side) if fast_jpeg else None
 
-    def tensor(self, data: bytes, name: str) -> torch.Tensor:
+    def tensor(self, data: bytes, name: str, max_pixels: int | None = None) -> torch.Tensor:
+        """The model's input for one image; one of more than `max_pixels` pixels is refused (413) from its header."""
         from vitlab.data.images import decode_image
 
         if not data:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"empty image: {name}")
+        if max_pixels is not None:
+            _check_pixels(data, name, max_pixels)
         try:
-            return self.preprocess(decode_image(io.BytesIO(data), name, draft=self.draft))
+            return self.preprocess(decode_image(io.BytesIO(data), name, max_pixels=max_pixels, draft=self.draft))
         except VitlabError as exc:
             raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
 
@@ -191,6 +213,23 @@ class ImageClassifier:
         from vitlab.predict import top_predictions
 
         return top_predictions(logits[None], self.names, min(k, len(self.names)), [""])[0].top()
+
+
+def _check_pixels(data: bytes, name: str, most: int) -> None:
+    """413 for an image of more than `most` pixels, read from its header: a 1 KB PNG can declare 81 megapixels,
+    which take seconds and hundreds of MB to decode. Image.open reads the header only."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            size = f"{img.width}x{img.height} pixels" if img.width * img.height > most else None
+    except Image.DecompressionBombError:  # over twice Pillow's own limit: too large by any measure
+        size = "a decompression bomb"
+    except Exception:  # noqa: BLE001 - not an image, a broken header: decode_image says which
+        size = None
+    if size:
+        raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                           f"image too large ({size}; at most {most / 1e6:g} megapixels, --max-pixels): {name}")
 
 
 def _too_many(count: int, most: int) -> RequestError:
@@ -251,6 +290,8 @@ def _json_images(body: bytes, most: int) -> list[tuple[str, bytes]]:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise RequestError(HTTPStatus.BAD_REQUEST, "the body is not valid JSON") from None
+    except RecursionError:  # '[' * 100000: the parser recurses once per level
+        raise RequestError(HTTPStatus.BAD_REQUEST, "the body is not valid JSON (nested too deeply)") from None
     items = doc.get("images", [doc["image"]] if "image" in doc else None) if isinstance(doc, dict) else None
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise RequestError(HTTPStatus.BAD_REQUEST, 'JSON bodies look like {"images": ["<base64>", ...]}')
@@ -285,7 +326,11 @@ class InferenceServer(ThreadingHTTPServer):
                  options: ServeOptions = ServeOptions(), host: str = "127.0.0.1", port: int = 8000,
                  log: bool = True):
         options.check()
+        # each decoding request holds a full-size image (up to max_pixels x 3 bytes, and its resize): at most one per
+        # core decode at once, so that 256 connections cannot multiply that memory (and they would share the cores)
+        options = replace(options, max_decoding=options.max_decoding or os.cpu_count() or 1)
         self.classifier, self.options, self.log = classifier, options, log
+        self._decoding = threading.BoundedSemaphore(options.max_decoding)
         self.batcher = MicroBatcher(run, options.max_batch, options.max_wait_ms / 1e3, options.max_queue)
         self.info = {**info, "classes": classifier.names, "limits": asdict(options)}
         self.started = time.time()
@@ -296,8 +341,7 @@ class InferenceServer(ThreadingHTTPServer):
             super().__init__((host, port), _Handler)
         except OSError as exc:
             self.batcher.close()
-            raise VitlabError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
-                              "choose another --port (0: any free one) or --host") from None
+            raise _listen_error(host, port, exc) from None
 
     def process_request(self, request, client_address) -> None:
         """One thread per connection, up to max_connections: more (a flood of idle sockets) get 503 and are closed."""
@@ -328,13 +372,14 @@ class InferenceServer(ThreadingHTTPServer):
     def predict(self, images: list[tuple[str, bytes]], top_k: int) -> list[dict]:
         if not images:
             raise RequestError(HTTPStatus.BAD_REQUEST, "no image in the request")
-        self.batcher.expect(len(images))
-        try:
-            tensors = [self.classifier.tensor(data, name) for name, data in images]
-        except BaseException:
-            self.batcher.expect(-len(images))
-            raise
-        futures = self.batcher.submit(tensors, expected=len(images))
+        with self._decoding:  # expected only once decoding starts: the worker should not wait for requests in line
+            self.batcher.expect(len(images))
+            try:
+                tensors = [self.classifier.tensor(data, name, self.options.max_pixels) for name, data in images]
+            except BaseException:
+                self.batcher.expect(-len(images))
+                raise
+            futures = self.batcher.submit(tensors, expected=len(images))
         return [{"name": name, "top": self.classifier.top(future.result(), top_k)}
                 for (name, _), future in zip(images, futures)]
 
@@ -363,6 +408,24 @@ class InferenceServer(ThreadingHTTPServer):
             self._idle.wait_for(lambda: self._in_flight == 0, timeout=grace_s)
         self.server_close()
         self.batcher.close()
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> VitlabError:
+    return VitlabError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                       "choose another --port (0: any free one) or --host")
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port in use (or a bad host) in one line, before the model is loaded and its engine chosen, which
+    can take a minute. A test bind, as the server binds (SO_REUSEADDR); port 0 is always free."""
+    if port == 0:
+        return
+    with socket.socket(InferenceServer.address_family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise _listen_error(host, port, exc) from None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -394,6 +457,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         with self.server.answering():
             self._predict()
+
+    def _not_allowed(self) -> None:
+        """405 with the methods the path takes (http.server's default for a known method is 501). A body is left
+        unread, so the connection is closed rather than have its bytes parsed as a request."""
+        self.close_connection = True
+        path = urlsplit(self.path).path.rstrip("/")
+        allow = "POST" if path == "/predict" else "GET, HEAD"
+        self._error(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed here; use {allow}", allow=allow)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed
 
     def _predict(self) -> None:
         url = urlsplit(self.path)
@@ -449,7 +522,12 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"request body of {size / 2**20:.1f} MB; at most {self.server.options.max_body_mb:g} MB "
                                "(--max-body-mb)")
-        body = self.rfile.read(size)
+        try:
+            body = self.rfile.read(size)
+        except TimeoutError:  # the client stalled mid-body: the socket cannot be read again, so the connection ends
+            self.close_connection = True
+            raise RequestError(HTTPStatus.REQUEST_TIMEOUT, f"the request body stopped arriving (nothing for "
+                                                           f"{self.server.options.timeout_s:g} s)") from None
         if len(body) < size:
             self.close_connection = True
             raise RequestError(HTTPStatus.BAD_REQUEST, "the request body ended early")
@@ -474,9 +552,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key.title(), value)
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        try:
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        except OSError:  # the client went away (or stalled) before its answer: nothing to tell it, no traceback
+            self.close_connection = True
 
     log_detail = ""  # what the access line adds after the status (images, time, or the error)
 
@@ -508,6 +589,7 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
     from vitlab.weights import load_with_meta, resolve_model
 
     options.check()
+    check_port(host, port)  # before the model is loaded: a port in use fails in a second, not after a minute
     model, meta = load_with_meta(weights, **load_overrides)
     classifier = ImageClassifier(model, meta, options.fast_jpeg)
     dev = resolve_device(device_for_engine(device, engine, int8))

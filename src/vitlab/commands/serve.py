@@ -27,9 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how long a request waits for others to share its batch (default 5)")
     p.add_argument("--top-k", type=positive_int, default=5, help="classes per image unless ?top_k=N (default 5)")
     p.add_argument("--max-body-mb", type=positive_float, default=20.0, help="largest request body (default 20 MB)")
-    p.add_argument("--max-images", type=positive_int, default=64, help="images per request (default 64)")
+    p.add_argument("--max-images", type=positive_int, default=64,
+                   help="images per request (default 64; at most --max-queue)")
     p.add_argument("--max-queue", type=positive_int, default=512,
                    help="images waiting for the model before requests are refused with 503 (default 512)")
+    p.add_argument("--max-pixels", type=positive_int, default=40_000_000,
+                   help="pixels per image, read from its header before decoding; larger images get 413 "
+                        "(default 40000000: 40 megapixels)")
     p.add_argument("--fast-jpeg", action="store_true",
                    help="decode JPEGs at a reduced scale (at least twice the model's input size) before resizing: "
                         "1.7x faster at 1080p, 4.3x at 12 MP; inputs a little off a full decode (enlarged "
@@ -57,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         raise VitlabError(f"--port must be 0-65535, got {args.port}")
     options = ServeOptions(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
                            max_body_mb=args.max_body_mb, max_images=args.max_images, max_queue=args.max_queue,
-                           fast_jpeg=args.fast_jpeg)
+                           max_pixels=args.max_pixels, fast_jpeg=args.fast_jpeg)
+    options.check()  # a bad combination of flags fails before anything is set up
     runtime = setup_runtime(device_for_engine(args.device, args.engine, args.int8), args.threads)
     runtime.announce("serve", args.quiet)
     overrides, image_size = load_overrides(args)
