@@ -197,3 +197,14 @@ def test_cpu_engine_flags_run_on_the_cpu_of_a_gpu_machine(setup, capsys, monkeyp
     assert probs[NAMES[int(ref.argmax())]] == pytest.approx(float(ref.max()), abs=1e-4)
     assert main(["predict", str(tmp / "w"), str(imgs / "a.png"), "--engine", "onnxruntime", "--device", "cuda"]) == 2
     assert "runs on the CPU" in capsys.readouterr().err
+
+
+def test_a_quoted_pattern_is_expanded(setup, capsys):
+    """`vitlab predict W 'imgs/*.png'` (or any shell that does not expand patterns) said no such file."""
+    model, tmp, imgs, arrays = setup
+    assert main(["predict", str(tmp / "w"), str(imgs / "*.png"), "--format", "json", "--quiet"]) == 0
+    assert sorted(r["path"] for r in json.loads(capsys.readouterr().out)) == [str(imgs / "a.png"), str(imgs / "b.png")]
+    assert main(["predict", str(tmp / "w"), str(imgs / "**" / "*.png"), "--format", "json", "--quiet"]) == 0
+    assert sorted(r["path"] for r in json.loads(capsys.readouterr().out)) == sorted(arrays)
+    assert main(["predict", str(tmp / "w"), str(imgs / "*.jpg")]) == 2
+    assert f"no image file matches {imgs / '*.jpg'}" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import glob
 import io
 import itertools
 import json
@@ -67,6 +68,12 @@ def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple
             files += found
         elif p.is_file():
             files.append(p)
+        elif glob.has_magic(str(item)):  # a quoted pattern, or a shell that does not expand them (Windows)
+            matched = sorted(Path(m) for m in glob.glob(str(Path(item).expanduser()), recursive=True))
+            matched = [m for m in matched if m.is_file() and is_image_file(m)]
+            if not matched:
+                raise VitlabError(f"no image file matches {item}")
+            files += matched
         else:
             raise VitlabError(f"no such image file or folder: {p}")
     return files, skipped

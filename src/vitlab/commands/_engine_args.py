@@ -10,9 +10,10 @@ ENGINE_CHOICES = ("auto", "torch", "onnxruntime", "compiled", "openvino")
 INT8_CHOICES = ("auto", "static", "dynamic")
 
 
-def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8: bool = True) -> None:
+def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8: bool = True,
+                         engine_help: str | None = None) -> None:
     p.add_argument("--engine", choices=ENGINE_CHOICES, default=default,
-                   help="what runs the model on the CPU: auto (time torch, ONNX Runtime and OpenVINO, where "
+                   help=engine_help or "what runs the model on the CPU: auto (time torch, ONNX Runtime and OpenVINO, where "
                         "installed, once per machine and shape, keep the fastest exact one; cached beside the model), "
                         "torch (eager), onnxruntime (fused fp32 graph), compiled (torch.compile), openvino (needs "
                         f"vitlab[openvino]) (default {default}); with --device auto, onnxruntime, compiled, openvino "

@@ -19,7 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--static-batch", action="store_true", help="fix the batch size to 1")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
-    add_engine_arguments(p, default="torch")
+    add_engine_arguments(p, default="torch", engine_help=(
+        "which graph to write: torch (portable ONNX, standard operators, any runtime; the default), onnxruntime "
+        "(the fused fp32 graph ONNX Runtime runs), openvino (an OpenVINO model, OUT.xml + OUT.bin), auto (the "
+        "graph --engine auto picks for this model on this machine)"))
     p.epilog = ("--engine torch writes the portable graph (standard operators, any runtime); onnxruntime the fp32 "
                 "graph with ONNX Runtime's transformer fusions (runs only in ONNX Runtime); auto the faster of the two "
                 "here; openvino an OpenVINO model (OUT.xml and OUT.bin); --int8 the quantized graph (--calibration "
