@@ -248,3 +248,22 @@ def test_folder_without_class_subfolders(tmp_path):
     good(tmp_path / "x.png")
     with pytest.raises(VitlabError, match="no class subfolders"):
         load_data(str(tmp_path), progress=False)
+
+
+def test_an_unreadable_image_is_called_unreadable_not_corrupt(tmp_path, monkeypatch):
+    """chmod 000 (tested through a patched open: root reads anything) was listed as "corrupt image"."""
+    from vitlab.data.images import check_image_header, open_image
+
+    path = good(tmp_path / "a.png")
+    real_open = Image.open
+
+    def denied(fp, *args, **kwargs):
+        if str(fp) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", denied)
+    for read in (check_image_header, open_image):
+        with pytest.raises(BadImageError) as info:
+            read(path)
+        assert info.value.reason == "unreadable file (permission denied)"

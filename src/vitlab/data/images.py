@@ -102,6 +102,8 @@ def check_image_header(path: str | os.PathLike, max_pixels: int | None = None) -
         raise BadImageError("image too large", path, "possible decompression bomb") from None
     except UnidentifiedImageError:
         raise BadImageError("not an image", path, "Pillow cannot identify it") from None
+    except PermissionError:  # the file is fine; the user cannot read it (Pillow's own error would say "corrupt")
+        raise BadImageError("unreadable file", path, "permission denied") from None
     except Exception as exc:
         raise BadImageError("corrupt image", path, _first_line(exc)) from None
     check_image_size(path, w, h, max_pixels)
@@ -180,6 +182,8 @@ def decode_image(source, name, mode: str | None = None, max_pixels: int | None =
         raise BadImageError("not an image", name, "Pillow cannot identify it") from None
     except MemoryError:
         raise BadImageError("image too large", name, "out of memory while decoding") from None
+    except PermissionError:
+        raise BadImageError("unreadable file", name, "permission denied") from None
     except Exception as exc:  # truncated, corrupt data, broken headers: all mean "skip this image"
         raise BadImageError("corrupt or truncated image", name, _first_line(exc)) from None
 
