@@ -73,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
         raise VitlabError(f"{exc}; add --skip-bad to leave unreadable images out") from None
     # announced after the images were read: a bad image still fails with exactly one line
     runtime.announce("predict", args.quiet)
-    if engines and engines[0] is not None and not args.quiet:
-        print(engines[0].note, file=sys.stderr)
+    if engines and not args.quiet:  # eager PyTorch (as asked, or on a GPU) is said as the other engines are
+        print(engines[0].note if engines[0] is not None else
+              f"vitlab predict: engine: torch on {runtime.device} (eager)", file=sys.stderr)
     print(format_predictions(preds, args.format))
     if not args.quiet:
         for _path, reason in failed:
