@@ -11,6 +11,9 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 # Imported on first use (PEP 562), so that `import vitlab` and the `vitlab` command start without torch.
 _FROM_MODELS = ("ResNetConfig", "ViTConfig", "VisionTransformer", "create_model", "get_config", "model_names")
+# The documented subpackages, reachable as `vitlab.weights.load_with_meta(...)` after a plain `import vitlab`
+# (imported on first attribute access, like the names above, not at `import vitlab`).
+_SUBMODULES = ("data", "engine", "evaluate", "experiments", "export", "inspect", "models", "runtime", "train", "weights")
 
 
 def __getattr__(name: str):
@@ -20,11 +23,15 @@ def __getattr__(name: str):
         value = getattr(vitlab.models, name)
         globals()[name] = value  # later look-ups skip this function
         return value
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"vitlab.{name}")  # the import also sets the attribute on vitlab
     raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_FROM_MODELS))
+    return sorted(set(globals()) | set(_FROM_MODELS) | set(_SUBMODULES))
 
 
 def load(path, num_classes=None, image_size=None, **kwargs):

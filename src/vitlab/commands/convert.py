@@ -2,12 +2,14 @@
 
 Conversions are lossless or refuse: what the target format cannot carry is stored beside it (vitlab's
 config in the timm file's safetensors header or `NAME.vitlab.json` sidecar) or the command stops with one
-line saying what to pass. DST never overwrites SRC.
+line saying what to pass. DST never overwrites SRC, nor (without --force) anything already at DST, and
+nothing is ever written through a link.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-representation", action="store_true", help="keep the pre-logits layer when replacing the head")
     add_load_arguments(p)
     p.add_argument("--class-names", default=None, help="a text file with one class name per line, to store with the weights")
+    p.add_argument("--force", action="store_true",
+                   help="replace what is already at DST (a file, or the files convert writes in a non-empty folder; "
+                        "a link is replaced itself, never written through)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
 
@@ -84,6 +89,56 @@ def refuse_overwriting_source(src: str, out: Path) -> None:
                           "choose a DST outside the source")
 
 
+# What each format writes into its folder; --force replaces these (and nothing else) in an existing folder.
+_FOLDER_FILES = {"native": ("config.json", "model.safetensors"),
+                 "hf": ("config.json", "model.safetensors", "preprocessor_config.json", "README.md")}
+# Files of an earlier HF export that the reader would take instead of the new model.safetensors (an index wins).
+_STALE_HF = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def written_paths(out: Path, to: str) -> list[Path]:
+    """Every path convert writes for DST `out` (a folder's files; a timm torch file's sidecar too)."""
+    if to in _FOLDER_FILES:
+        return [out / name for name in _FOLDER_FILES[to]]
+    from vitlab.weights.timm import sidecar_path
+
+    return [out] if out.suffix == ".safetensors" else [out, sidecar_path(out)]
+
+
+def refuse_existing_destination(dst: Path, out: Path, to: str, force: bool) -> None:
+    """DST (`dst` as named; `out` what is written: the same, or `dst/model.safetensors` for a timm folder) may
+    not hold anything yet - a file, a link, a non-empty folder - unless --force; checked before loading. Links
+    count even when dangling (os.path.lexists): without --force nothing is ever written through one."""
+    from vitlab.errors import VitlabError
+
+    if dst.is_symlink():
+        if not force:
+            raise VitlabError(f"DST {dst} is a link (to {os.readlink(dst)}); convert never writes through a link: "
+                              "pick another DST or pass --force to replace the link itself (its target is left alone)")
+        return
+    if to in _FOLDER_FILES:
+        if dst.exists() and not dst.is_dir():  # even --force never turns a file into a folder
+            raise VitlabError(f"DST {dst} is a file; --to {to} writes a folder: pick another DST")
+        if dst.is_dir() and any(dst.iterdir()) and not force:
+            raise VitlabError(f"DST {dst} is a folder that is not empty ({sorted(dst.iterdir())[0].name}, ...); pick "
+                              "another folder or pass --force to replace the model files in it")
+        return
+    taken = [p for p in written_paths(out, to) if os.path.lexists(p)]
+    if taken and not force:
+        raise VitlabError(f"DST {taken[0]} already exists; pick another DST or pass --force to replace it")
+
+
+def clear_destination(dst: Path, out: Path, to: str) -> None:
+    """With --force, just before writing: remove a link at DST and at every path about to be written (the link
+    itself; its target is left alone), and an earlier HF export's shard index that would shadow the new file."""
+    if dst.is_symlink():
+        dst.unlink()
+    paths = written_paths(out, to) + ([out / n for n in _STALE_HF] if to == "hf" else [])
+    for path in paths:
+        if path.is_symlink() or (path.name in _STALE_HF and path.is_file()):
+            path.unlink()
+
+
 def run(args: argparse.Namespace) -> int:
     from vitlab.errors import VitlabError
     from vitlab.models.registry import count_parameters
@@ -91,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
     out_path = output_path(args.dst, args.to)  # before loading: a bad DST costs nothing
     refuse_overwriting_source(args.src, out_path)
+    refuse_existing_destination(Path(args.dst), out_path, args.to, args.force)
     overrides, image_size = load_overrides(args)
     model, meta = load_with_meta(args.src, num_classes=args.num_classes, image_size=image_size,
                                  keep_representation=args.keep_representation, **overrides)
@@ -102,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if names is not None and len(names) != model.config.num_classes:
         raise VitlabError(f"{len(names)} class names for a model with {model.config.num_classes} outputs")
+    if args.force:
+        clear_destination(Path(args.dst), out_path, args.to)
     if args.to == "native":
         out = save_native(model, args.dst, class_names=names, preprocess=meta.get("preprocess"))
     elif args.to == "hf":

@@ -24,7 +24,11 @@ from vitlab.weights.limits import MAX_SHARDS
 
 _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
           "gelu_python_tanh": "tanh"}
+# PIL filter codes (what `resample` holds) -> vitlab interpolation: NEAREST, BILINEAR, BICUBIC and BOX (= area
+# averaging) are the same filters; LANCZOS (1) and HAMMING (5) have no torch counterpart and run as bicubic,
+# the closest (docs/weights.md). Any other code is refused: it is no filter PIL or transformers knows.
 _PIL_RESAMPLE = {0: "nearest", 1: "bicubic", 2: "bilinear", 3: "bicubic", 4: "area", 5: "bicubic"}
+HF_RESCALE = 1 / 255  # ViTImageProcessor's default rescale_factor: pixel values 0..255 -> 0..1, vitlab's own scale
 
 # HF key (after dropping `vit.`, 4.x and 5.x names) -> vitlab key, per encoder layer.
 _LAYER_KEYS = {
@@ -124,6 +128,8 @@ def _preprocess(pp: dict, config: ViTConfig, source: Path) -> dict:
     except (TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:
         raise VitlabError(f"cannot read {source} ({type(exc).__name__}: {exc}); fix the file or delete it "
                           "to use the default preprocessing") from exc
+    except VitlabError as exc:  # a value vitlab cannot reproduce (resample, rescale_factor): name the file
+        raise VitlabError(f"{source}: {exc}") from exc
     return validate_preprocess(pre, config, str(source))
 
 
@@ -288,13 +294,67 @@ def _read_hf_vit(sd: dict[str, torch.Tensor], hf_cfg: dict, overrides: dict[str,
 
 
 def _class_names(hf_cfg: dict, num_classes: int) -> list[str] | None:
+    """Class names from `id2label`, read as transformers reads it (`PretrainedConfig`: `{int(key): name}`, so "01"
+    is class 1); keys that are not integers, repeated indices, or indices other than exactly 0..N-1 for the N
+    classifier outputs are refused (transformers itself fails to load such a folder). transformers' placeholder
+    names (LABEL_0, LABEL_1, ...) mean "no names"."""
     id2label = hf_cfg.get("id2label")
     if not id2label or not num_classes:
         return None
-    names = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(num_classes)]
+    if not isinstance(id2label, dict):
+        raise VitlabError(f"config.json id2label must be an object of class index -> name, got "
+                          f"{type(id2label).__name__}; fix it (or delete it)")
+    labels: dict[int, str] = {}
+    for key, name in id2label.items():
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            raise VitlabError(f"config.json id2label has the key {key!r}, not an integer (transformers reads the keys "
+                              "with int()); use the class indices \"0\", \"1\", ... as keys") from None
+        if index in labels:
+            raise VitlabError(f"config.json id2label names class {index} twice (keys read as integers, as "
+                              "transformers does); keep one key per class")
+        labels[index] = str(name)
+    if sorted(labels) != list(range(num_classes)):
+        stray = sorted(set(labels) - set(range(num_classes)))[:3]
+        absent = sorted(set(range(num_classes)) - set(labels))[:3]
+        detail = "; ".join(x for x in (f"no name for {absent}" if absent else "",
+                                        f"names for {stray} beyond it" if stray else "") if x)
+        raise VitlabError(f"config.json id2label has {len(labels)} labels but the classifier has {num_classes} "
+                          f"outputs ({detail}); it must name each class 0..{num_classes - 1} once: fix it (or delete it)")
+    names = [labels[i] for i in range(num_classes)]
     if all(n == f"LABEL_{i}" for i, n in enumerate(names)):
         return None
     return names
+
+
+def _interpolation(pp: dict) -> str:
+    """vitlab's interpolation for the processor's PIL `resample` code (absent: transformers' bilinear default)."""
+    code = pp.get("resample", 2)
+    if isinstance(code, bool) or not isinstance(code, int) or code not in _PIL_RESAMPLE:
+        raise VitlabError(f"resample {code!r} is no PIL filter (0 nearest, "
+                          "1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming); fix it to the one the model was "
+                          "trained with")
+    return _PIL_RESAMPLE[code]
+
+
+def _fold_rescale(pp: dict, mean: list, std: list) -> tuple[list, list]:
+    """mean and std on vitlab's [0, 1] pixel scale for the processor's `do_rescale` / `rescale_factor`.
+
+    transformers computes (x * r - mean) / std on pixel values x in 0..255 (r = rescale_factor, 1 without
+    do_rescale); vitlab computes (x / 255 - mean') / std'. The two are the same map for mean' = mean / (255 r),
+    std' = std / (255 r), so any positive factor is reproduced, not ignored."""
+    do_rescale = pp.get("do_rescale", True)
+    if not isinstance(do_rescale, bool):
+        raise VitlabError(f"do_rescale {do_rescale!r} must be true or false")
+    factor = pp.get("rescale_factor", HF_RESCALE) if do_rescale else 1.0
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+        raise VitlabError(f"rescale_factor {factor!r} must be a positive number "
+                          "(1/255 maps pixel values to [0, 1])")
+    scale = 255.0 * factor
+    if abs(scale - 1.0) < 1e-9:  # the default 1/255: keep the stored statistics bit for bit
+        return mean, std
+    return [float(m) / scale for m in mean], [float(s) / scale for s in std]
 
 
 def hf_default_preprocess(config: ViTConfig) -> dict:
@@ -315,7 +375,8 @@ def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
                 out[key] = list(v) if isinstance(v, (list, tuple)) else [float(v)] * c
     else:
         out["mean"], out["std"] = [0.0] * c, [1.0] * c
-    out["interpolation"] = _PIL_RESAMPLE.get(pp.get("resample", 2), "bilinear")
+    out["mean"], out["std"] = _fold_rescale(pp, out["mean"], out["std"])
+    out["interpolation"] = _interpolation(pp)
     size = pp.get("size")
     crop = pp.get("crop_size")
     if pp.get("do_center_crop") and crop:
@@ -540,13 +601,14 @@ def preprocess_from_convnext(pp: dict, config: ViTConfig) -> dict:
     edge = int(size.get("shortest_edge", 384)) if isinstance(size, dict) else int(size)
     crop_pct = float(pp.get("crop_pct") or 224 / 256)
     out = {"image_size": [edge, edge], "resize": int(edge / crop_pct) if edge < 384 else None,
-           "crop_fraction": 1.0, "interpolation": _PIL_RESAMPLE.get(pp.get("resample", 2), "bilinear"), "channels": c}
+           "crop_fraction": 1.0, "interpolation": _interpolation(pp), "channels": c}
     if pp.get("do_normalize", True):
         mean, std = pp.get("image_mean", [0.5] * 3), pp.get("image_std", [0.5] * 3)
         out["mean"] = list(mean)[:c] if isinstance(mean, (list, tuple)) else [float(mean)] * c
         out["std"] = list(std)[:c] if isinstance(std, (list, tuple)) else [float(std)] * c
     else:
         out["mean"], out["std"] = [0.0] * c, [1.0] * c
+    out["mean"], out["std"] = _fold_rescale(pp, out["mean"], out["std"])
     return out
 
 

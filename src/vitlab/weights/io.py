@@ -54,13 +54,41 @@ def _umask() -> int:
     return mask
 
 
+def unreadable(path: Path, exc: OSError) -> VitlabError:
+    """One line for a file the OS will not let vitlab open: a permission problem is not a damaged download."""
+    if isinstance(exc, PermissionError):
+        return VitlabError(f"cannot read {path}: permission denied; make it readable (chmod u+r, or ask its owner) "
+                           "or copy it somewhere you can read")
+    return VitlabError(f"cannot read {path} ({exc.strerror or type(exc).__name__}); check the path and the disk")
+
+
+def sniff_format(path: str | Path) -> str:
+    """What a weights file holds, from its first bytes rather than its name: 'safetensors' (an 8-byte
+    little-endian header length, then the JSON header's '{'), 'torch' (torch.save's zip, 'PK', or a legacy
+    pickle, protocol opcode 0x80), 'npz'-style zips are 'torch' too (torch.load reports them), else 'unknown'.
+    A renamed file is then read as what it is, and an unreadable one is reported as such."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(9)
+    except OSError as exc:
+        raise unreadable(p, exc) from exc
+    if len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= p.stat().st_size - 8:
+        return "safetensors"
+    if head[:2] == b"PK" or head[:1] == b"\x80":
+        return "torch"
+    return "unknown"
+
+
 def load_tensor_file(path: str | Path) -> Any:
     """What a `.safetensors` file (a name -> tensor dict) or a torch file (any object of tensors and plain data,
-    `weights_only=True`) holds, on the CPU."""
+    `weights_only=True`) holds, on the CPU. The content decides which reader runs, not the suffix: both readers
+    are safe on any input (no pickled code runs), so a safetensors file named `.pth` (or the reverse) loads."""
     p = Path(path)
     if not p.is_file():
         raise VitlabError(f"no such file: {p}")
-    if p.suffix == ".safetensors":
+    kind = sniff_format(p)
+    if kind == "safetensors" or (kind == "unknown" and p.suffix == ".safetensors"):
         from safetensors.torch import load_file
 
         try:
@@ -69,7 +97,12 @@ def load_tensor_file(path: str | Path) -> Any:
             raise VitlabError(f"cannot read {p} as safetensors ({exc}); is the file complete?") from exc
     _check_torch_zip(p)
     try:
+        if p.name.endswith(".safetensors"):  # torch.load would hand a path with this name to safetensors
+            with open(p, "rb") as fh:
+                return torch.load(fh, map_location="cpu", weights_only=True)
         return torch.load(p, map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise unreadable(p, exc) from exc
     except Exception as exc:  # truncated zip, pickle with code, not a torch file at all
         raise _torch_load_error(p, exc) from exc
 
@@ -123,17 +156,46 @@ def unwrap_state_dict(obj: object, source: str = "checkpoint") -> dict[str, torc
     out = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not out:
         raise VitlabError(f"{source} holds no tensors")
+    for k, v in out.items():
+        check_tensor_kind(k, v, source)
     for prefix in ("module.", "_orig_mod."):  # DistributedDataParallel, torch.compile
         if all(k.startswith(prefix) for k in out):
             out = {k[len(prefix):]: v for k, v in out.items()}
     return out
 
 
+# Floating-point dtypes every reader and every op vitlab runs on weights supports (fp16/bf16/fp64 are cast on load).
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_tensor_kind(name: str, t: torch.Tensor, source: str) -> None:
+    """Refuse what no reader can hold as weights, before any op runs on it (torch raises NotImplementedError or
+    RuntimeError deep inside otherwise): sparse or other non-dense layouts, meta tensors (shapes without values),
+    quantized tensors and the float8 dtypes. Integer tensors pass here: buffers such as `num_batches_tracked`
+    are integers, and an integer where a float parameter belongs is refused by the state-dict check."""
+    if t.layout != torch.strided:
+        raise VitlabError(f"{source}: tensor {name!r} is stored {str(t.layout).replace('torch.', '')} (not dense); "
+                          "vitlab reads dense tensors: save the weights with tensor.to_dense()")
+    if t.is_meta:
+        raise VitlabError(f"{source}: tensor {name!r} is a meta tensor (a shape without values, {t.dtype}); the file "
+                          "holds no weights for it: save the model after its weights are loaded or initialised")
+    if t.is_quantized:
+        raise VitlabError(f"{source}: tensor {name!r} is quantized ({t.dtype}); vitlab reads float weights: save "
+                          "the float model (tensor.dequantize())")
+    if t.is_floating_point() and t.dtype not in _FLOAT_DTYPES:
+        raise VitlabError(f"{source}: tensor {name!r} is {str(t.dtype).replace('torch.', '')}, a dtype vitlab does "
+                          "not load (float16, bfloat16, float32 and float64 load): cast the weights to one of those "
+                          "and save them again")
+
+
 def safetensors_metadata(path: str | Path) -> dict[str, str]:
     """The string metadata of a `.safetensors` header ({} for other files or none)."""
     p = Path(path)
-    if p.suffix != ".safetensors":
-        return {}
+    try:
+        if sniff_format(p) != "safetensors":  # by content: a safetensors file renamed .pth keeps its record
+            return {}
+    except VitlabError:
+        return {}  # unreadable: read_tensors reports it
     try:
         from safetensors import safe_open
 
@@ -148,6 +210,9 @@ def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
     p = Path(path)
+    if p.is_file() and sniff_format(p) == "torch":  # safetensors' own "header too large" would hide what it is
+        raise VitlabError(f"{p} is a PyTorch file (torch.save), not safetensors as its name says; re-save it as "
+                          "safetensors (vitlab.save writes a model folder), or rename it .pth and load that file")
     try:
         with safe_open(str(p), framework="pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -159,7 +224,12 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
     """A small JSON file's content; refused above MAX_JSON_BYTES (a config is a few KB), and
     malformed or absurdly nested JSON is one VitlabError line."""
     p = Path(path)
-    size = p.stat().st_size
+    try:
+        size = p.stat().st_size
+        with open(p, "rb"):  # an unreadable file is said to be one (not a raw PermissionError)
+            pass
+    except OSError as exc:
+        raise unreadable(p, exc) from exc
     if size > MAX_JSON_BYTES:
         raise VitlabError(f"{p} is {size / 2**20:.0f} MB, above the {MAX_JSON_BYTES // 2**20} MB a {what} may have "
                           "(docs/weights.md, Limits); is it the right file?")
@@ -253,6 +323,8 @@ class NpzArchive(Mapping):
             self._npz = np.load(self.path, allow_pickle=False)
         except FileNotFoundError:
             raise
+        except PermissionError as exc:  # not a damaged file: say so
+            raise unreadable(self.path, exc) from exc
         except Exception as exc:  # zipfile.BadZipFile, ValueError, EOFError (truncated)
             raise VitlabError(f"cannot read {self.path} as an .npz checkpoint ({type(exc).__name__}: {exc}); "
                               "is the file complete?") from exc

@@ -9,7 +9,10 @@ Handles:
   heads, scan-stacked `Transformer/encoderblock/...`, no stored posemb (fixed sin-cos);
 - hybrids: `conv_root`, `gn_root`, `block{s}/unit{u}/{conv,gn}{1,2,3}|conv_proj|gn_proj`, with
   GroupNorm parameters stored as (1, 1, 1, C) squeezed as VT's `_fix_groupnorm`;
-- i21k files with `pre_logits` and a zeroed 21843-way head.
+- i21k files with `pre_logits` and a zeroed 21843-way head;
+- one parameter set per file: arrays the model does not use are refused, except what genuine checkpoints carry
+  beside their parameters (optimizer state `opt/...`, big_vision's `chrono/...`, a two-tower file's other
+  tower), which is never read (docs/weights.md, "what else a file may hold").
 The whole model config is inferred from the array shapes, validated against the documented limits
 and checked against every array's header before anything is decompressed (docs/weights.md, Limits).
 """
@@ -30,7 +33,18 @@ from vitlab.models.resnet import resnet_channels, resnet_reduction
 from vitlab.weights.io import NpzArchive
 from vitlab.weights.limits import MAX_DEPTH
 
+# Where a file keeps its parameter set: nowhere (the released files), under `opt/target/` (a Flax optimizer
+# checkpoint: `opt/state/...` beside it), `params/` (a big_vision train state: `opt/...` optax state and
+# `chrono/...` beside it) or `params/img/` (the image tower of a two-tower model such as SigLIP or LiT).
 _PREFIXES = ("opt/target/", "params/img/", "params/")
+_ROOTS = ("", *_PREFIXES)
+# Arrays that genuine checkpoints carry next to the parameters and that are deliberately not read (the official
+# loaders drop them too: big_vision `utils.load_params` keeps only `params` / `opt/target`): optimizer state
+# and big_vision's training clock. They are never decompressed.
+_TRAIN_STATE = ("opt/", "chrono/")
+# Arrays of the parameter set that the model being built may leave out on purpose: the official fine-tuning
+# code (`checkpoint.load_pretrained`) drops `pre_logits` and replaces `head` when the config asks for it.
+_DROPPABLE = ("pre_logits/kernel", "pre_logits/bias", "head/kernel", "head/bias")
 _GN_RE = re.compile(r"(^|/)gn(\d+|_root|_proj)/(scale|bias)$")
 _STACKED = "Transformer/encoderblock/"
 
@@ -44,12 +58,55 @@ def read_npz(path: str | Path) -> NpzArchive:
     return NpzArchive(path)
 
 
+def parameter_root(arrays: Arrays) -> str:
+    """The prefix of the file's one parameter set ('' for none). A file holding two sets (say an unprefixed one
+    and a `params/` one) is refused: which of them is the model cannot be told, and picking one would be a guess."""
+    roots = [r for r in _ROOTS if r + "embedding/kernel" in arrays]
+    if len(roots) > 1:
+        # params/img/ nests inside params/: a params/img/ tower next to a params/ set is still two sets
+        named = ", ".join(repr(r or "unprefixed") for r in roots)
+        raise VitlabError(f"the checkpoint holds {len(roots)} ViT parameter sets ({named}: each has an "
+                          "embedding/kernel), so which one is the model is ambiguous; save the one you mean alone")
+    if roots:
+        return roots[0]
+    # no embedding/kernel anywhere: keep the old rule (the first prefix anything is nested under) for the message
+    return next((p for p in _PREFIXES if any(k.startswith(p + "embedding/") for k in arrays)), "")
+
+
 def strip_prefix(arrays: Arrays) -> dict[str, Any]:
-    """Remove the `opt/target/` or `params/` prefix some checkpoints nest everything under."""
-    for prefix in _PREFIXES:
-        if any(k.startswith(prefix + "embedding/") for k in arrays):
-            return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-    return dict(arrays.items())
+    """The file's parameter set with its `opt/target/`, `params/` or `params/img/` prefix removed."""
+    prefix = parameter_root(arrays)
+    if not prefix:
+        return dict(arrays.items())
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def _ignored(key: str, prefix: str) -> bool:
+    """True for an array of a genuine checkpoint that is not part of the parameter set (see _TRAIN_STATE), and for
+    the other towers of a two-tower file (`params/txt/...`, `params/t`, `params/b` next to `params/img/`)."""
+    if key.startswith(_TRAIN_STATE) and not key.startswith("opt/target/"):
+        return True
+    if prefix == "params/img/" and key.startswith("params/") and not key.startswith(prefix):
+        return True
+    return False
+
+
+def unexpected_arrays(arrays: Arrays, want: Mapping[str, Any]) -> list[str]:
+    """The file's arrays (names as stored) that neither the model `want` describes nor the deliberate exceptions
+    cover: the official `.npz` counterpart of a state dict's unexpected keys. Names only; nothing is read."""
+    prefix = parameter_root(arrays)
+    out = []
+    for key in arrays:
+        if not key.startswith(prefix):
+            if not _ignored(key, prefix):
+                out.append(key)
+            continue
+        name = key[len(prefix):]
+        if name.startswith(_STACKED):  # scan-stacked: one array stands for every layer's
+            name = "Transformer/encoderblock_0/" + name[len(_STACKED):]
+        if name not in want and name not in _DROPPABLE and not _ignored(key, prefix):
+            out.append(key)
+    return sorted(out)
 
 
 def _stacked_depth(a: dict[str, Any], stacked: list[str]) -> int:
@@ -377,10 +434,20 @@ def to_state_dict(arrays: Arrays, config: ViTConfig) -> dict[str, torch.Tensor]:
     return _state_dict(normalize(arrays), config)
 
 
-def _read_official_arrays(a: dict[str, Any], overrides: dict[str, Any]) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
-    """Config from the shapes, checked against every needed array's header, then only those arrays read."""
+def _read_official_arrays(a: dict[str, Any], overrides: dict[str, Any], raw: Arrays | None = None
+                          ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """Config from the shapes, checked against every needed array's header (and, given the file's `raw` arrays,
+    refused when it holds arrays the model does not use), then only those arrays read."""
     config = _infer(a, overrides)
-    check_arrays(a, expected_shapes(config, a))
+    want = expected_shapes(config, a)
+    check_arrays(a, want)
+    extra = unexpected_arrays(raw, want) if raw is not None else []
+    if extra:
+        more = f" ... ({len(extra)} in all)" if len(extra) > 3 else ""
+        raise VitlabError(f"the checkpoint holds arrays the model its shapes describe does not use: "
+                          f"{', '.join(extra[:3])}{more}; this is not a plain official ViT checkpoint (another "
+                          "model, or arrays added to it): remove those arrays, or drop the override that leaves "
+                          "them unused")
     return config, _state_dict(a, config)
 
 
@@ -395,11 +462,11 @@ def read_official(path: str | Path, **overrides) -> tuple[ViTConfig, dict[str, t
     with read_npz(path) as archive:
         if big_transfer.is_big_transfer_keys(archive):  # a released BiT ResNet, not a ViT
             return big_transfer.read_arrays(archive, str(path), **overrides)
-        if not is_official_npz(archive):
-            raise VitlabError(f"{path} is an .npz but not an official ViT checkpoint (no 'embedding/kernel')")
         try:
+            if not is_official_npz(archive):
+                raise VitlabError(f"{path} is an .npz but not an official ViT checkpoint (no 'embedding/kernel')")
             a = normalize(archive)
-            config, sd = _read_official_arrays(a, overrides)
+            config, sd = _read_official_arrays(a, overrides, archive)
         except KeyError as exc:
             raise VitlabError(f"{path} lacks the array {exc.args[0]!r} an official ViT checkpoint has; "
                               "is it complete?") from exc
