@@ -11,6 +11,7 @@ from PIL import Image
 
 from vitlab.cli import main
 from vitlab.data.preprocess import Preprocess
+from vitlab.errors import VitlabError
 from vitlab.models.registry import create_model
 from vitlab.weights import save_native
 
@@ -208,3 +209,25 @@ def test_a_quoted_pattern_is_expanded(setup, capsys):
     assert sorted(r["path"] for r in json.loads(capsys.readouterr().out)) == sorted(arrays)
     assert main(["predict", str(tmp / "w"), str(imgs / "*.jpg")]) == 2
     assert f"no image file matches {imgs / '*.jpg'}" in capsys.readouterr().err
+
+
+def test_the_python_predict_takes_the_engines(setup):
+    """`vitlab.predict.predict` ran eager PyTorch only: the Python route to the CLI's engines and int8."""
+    pytest.importorskip("onnxruntime")
+    from vitlab.predict import predict
+
+    model, tmp, imgs, arrays = setup
+    eager = predict(tmp / "w", [imgs], top_k=3)
+    assert sorted(p.path for p in eager) == sorted(arrays)
+    for engine in ("onnxruntime", "auto"):
+        other = predict(tmp / "w", [imgs], top_k=3, engine=engine)
+        assert [p.labels for p in other] == [p.labels for p in eager]
+        assert np.allclose([p.probs for p in other], [p.probs for p in eager], atol=1e-5)
+    calib = tmp / "calib"
+    calib.mkdir()
+    for i in range(20):
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(calib / f"{i}.png")
+    q = predict(tmp / "w", [imgs / "*.png"], top_k=1, int8="static", engine="onnxruntime", calibration=calib)
+    assert len(q) == 2 and q[0].labels[0] in NAMES
+    with pytest.raises(VitlabError, match="static int8 needs calibration images"):
+        predict(tmp / "w", [imgs], int8="static", engine="onnxruntime")

@@ -243,16 +243,41 @@ def predict(
     batch_size: int = 32,
     device: str | None = None,
     progress: bool = False,
+    engine: str = "torch",
+    int8: str | None = None,
+    calibration: str | Path | None = None,
     **load_overrides,
 ) -> list[Prediction]:
-    """Load `weights` (any supported format) and classify the images / folders of images."""
-    from vitlab.weights import load_with_meta
+    """Load `weights` (any supported format) and classify the images / folders of images (patterns too).
 
+    `engine`: "torch" (eager, on `device`) or, on the CPU, what `vitlab predict --engine` takes: "auto" (the fastest
+    exact engine, timed once per machine and cached beside the weights), "onnxruntime", "compiled", "openvino".
+    `int8`: None, "auto", "static" or "dynamic" as `vitlab predict --int8`; static int8 calibrates on
+    `calibration` (a folder of images or a --data source), or on a training run's own training images.
+    Each `Prediction` has `.path`, `.labels`, `.probs`, `.indices` and `.top()` (ranked dicts, as JSON)."""
+    from vitlab.runtime import device_for_engine, resolve_device
+    from vitlab.weights import load_with_meta, resolve_model
+
+    device = resolve_device(device_for_engine(device, engine, int8))
     model, meta = load_with_meta(weights, **load_overrides)
     files, _ = collect_images(images)
     if meta.get("zero_head"):
         print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
               "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
-    from vitlab.runtime import resolve_device
 
-    return predict_files(model, meta, files, top_k, batch_size, resolve_device(device), progress)[0]
+    def make_engine():
+        if device.type != "cpu" or (engine == "torch" and not int8):
+            return None
+        from vitlab.engine import prepare_engine
+
+        pre = preprocess_for(model, meta)
+        batches = None
+        if int8:
+            from vitlab.commands._engine_args import run_calibration
+            from vitlab.engine.calibration import calibration_from_source
+
+            batches = calibration_from_source(str(calibration), pre) if calibration else run_calibration(weights, pre)
+        return prepare_engine(model, engine, int8=int8, calibration=batches, batch_size=min(batch_size, len(files)),
+                              source=resolve_model(weights), quiet=not progress)
+
+    return predict_files(model, meta, files, top_k, batch_size, device, progress, engine_factory=make_engine)[0]
