@@ -78,6 +78,9 @@ def test_auto_measures_once_and_reuses_the_cached_choice(tmp_path, monkeypatch, 
     # another batch size is another shape: measured anew
     with pytest.raises(AssertionError, match="timed again"):
         prepare_engine(model, "auto", batch_size=2, source=tmp_path, quiet=True)
+    monkeypatch.setenv("VITLAB_RETIME", "1")  # the user asks for a new measurement
+    with pytest.raises(AssertionError, match="timed again"):
+        prepare_engine(model, "auto", batch_size=4, source=tmp_path, quiet=True)
 
 
 def test_changed_weights_get_their_own_artefacts(tmp_path):

@@ -124,6 +124,10 @@ class _Choices:
             self.data = {}
 
     def get(self, key: str) -> dict | None:
+        """The choice made before for `key`; None where there is none, or with VITLAB_RETIME=1 (time again: a
+        choice measured while the machine was busy is not kept forever)."""
+        if os.environ.get("VITLAB_RETIME", "").strip() not in ("", "0"):
+            return None
         entry = self.data.get(key)
         return entry if isinstance(entry, dict) and isinstance(entry.get("picked"), str) else None
 
