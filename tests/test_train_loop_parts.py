@@ -192,6 +192,9 @@ def test_stop_interrupted_names_the_resume_command(tmp_path, capsys):
         loop.stop_interrupted(cfg_of(), ns, ckpts, "SIGTERM", 4, None)
     err = capsys.readouterr().err
     assert "stopped by SIGTERM after step 4" in err and f"vitlab train --resume {tmp_path / 'run'}" in err
+    with pytest.raises(KeyboardInterrupt):  # a torchrun run resumes under the same launch
+        loop.stop_interrupted(cfg_of(), ns, ckpts, "SIGINT", 4, None, world=2)
+    assert f"resume with: torchrun --nproc-per-node 2 -m vitlab train --resume {tmp_path / 'run'}" in capsys.readouterr().err
 
 
 def test_a_new_head_is_announced(tmp_path, capsys):
@@ -215,3 +218,15 @@ def test_a_new_head_is_announced(tmp_path, capsys):
     assert "vitlab: head: new, zero-initialised, 3 classes (the model's head had 10)" in capsys.readouterr().out
     train(resolve_config("small-data", overrides={**data, "name": "b"}), model=model)
     assert "head: new" not in capsys.readouterr().out
+
+
+def test_more_threads_than_cores_is_said(tmp_path, capsys, monkeypatch):
+    from vitlab.train import train
+
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: 2)
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=["Sandal", "Sneaker"], per_class=4, steps=1, batch_size=4, threads=3,
+        model="custom", model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7), out_dir=str(tmp_path),
+        precision="fp32", quiet=True))
+    train(cfg)
+    assert "1 process x 3 threads on 2 cores: more threads than cores" in capsys.readouterr().err

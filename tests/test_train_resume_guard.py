@@ -81,8 +81,8 @@ def test_another_number_of_processes_is_refused(interrupted):
     latest = interrupted / "checkpoints" / "step-0000004.pt"
     state = torch.load(latest, weights_only=True)
     torch.save(dict(state, world_size=2), latest)  # as if written by torchrun --nproc-per-node 2
-    with pytest.raises(VitlabError, match=r"recorded with world_size 2 but the resume asks for 1.*--allow-change "
-                                          r"world_size"):
+    with pytest.raises(VitlabError, match=r"ran as 2 processes and is resumed as 1; resume it with `torchrun "
+                                          r"--nproc-per-node 2 -m vitlab train --resume RUN`.*--allow-change world_size"):
         train(resume_cfg(interrupted), data=tiny_data())
 
 

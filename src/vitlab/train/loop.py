@@ -141,7 +141,7 @@ def peer_failure_message(cfg: TrainConfig, info: D.DistInfo) -> str:
     return (f"process {info.rank} of {info.world_size}: another process did not join a collective within the "
             f"--dist-timeout of {info.timeout_s:g} s (it stopped, hung or died); check that process's log, raise "
             f"--dist-timeout if a step or an evaluation really takes that long, then resume with: "
-            f"torchrun ... {resume_command(cfg, run)}")
+            f"{resume_command(cfg, run, info.world_size)}")
 
 
 def _new_run_path(cfg: TrainConfig) -> tuple[str | None, str | None]:
@@ -172,13 +172,13 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 def stop_interrupted(cfg: TrainConfig, run: RunDir, ckpts: CheckpointManager, signal_name: str, step: int,
-                     bar: Any) -> None:
+                     bar: Any, world: int = 1) -> None:
     """After the interrupted step's checkpoint: say where it is and how to go on, then stop (exit code 130)."""
     if bar is not None:
         bar.close()
     if run.enabled:
         print(f"vitlab: stopped by {signal_name} after step {step}; checkpoint {ckpts.latest()}; "
-              f"resume with: {resume_command(cfg, run.path)}", file=sys.stderr, flush=True)
+              f"resume with: {resume_command(cfg, run.path, world)}", file=sys.stderr, flush=True)
     raise KeyboardInterrupt
 
 
@@ -385,6 +385,11 @@ class TrainingRun:
               f"{plan.warmup}")
         if self.head_note and not resumed:  # a resumed run's head is the checkpoint's
             print(f"vitlab: {self.head_note}")
+        local, cores = int(os.environ.get("LOCAL_WORLD_SIZE", world)), os.cpu_count() or 1
+        if self.device.type == "cpu" and cfg.threads * local > cores:  # oversubscribed: a several-fold slowdown
+            print(f"vitlab: {local} process{'es' if local > 1 else ''} x {cfg.threads} threads on {cores} cores: more "
+                  f"threads than cores slows every step several-fold; use --threads {max(1, cores // local)}"
+                  f"{' (with --allow-change threads on a resume)' if resumed else ''}", file=sys.stderr)
         notice = warmup_notice(cfg, plan)
         if notice:
             print(notice, file=sys.stderr)
@@ -427,7 +432,7 @@ class TrainingRun:
         if self.progress.last_saved_step != self.progress.global_step:
             self.save_checkpoint()
         stop_interrupted(self.cfg, self.run, self.ckpts, self.stop.received or "a signal on another process",
-                         self.progress.global_step, self.bar)
+                         self.progress.global_step, self.bar, self.info.world_size)
 
     def diverged(self, what: str, value: Any) -> None:
         stop_diverged(what, value, self.progress.global_step, self.progress.epoch, self.ckpts, self.main, self.bar)

@@ -148,7 +148,11 @@ def check_world_size(state: dict[str, Any], world: int, allow_change: tuple[str,
     """A checkpoint from N processes resumed on M: refused unless allowed (then recorded as a change)."""
     before = state.get("world_size")
     if before is not None and before != world:
-        refuse_change("world_size", before, world, allow_change)
+        if "world_size" not in allow_change:  # nothing the user typed: the launch differs
+            launch = f"torchrun --nproc-per-node {before} -m vitlab train" if before > 1 else "vitlab train (no torchrun)"
+            raise VitlabError(f"this run ran as {before} process{'es' if before > 1 else ''} and is resumed as {world}; "
+                              f"resume it with `{launch} --resume RUN` to continue exactly, or add --allow-change "
+                              "world_size to go on with this count (the batch split and numerics change)")
         changes["world_size"] = (before, world)
 
 
@@ -186,10 +190,13 @@ def resume_advice(command: str) -> Iterator[None]:
         _RESUME_ADVICE.reset(token)
 
 
-def resume_command(cfg: TrainConfig, run_path: Path) -> str:
+def resume_command(cfg: TrainConfig, run_path: Path, world: int = 1) -> str:
+    """The command that continues the run; under torchrun the same launch (the checkpoint is of `world`
+    processes, and a resume on another count is refused)."""
     advice = _RESUME_ADVICE.get()
     if advice is not None:
         return advice
     command = "finetune" if cfg.weights else "train"
-    return f"vitlab {command} --resume {shlex.quote(str(run_path))}"
+    launch = f"torchrun --nproc-per-node {world} -m vitlab" if world > 1 else "vitlab"
+    return f"{launch} {command} --resume {shlex.quote(str(run_path))}"
 
