@@ -208,3 +208,41 @@ def test_a_stopped_process_ends_the_run_on_the_other_within_the_timeout(tmp_path
     assert errors[0].startswith(f"vitlab train: error: process {live} of 2: another process did not join a "
                                 "collective within the --dist-timeout of 3 s"), out
     assert "raise --dist-timeout" in errors[0] and f"--resume {run}" in errors[0]
+
+
+def _image_folder(root: Path, per_class: int) -> None:
+    from PIL import Image
+
+    for c, value in (("a", 40), ("b", 200)):
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("L", (14, 14), value + i).save(root / c / f"{i}.png")
+
+
+def test_a_relative_data_path_is_recorded_absolute_and_other_data_refused(tmp_path, monkeypatch, capsys):
+    """`--data folder` was recorded as typed: a resume from another folder trained on whatever ./folder was there
+    (same class names, other images) without a word. It is recorded absolute, and a resume whose data differs
+    from the checkpoint's record (classes, split sizes) is refused."""
+    (tmp_path / "a").mkdir()
+    _image_folder(tmp_path / "a" / "folder", 12)
+    monkeypatch.chdir(tmp_path / "a")
+    argv = ["train", "--data", "folder", "--model", "custom", "--model-args",
+            "dim=16,depth=1,heads=2,mlp_dim=32,patch_size=7", "--steps", "6", "--batch-size", "8", "--ckpt-every",
+            "2", "--threads", "1", "--precision", "fp32", "--out", str(tmp_path / "runs"), "--name", "r", "--quiet"]
+    assert main(argv) == 0
+    run = tmp_path / "runs" / "r"
+    assert yaml.safe_load((run / "config.yaml").read_text())["data"] == str(tmp_path / "a" / "folder")
+    # the checkpoint of step 4, and a run cut back to it, read from another folder with another ./folder
+    (tmp_path / "b").mkdir()
+    _image_folder(tmp_path / "b" / "folder", 20)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"] = "folder"  # as runs recorded it before: relative
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path / "b")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run / "checkpoints" / "step-0000004.pt")]) == 2
+    err = capsys.readouterr().err
+    assert f"its data '{tmp_path / 'b' / 'folder'}' is not what the run trained on (train" in err
+    assert "--allow-change data" in err
+    monkeypatch.chdir(tmp_path / "a")  # from the folder it started in: the same data, resumed
+    assert main(["train", "--resume", str(run / "checkpoints" / "step-0000004.pt"), "--quiet"]) == 0

@@ -42,6 +42,28 @@ def _split_source(source: str) -> tuple[str | None, str | None]:
     return None, source
 
 
+def absolute_source(source: str) -> str:
+    """`source` with its local path made absolute (`photos` -> `/home/me/photos`, `hf:data` -> `hf:/home/me/data`,
+    `shards/train-{0..9}.tar` -> `/home/me/shards/train-{0..9}.tar`), as a run records it: a relative path read
+    again from another folder (a resume, `vitlab evaluate RUN`) would name other data, or none. Names, URLs and
+    paths that do not exist here are returned as given."""
+    text = str(source).strip()
+    key, _ = _split_source(text)
+    prefix = f"{text.partition(':')[0]}:" if key is not None else next(
+        (p for p in ("hf:imagefolder:", "hf:parquet:", "hf:") if text.startswith(p)), "")
+    rest = text[len(prefix):]
+    if not rest or "://" in rest:
+        return text
+    path = Path(rest).expanduser()
+    if path.is_absolute():
+        return text
+    if path.exists():
+        return prefix + str(path.resolve())
+    if any(c in path.name for c in "{*?[") and path.parent.is_dir():  # a shard or file pattern: its folder
+        return prefix + str(path.parent.resolve() / path.name)
+    return text
+
+
 def read_source(source: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
     """Open a source as it is on disk (its own splits only, original classes, nothing decoded yet for files)."""
     source = str(source).strip()

@@ -43,6 +43,7 @@ from vitlab.train.outputs import TrainResult, epoch_line, gather_stream_failures
 from vitlab.train.precision import autocast_context, set_stem_precision
 from vitlab.train.resume import (
     check_resume,
+    check_same_data,
     check_world_size,
     load_model_state,
     print_numerics,
@@ -97,6 +98,10 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
     `force_unlock`: take over the run folder's lock even when another machine holds it.
     """
     validate(cfg)
+    if isinstance(cfg.data, str):  # recorded absolute: a resume or an evaluation from another folder reads the same
+        from vitlab.data.load import absolute_source
+
+        cfg.data = absolute_source(cfg.data)
     check_installed(cfg.logger)  # a missing tracker package stops here, not mid-run
     t_start = time.perf_counter()
     allow_change = tuple(allow_change)
@@ -362,6 +367,7 @@ class TrainingRun:
         torch.manual_seed(cfg.seed + 1000 * info.rank)
 
     def restore(self, state: dict[str, Any]) -> None:
+        check_same_data(state.get("data"), self.data_identity(), self.cfg, self.allow_change)
         load_optim_state(self.wrapped, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
@@ -408,7 +414,13 @@ class TrainingRun:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
                 "rng": rngs, **self.progress.to_state(), "config": self.cfg.to_dict(),
-                "world_size": self.info.world_size, "wall_time_s": self.wall_time(), META_KEY: self.model_meta()}
+                "world_size": self.info.world_size, "wall_time_s": self.wall_time(), META_KEY: self.model_meta(),
+                "data": self.data_identity()}
+
+    def data_identity(self) -> dict[str, Any]:
+        """What a resume checks it trains on the same data with: the classes and each split's size."""
+        return {"classes": list(self.class_names),
+                "images": {name: len(split) for name, split in self.data.splits().items()}}
 
     def model_meta(self) -> dict[str, Any] | None:
         """What RUN/model/config.json will hold, so that a checkpoint loads as weights on its own."""
