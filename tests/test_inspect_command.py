@@ -160,3 +160,83 @@ def test_images_from_a_data_set(trained, tmp_path):
     info = json.loads((out / "inspect.json").read_text())
     assert info["num_images"] == 10
     assert set(info["figures"]) == {"filters", "posemb", "distance", "rollout", "attention"}
+
+
+def _run_with_checkpoint(trained, tmp_path):
+    """A copy of the fixture's run with config.yaml (data: digits) and a training checkpoint checkpoints/best.pt."""
+    import shutil
+
+    from vitlab.weights.run_checkpoint import META_KEY
+
+    model, run, _ = trained
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine)
+    (mine / "config.yaml").write_text("data: digits\n")
+    (mine / "checkpoints").mkdir()
+    meta = json.loads((mine / "model" / "config.json").read_text())
+    torch.save({"model": model.state_dict(), "config": {"data": "digits"}, "optimizer": {}, META_KEY: meta},
+               mine / "checkpoints" / "best.pt")
+    return mine
+
+
+def test_a_checkpoint_of_a_run_is_inspected_like_the_run(trained, tmp_path, monkeypatch, capsys):
+    """RUN/checkpoints/best.pt: the run's data and RUN/inspect-best/, not ./inspect-best.pt/ without images."""
+    mine = _run_with_checkpoint(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", str(mine / "checkpoints" / "best.pt"), "-n", "8", "--rollout-images", "2", "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == f"report    {mine / 'inspect-best' / 'report.html'}"
+    info = json.loads((mine / "inspect-best" / "inspect.json").read_text())
+    assert info["num_images"] == 8 and {"distance", "rollout"} <= set(info["figures"])
+    assert info["settings"]["data"] == "digits" and info["settings"]["run"] == str(mine)
+    assert not (tmp_path / "inspect-best.pt").exists()
+    # a checkpoint file outside any run: ./inspect-<file name without its suffix>
+    alone = tmp_path / "alone.pt"
+    alone.write_bytes((mine / "checkpoints" / "best.pt").read_bytes())
+    assert main(["inspect", str(alone), "--quiet"]) == 0
+    assert (tmp_path / "inspect-alone" / "report.html").is_file()
+
+
+def test_quiet_still_prints_what_the_report_leaves_out(trained, tmp_path, capsys):
+    _, run, _ = trained
+    out = tmp_path / "out"
+    assert main(["inspect", str(run / "model"), "--out", str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == ["attention distance and rollout: skipped, no images given (pass --images or --data)",
+                     f"report    {out / 'report.html'}"]
+
+
+def test_more_images_than_the_split_has_is_said_in_one_line_and_in_the_report(trained, tmp_path, capsys):
+    _, run, _ = trained
+    out = tmp_path / "out"
+    assert main(["inspect", str(run), "--data", "digits", "-n", "500", "--rollout-images", "1", "--out", str(out),
+                 "--quiet"]) == 0
+    note = "-n 500: the test split of digits has only 179 images, so 179 are used"
+    assert note in capsys.readouterr().out.splitlines()
+    info = json.loads((out / "inspect.json").read_text())
+    assert info["num_images"] == 179 and note in info["notes"]
+    assert note in (out / "report.html").read_text()
+
+
+def test_more_images_files_than_n_is_said(trained, tmp_path, capsys):
+    _, run, images = trained
+    assert main(["inspect", str(run), "--images", str(images), "-n", "4", "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 0
+    assert "-n 4: only the first 4 of the 6 --images are used" in capsys.readouterr().out
+
+
+def test_report_and_json_record_the_data_split_seed_and_image_count(trained, tmp_path):
+    import html as html_lib
+
+    _, run, _ = trained
+    out = tmp_path / "out"
+    assert main(["inspect", str(run), "--data", "digits", "--split", "val", "--seed", "3", "-n", "10",
+                 "--rollout-images", "2", "--out", str(out), "--quiet"]) == 0
+    settings = json.loads((out / "inspect.json").read_text())["settings"]
+    assert {k: settings[k] for k in ("data", "split", "seed", "num_images", "num_images_requested")} == {
+        "data": "digits", "split": "val", "seed": 3, "num_images": 10, "num_images_requested": 10}
+    assert settings["head_fusion"] == "mean" and settings["rollout_images"] == 2
+    text = html_lib.unescape((out / "report.html").read_text())
+    assert "<h2>Settings</h2>" in text
+    assert "images: 10 (data digits, val split, seed 3)" in text
+    for row in ("<td class='text'>split</td><td class='text'>val</td>", "<td class='text'>seed</td><td>3</td>"):
+        assert row in text

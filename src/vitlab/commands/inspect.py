@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="SOURCE", help="take the images from a data set, e.g. fashion-mnist, digits, a folder")
     p.add_argument("--split", default="test", choices=["test", "val", "train"], help="split of --data (default test)")
     p.add_argument("--out", metavar="DIR", help="output folder for the PNGs, report.html and arrays (default: "
-                   "RUN/inspect for a run folder, else inspect-<model>)")
+                   "RUN/inspect for a run folder, RUN/inspect-<name> for RUN/checkpoints/<name>.pt, else "
+                   "inspect-<model>)")
     p.add_argument("-n", "--num-images", type=int, default=128,
                    help="images the attention distance averages over (default 128, as the paper)")
     p.add_argument("--rollout-images", type=int, default=8, help="images shown with rollout overlays (default 8)")
@@ -48,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     p.add_argument("--seed", type=seed_value, default=0, help="which images --data picks (default 0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, only the report path")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only notes on what the report leaves out "
+                   "and the report path")
     add_engine_arguments(p, int8=False)
     p.set_defaults(func=run)
 
@@ -105,15 +107,22 @@ def image_files(paths: list[str]) -> list[Path]:
     return files
 
 
-def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, list[str]]:
-    """Normalised (N, C, H, W) images and a label per image (file name or class name)."""
+def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, list[str], dict, list[str]]:
+    """Normalised (N, C, H, W) images, a label per image (file name or class name), the settings that say where
+    they came from (recorded in the report and inspect.json) and notes on anything that made N differ from -n."""
     import torch
 
     from vitlab.data.images import BadImageError, open_image
 
-    tensors, labels = [], []
-    for f in image_files(args.images or []):
+    tensors, labels, notes = [], [], []
+    settings: dict = {"num_images_requested": args.num_images}
+    files = image_files(args.images or [])
+    if files:
+        settings["image_paths"] = list(args.images)
+    for f in files:
         if len(tensors) == args.num_images:
+            # -n is a limit on --images too; saying so keeps a folder of 500 files from looking fully used
+            notes.append(f"-n {args.num_images}: only the first {args.num_images} of the {len(files)} --images are used")
             break
         try:
             tensors.append(preprocess(open_image(f)))
@@ -128,17 +137,27 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
         from vitlab.data import load_data
 
         splits = load_data(args.data, seed=args.seed)
-        ds = getattr(splits, args.split, None) or splits.test or splits.val or splits.train
-        if ds is None or len(ds) == 0:
+        # the asked-for split, else the first non-empty one (a source without a test split still gives images)
+        split = next((name for name in (args.split, "test", "val", "train")
+                      if getattr(splits, name, None) is not None and len(getattr(splits, name))), None)
+        if split is None:
             raise VitlabError(f"data set {args.data!r} has no images in its {args.split} split")
+        if split != args.split:
+            notes.append(f"data {args.data} has no {args.split} split: images from its {split} split")
+        ds = getattr(splits, split)
+        settings.update(data=args.data, split=split, seed=args.seed)
+        if remaining > len(ds):
+            notes.append(f"-n {args.num_images}: the {split} split of {args.data} has only {len(ds)} images, "
+                         f"so {len(tensors) + len(ds)} are used")
         order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(args.seed))[:remaining]
         for i in order.tolist():
             img, y = ds[i]
             tensors.append(preprocess(img))
             labels.append(splits.class_names[int(y)] if splits.class_names else str(int(y)))
+    settings["num_images"] = len(tensors)
     if not tensors:
-        return torch.empty(0), []
-    return torch.stack(tensors), labels
+        return torch.empty(0), [], settings, notes
+    return torch.stack(tensors), labels, settings, notes
 
 
 def _attention_engine(args: argparse.Namespace, model, runtime, n_images: int):
@@ -158,20 +177,46 @@ def _attention_engine(args: argparse.Namespace, model, runtime, n_images: int):
                                     source=resolved_source(resolve_model_path(args.model)), quiet=args.quiet)
 
 
-def run_defaults(args: argparse.Namespace) -> None:
-    """As evaluate does: a run folder's report goes into it (RUN/inspect), and its images come from the run's own
-    data unless --images or --data say otherwise; other models write to ./inspect-<model>."""
-    from vitlab.commands.evaluate import _run_data_kwargs
-    from vitlab.evaluate.loading import is_run_folder, read_run_config
+def run_of(model: str) -> tuple[Path | None, str | None]:
+    """The training run MODEL belongs to and, for one of its checkpoints, the checkpoint's name:
+    RUN -> (RUN, None); RUN/checkpoints/best.pt -> (RUN, "best"); anything else -> (None, None)."""
+    from vitlab.evaluate.loading import is_run_folder
 
-    folder = Path(args.model)
-    run = is_run_folder(folder)
+    p = Path(model).expanduser()
+    if is_run_folder(p):
+        return p, None
+    # a checkpoint of a run (finished or not): the run's config.yaml sits beside checkpoints/
+    if p.is_file() and p.parent.name == "checkpoints" and (p.parent.parent / "config.yaml").is_file():
+        return p.parent.parent, p.stem
+    return None, None
+
+
+def run_defaults(args: argparse.Namespace) -> dict:
+    """As evaluate does: a run folder's report goes into it (RUN/inspect), and its images come from the run's own
+    data unless --images or --data say otherwise; a run's checkpoint is treated the same, written to
+    RUN/inspect-<checkpoint> (RUN/inspect-best); other models write to ./inspect-<model> (file suffix dropped).
+    Returns the settings this decided, for the report."""
+    from vitlab.commands.evaluate import _run_data_kwargs
+    from vitlab.evaluate.loading import read_run_config
+
+    run, checkpoint = run_of(args.model)
+    settings: dict = {}
     if args.out is None:
-        args.out = str(folder / "inspect") if run else f"inspect-{model_folder_name(args.model)}"
-    if run and not args.images and not args.data:
-        args.data = _run_data_kwargs(read_run_config(folder)).get("data")
-        if args.data and not args.quiet:
-            print(f"images from the run's data ({args.data}); --images or --data choose others", file=sys.stderr)
+        if run is not None:
+            args.out = str(run / ("inspect" if checkpoint is None else f"inspect-{checkpoint}"))
+        else:
+            p = Path(args.model).expanduser()
+            # a weights file names the folder without its suffix: inspect-ViT-B_16, not inspect-ViT-B_16.npz
+            args.out = f"inspect-{model_folder_name(p.stem if p.is_file() else args.model)}"
+    if run is not None:
+        settings["run"] = str(run)
+    if run is not None and not args.images and not args.data:
+        args.data = _run_data_kwargs(read_run_config(run)).get("data")
+        if args.data:
+            settings["data_from"] = "the run's config.yaml"
+            if not args.quiet:
+                print(f"images from the run's data ({args.data}); --images or --data choose others", file=sys.stderr)
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,25 +229,28 @@ def run(args: argparse.Namespace) -> int:
         raise VitlabError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     runtime = setup_runtime(device_for_engine(args.device, args.engine), args.threads)
     model, class_names, preprocess = load_model(args.model, args.image_size)
-    run_defaults(args)
+    settings = {"model": args.model, **run_defaults(args)}
     check_inspectable(model)
     preprocess = make_preprocess(model, preprocess)
-    images, labels = gather_images(args, preprocess)
-    if not len(images) and not args.quiet:
-        print("no --images or --data given: only the embedding filters and position embeddings are drawn")
+    images, labels, image_settings, notes = gather_images(args, preprocess)
+    settings.update(image_settings)
     model = model.to(runtime.device).eval()
     runtime.announce("inspect", args.quiet)
     forward = _attention_engine(args, model, runtime, len(images))
+    settings.update(device=str(runtime.device), engine=getattr(forward, "name", "torch"), batch_size=args.batch_size)
     res = inspect_model(
         model, images if len(images) else None, args.out,
         mean=preprocess.mean, std=preprocess.std, labels=labels, class_names=class_names,
         batch_size=args.batch_size, rollout_images=args.rollout_images, head_fusion=args.head_fusion,
         discard_ratio=args.discard_ratio, cls=args.cls, num_components=args.components,
         title=f"vitlab inspect: {args.model}", progress=not args.quiet, forward=forward,
+        settings=settings, notes=notes,
     )
+    # Notes say what the report leaves out or changed (an analysis skipped, -n capped): one line each, printed
+    # even with --quiet, since without them the report's content is a surprise.
+    for note in res.notes:
+        print(note)
     if not args.quiet:
-        for note in res.notes:
-            print(note)
         for name, path in res.figures.items():
             print(f"{name:9s} {path}")
         if res.attention_distance is not None:

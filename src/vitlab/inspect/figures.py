@@ -203,9 +203,12 @@ def plot_attention_maps(
             mosaic[li * (h + gap): li * (h + gap) + h, hd * (w + gap): hd * (w + gap) + w] = m / peak if peak > 0 else m
     extra = 1 if image is not None else 0
     scale = min(0.6, 10.0 / max(heads, layers))
+    # Constrained layout reserves room for the suptitle above the axes' own titles and labels: with fixed
+    # subplot margins the suptitle of a short (1-2 layer) figure sat on the "input" title.
     fig, axes = plt.subplots(
-        1, 1 + extra, figsize=(scale * heads + 2.5 * extra + 1.0, max(2.0, scale * layers + 0.8)),
+        1, 1 + extra, figsize=(scale * heads + 2.5 * extra + 1.0, max(2.2, scale * layers + 1.0)),
         squeeze=False, gridspec_kw={"width_ratios": ([1.0] if extra else []) + [max(1.0, heads / 4)]},
+        layout="constrained",
     )
     if image is not None:
         _show_image(axes[0, 0], image)

@@ -53,6 +53,7 @@ class InspectResult:
     notes: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (analysis, why), listed in the report
     summary: dict = field(default_factory=dict)  # inspect/summary.py: the Fig. 7 findings as numbers
+    settings: dict = field(default_factory=dict)  # data source, split, seed, number of images, analysis options
 
 
 def check_inspectable(model: nn.Module) -> None:
@@ -145,6 +146,8 @@ def inspect_model(
     extra_sections: Sequence[Section] = (),
     skipped: Sequence[tuple[str, str]] = (),
     forward=None,
+    settings: dict | None = None,
+    notes: Sequence[str] = (),
 ) -> InspectResult:
     """Run the analyses that apply to `model` and write `out_dir/inspect_*.png`, `report.html`,
     `inspect.npz` and `inspect.json`.
@@ -153,12 +156,14 @@ def inspect_model(
     many images the attention distance averages over. `labels` are true labels of the first images.
     `extra_sections` (e.g. the demo's training curves) open the report; `skipped` lists (analysis, why)
     pairs the caller left out, shown with the ones skipped here in the report's "Skipped analyses".
+    `settings` (e.g. the command's data source, split, seed and -n) are recorded with the analysis settings in the
+    report's "Settings" table and in inspect.json; `notes` (e.g. "-n capped by the split") go with the notes here.
     """
     check_inspectable(model)
     cfg = model.config
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    res = InspectResult(out_dir=out, skipped=list(skipped))
+    res = InspectResult(out_dir=out, skipped=list(skipped), notes=list(notes))
     sections: list[Section] = list(extra_sections)
     prefix = model.num_prefix_tokens
     have_images = images is not None and len(images) > 0
@@ -291,14 +296,27 @@ def inspect_model(
         res.notes.append(f"attention distance and rollout: skipped, {why}")
 
     step(steps[-1])
+    # What the numbers depend on, in one place: the caller's (data source, split, seed, -n) and this run's own.
+    n_images = 0 if images is None else len(images)
+    res.settings = {
+        **(settings or {}),
+        "num_images": n_images,
+        "image_size": list(images.shape[-2:]) if have_images else list(cfg.image_size),
+        "rollout_images": 0 if res.rollout_maps is None else len(res.rollout_maps),
+        "head_fusion": head_fusion, "discard_ratio": discard_ratio, "cls": cls, "components": num_components,
+    }
     _save_arrays(res, cfg, cls, head_fusion, discard_ratio)
+    source = res.settings.get("data")
     summary = [
         f"model: {cfg.name} ({'hybrid ' if cfg.is_hybrid else ''}ViT, dim {cfg.dim}, depth {cfg.depth}, heads {cfg.heads}, "
         f"stride {cfg.stride} px, classifier {cfg.classifier}, image {cfg.image_size[0]}x{cfg.image_size[1]})",
-        f"images: {0 if images is None else len(images)}",
+        f"images: {n_images}" + (f" (data {source}, {res.settings.get('split')} split, seed {res.settings.get('seed')})"
+                                 if source else ""),
         *summary_lines(res.summary),
         *res.notes,
     ]
+    sections.append(Section("Settings", "What produced this report: the images' source and the analyses' options.",
+                            table=[["setting", "value"], *[[k, _setting_text(v)] for k, v in res.settings.items()]]))
     if res.skipped:
         sections.append(Section("Skipped analyses", "What this report leaves out, and why.",
                                 table=[["analysis", "why skipped"], *[list(s) for s in res.skipped]]))
@@ -306,6 +324,17 @@ def inspect_model(
     bar.update()
     bar.close()
     return res
+
+
+def _setting_text(value) -> str:
+    """A setting as the report's table shows it: lists joined, None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return f"{value[0]}x{value[1]}"  # an image size, height x width
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
 
 
 def _hybrid_filters_reason(cfg) -> str:
@@ -334,6 +363,7 @@ def _save_arrays(res: InspectResult, cfg, cls: str, head_fusion: str, discard_ra
         "cls_mode": cls,
         "head_fusion": head_fusion,
         "discard_ratio": discard_ratio,
+        "settings": res.settings,
         "figures": {k: v.name for k, v in res.figures.items()},
         "notes": res.notes,
         "summary": res.summary,
