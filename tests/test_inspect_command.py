@@ -240,3 +240,24 @@ def test_report_and_json_record_the_data_split_seed_and_image_count(trained, tmp
     assert "images: 10 (data digits, val split, seed 3)" in text
     for row in ("<td class='text'>split</td><td class='text'>val</td>", "<td class='text'>seed</td><td>3</td>"):
         assert row in text
+
+
+def test_a_runs_own_data_keeps_its_class_subset(tmp_path, monkeypatch):
+    """`vitlab inspect RUN` read the run's data source alone: a run on two classes was inspected on images of all
+    ten. It takes the run's classes and split settings, as `vitlab evaluate RUN` does."""
+    import vitlab.data as data_module
+
+    assert main(["train", "--data", "bundled", "--classes", "Sandal,Sneaker", "--per-class", "10", "--model", "custom",
+                 "--model-args", "dim=16,depth=1,heads=2,mlp_dim=32,patch_size=7", "--steps", "1", "--batch-size",
+                 "10", "--out", str(tmp_path), "--name", "r", "--quiet"]) == 0
+    real, asked = data_module.load_data, []
+
+    def load_data(*args, **kwargs):
+        asked.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data_module, "load_data", load_data)
+    assert main(["inspect", str(tmp_path / "r"), "-n", "4", "--quiet", "--engine", "torch"]) == 0
+    assert asked and asked[-1]["classes"] in ("Sandal,Sneaker", ["Sandal", "Sneaker"]) and asked[-1]["per_class"] == 10
+    settings = json.loads((tmp_path / "r" / "inspect" / "inspect.json").read_text())["settings"]
+    assert settings["run_classes"] in ("Sandal,Sneaker", ["Sandal", "Sneaker"])

@@ -136,7 +136,8 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
     if args.data and remaining > 0:
         from vitlab.data import load_data
 
-        splits = load_data(args.data, seed=args.seed)
+        # a run's own data comes with its class subset and split settings, as `vitlab evaluate RUN` reads it
+        splits = load_data(args.data, **{"seed": args.seed, **getattr(args, "run_data", {})})
         # the asked-for split, else the first non-empty one (a source without a test split still gives images)
         split = next((name for name in (args.split, "test", "val", "train")
                       if getattr(splits, name, None) is not None and len(getattr(splits, name))), None)
@@ -211,7 +212,10 @@ def run_defaults(args: argparse.Namespace) -> dict:
     if run is not None:
         settings["run"] = str(run)
     if run is not None and not args.images and not args.data:
-        args.data = _run_data_kwargs(read_run_config(run)).get("data")
+        recorded = _run_data_kwargs(read_run_config(run))
+        args.data = recorded.pop("data", None)
+        args.run_data = recorded  # classes, per_class, fractions, seed: the run's images, not others
+        settings.update({f"run_{k}": v for k, v in recorded.items()})
         if args.data:
             settings["data_from"] = "the run's config.yaml"
             if not args.quiet:
