@@ -1,6 +1,7 @@
 """The training loop's parts, each alone (issue 17 item 8): batch arithmetic, progress and checkpoint state,
 RNG round trips, stop signals, the step and the checkpoint of a TrainingRun - without a whole training."""
 
+import json
 import os
 import signal
 from types import SimpleNamespace
@@ -230,3 +231,27 @@ def test_more_threads_than_cores_is_said(tmp_path, capsys, monkeypatch):
         precision="fp32", quiet=True))
     train(cfg)
     assert "1 process x 3 threads on 2 cores: more threads than cores" in capsys.readouterr().err
+
+
+def test_a_given_model_is_recorded_so_its_config_rebuilds_it(tmp_path, capsys):
+    """`train(cfg, model=create_model("custom", dim=32, ...))` recorded `model: custom, model_args: {}`, and
+    `--config RUN/config.yaml` then built the small-data ViT (ten times the parameters) without a word."""
+    import yaml
+
+    from vitlab.cli import main
+    from vitlab.models import create_model
+    from vitlab.train import train
+
+    model = create_model("custom", dim=32, depth=1, heads=2, mlp_dim=48, patch_size=7, image_size=28, in_chans=1,
+                         num_classes=3, gelu="exact")
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=["Sandal", "Sneaker", "Ankle boot"], per_class=4, steps=1, batch_size=6,
+        out_dir=str(tmp_path), name="api", precision="fp32", threads=1, quiet=True))
+    train(cfg, model=model)
+    recorded = yaml.safe_load((tmp_path / "api" / "config.yaml").read_text())
+    assert recorded["model"] == "custom"
+    assert recorded["model_args"] == dict(dim=32, depth=1, heads=2, mlp_dim=48, patch_size=7, gelu="exact")
+    assert main(["train", "--config", str(tmp_path / "api" / "config.yaml"), "--name", "again"]) == 0
+    assert main(["evaluate", str(tmp_path / "again"), "--quiet", "--engine", "torch"]) == 0
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["parameters"] == sum(p.numel() for p in model.parameters())

@@ -58,6 +58,7 @@ from vitlab.train.setup import (
     build_optimization,
     build_transforms,
     convert_sync_batchnorm,
+    describe_given_model,
     init_head,
     load_splits,
     new_head_note,
@@ -97,6 +98,8 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
     run's record; any other difference that changes the run is refused;
     `force_unlock`: take over the run folder's lock even when another machine holds it.
     """
+    if model is not None and (given := describe_given_model(model)) is not None:
+        cfg.model, cfg.model_args = given  # config.yaml records the model trained, not the name cfg carried
     validate(cfg)
     if isinstance(cfg.data, str):  # recorded absolute: a resume or an evaluation from another folder reads the same
         from vitlab.data.load import absolute_source

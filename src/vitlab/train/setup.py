@@ -77,6 +77,27 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any]:
     return model, None
 
 
+def describe_given_model(model: nn.Module) -> tuple[str, dict[str, Any]] | None:
+    """(registry name, model_args) that build `model`'s architecture again: what config.yaml must record for a model
+    handed to `train(cfg, model=...)`, so that `--config RUN/config.yaml` and `--resume RUN` build that model and
+    not the name the config happened to carry. None for a model vitlab cannot name (not one of its own)."""
+    from vitlab.errors import VitlabError
+    from vitlab.models.registry import get_config
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict") or not isinstance(getattr(config, "name", None), str):
+        return None
+    try:
+        base = get_config(config.name).to_dict()
+    except VitlabError:
+        return None
+    set_by_the_run = ("name", "num_classes", "image_size", "in_chans")  # from the data and the run's settings
+    args = {k: v for k, v in config.to_dict().items() if k not in set_by_the_run and base.get(k) != v}
+    if config.name == "custom" and not args:  # an empty custom(...) builds the small-data ViT instead
+        args = {"dim": config.dim}
+    return config.name, args
+
+
 def prepare_given_model(model: nn.Module, num_classes: int, cfg: TrainConfig) -> nn.Module:
     """A model handed in by the caller: give it a zero head when its classes do not match."""
     config = getattr(model, "config", None)
