@@ -191,3 +191,19 @@ def test_a_length_in_epochs_overrides_an_earlier_layers_steps(tmp_path):
     from_file = resolve_config("finetune", yaml_file)
     assert (from_file.epochs, from_file.steps) == (3, 0)
     assert resolve_config("finetune", yaml_file, {"steps": 7}).steps == 7  # the command line's steps win again
+
+
+def test_set_overrides_the_flags_across_a_lengths_units():
+    """docs/training.md: flags < --set. Merged into one layer, `--steps 3 --set epochs=2` trained 3 steps."""
+    from vitlab.cli import build_parser
+    from vitlab.commands.train import config_from_args
+
+    def cfg_of(*argv):
+        return config_from_args(build_parser().parse_args(["train", "--data", "bundled", *argv]), "small-data")
+
+    cfg = cfg_of("--steps", "3", "--set", "epochs=2")
+    assert (cfg.steps, cfg.epochs) == (0, 2)
+    cfg = cfg_of("--warmup-steps", "3", "--set", "warmup_epochs=1")
+    assert (cfg.warmup_steps, cfg.warmup_epochs) == (None, 1)
+    assert cfg_of("--steps", "3", "--set", "epochs=2", "--set", "steps=5").steps == 5  # both in --set: steps
+    assert cfg_of("--epochs", "2", "--set", "steps=4").steps == 4

@@ -101,16 +101,31 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     for flag, dest, _ in _SWITCHES:
         if getattr(args, f"sw_{dest}"):
             out[dest] = not flag.startswith("--no-")
+    sets = {}
     for item in args.sets:
         if "=" not in item:
             from vitlab.errors import VitlabError
 
             raise VitlabError(f"--set expects KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
-        out[k.strip()] = v
+        sets[k.strip()] = v
+    out.update(later_layer(out, sets))
     if args.quiet:
         out["quiet"] = True
     return out
+
+
+def later_layer(flags: dict, sets: dict) -> dict:
+    """`--set` overrides the flags (docs/training.md), also across a length's two units: `--steps 3 --set
+    epochs=2` trains 2 epochs, as a later layer's epochs win over an earlier one's steps
+    (`config.epochs_win_over_earlier_steps`); flags and `--set` are otherwise merged into one layer."""
+    from vitlab.train.config import _LENGTHS, setting_name
+
+    named = {setting_name(key, "from --set") for key in sets}
+    for epochs, steps, counts_epochs in _LENGTHS:
+        if epochs in named and steps not in named and steps in flags:
+            flags[steps] = counts_epochs
+    return sets
 
 
 def config_from_args(args: argparse.Namespace, default_recipe: str, extra: dict | None = None):
