@@ -255,3 +255,17 @@ def test_a_given_model_is_recorded_so_its_config_rebuilds_it(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "again"), "--quiet", "--engine", "torch"]) == 0
     again = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert again["parameters"] == sum(p.numel() for p in model.parameters())
+
+
+def test_a_head_replaced_for_other_classes_is_said_without_zero_head_too(tmp_path, capsys):
+    """--set zero_head=false keeps a head that fits; one that does not is replaced, and that was silent."""
+    from vitlab.cli import main
+    from vitlab.models import create_model
+    from vitlab.weights import save_native
+
+    save_native(create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7, image_size=28,
+                             in_chans=1, num_classes=10), tmp_path / "w")
+    assert main(["finetune", "--weights", str(tmp_path / "w"), "--data", "bundled", "--classes", "Sandal,Sneaker",
+                 "--per-class", "4", "--steps", "1", "--batch-size", "8", "--set", "zero_head=false",
+                 "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    assert "vitlab: head: new, zero-initialised, 2 classes (the model's head had 10)" in capsys.readouterr().out

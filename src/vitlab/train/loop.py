@@ -284,7 +284,7 @@ class TrainingRun:
         preprocess = None
         given_classes = getattr(getattr(model, "config", None), "num_classes", None)
         if model is None:
-            model, preprocess = build_model_for(cfg, data)
+            model, preprocess, given_classes = build_model_for(cfg, data)
         else:
             model = prepare_given_model(model, len(self.class_names), cfg)
         init_head(model, cfg)

@@ -52,15 +52,16 @@ def load_splits(cfg: TrainConfig, progress: bool):
 SMALL_VIT = dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4)
 
 
-def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any]:
+def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]:
     """Fine-tuning: the checkpoint with a new zero head (and resampled position embeddings);
-    from scratch: a registry model sized for the data. Returns (model, preprocess or None)."""
+    from scratch: a registry model sized for the data. Returns (model, preprocess or None, the class count of the
+    weights' head where it was replaced for the data's, else None)."""
     num_classes = data.num_classes
     if cfg.weights:
         from vitlab.weights import load_with_meta
 
         model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size)
-        return model, meta.get("preprocess")
+        return model, meta.get("preprocess"), meta.get("replaced_head_classes")
     from vitlab.models.registry import create_model
 
     size = cfg.image_size or data.train.image_size[0]
@@ -74,7 +75,7 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any]:
         args["dropout"] = cfg.dropout
     args.setdefault("in_chans", data.channels)
     model = create_model(cfg.model, num_classes=num_classes, image_size=size, seed=cfg.seed, **args)
-    return model, None
+    return model, None, None
 
 
 def describe_given_model(model: nn.Module) -> tuple[str, dict[str, Any]] | None:

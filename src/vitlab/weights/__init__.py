@@ -363,6 +363,7 @@ def load_with_meta(
     if getattr(model, "head", None) is not old_head:  # a new (zero) head: the old class names no longer apply
         meta["class_names"] = None
         meta["zero_head"] = False
+        meta["replaced_head_classes"] = config.num_classes  # what the file's head had (fine-tuning says so)
     pre = dict(meta["preprocess"]) if meta.get("preprocess") is not None else None
     if image_size is not None and pre is not None:
         pre["image_size"] = list(model.config.image_size)
