@@ -161,8 +161,11 @@ def print_summary(result, quiet: bool = False) -> None:
     lines = []
     if tm:
         lo, hi = tm["accuracy_ci95"]
+        precision = getattr(result.config, "precision", "fp32")
+        how = "" if precision == "fp32" else (f", computed in {precision} as the run trained (`vitlab evaluate "
+                                              "RUN` computes in fp32 and can differ slightly)")
         lines.append(f"accuracy {tm['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}), macro-F1 {tm['macro_f1']:.4f} "
-                     f"on {tm['n']} held-out images")
+                     f"on {tm['n']} held-out images{how}")
     lines.append(f"wall time {result.wall_time_s:.0f} s, {result.images_per_s:.0f} training images/s")
     lines.append(f"run folder: {result.run_dir}  (summary.json, metrics.jsonl, loss.png, accuracy.png, "
                  f"confusion_matrix.png, model/)")

@@ -91,6 +91,8 @@ def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model:
         "parameters": n_params, "precision": precision, "device": str(device), "processes": world,
         "steps": total_steps, "epochs": len(result.history),
         "eval_split": split_name,
+        # the test pass runs at the run's precision: a bf16 run's accuracy can differ from `vitlab evaluate`'s fp32
+        "test_precision": precision,
         "test_accuracy": tm["accuracy"] if tm else None,
         "test_accuracy_ci95": tm["accuracy_ci95"] if tm else None,
         "test_macro_f1": tm["macro_f1"] if tm else None,
