@@ -269,3 +269,31 @@ def test_a_head_replaced_for_other_classes_is_said_without_zero_head_too(tmp_pat
                  "--per-class", "4", "--steps", "1", "--batch-size", "8", "--set", "zero_head=false",
                  "--out", str(tmp_path / "runs"), "--quiet"]) == 0
     assert "vitlab: head: new, zero-initialised, 2 classes (the model's head had 10)" in capsys.readouterr().out
+
+
+def test_a_finetune_run_resumes_without_its_starting_weights(tmp_path, capsys):
+    """The checkpoint holds the whole model: a resume needed the --weights file the run started from (deleted, or
+    a download not cached on this machine); and `vitlab train --resume` of such a run named the wrong command."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from vitlab.cli import main
+    from vitlab.models import create_model
+    from vitlab.weights import save_native
+
+    save_native(create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7, image_size=28,
+                             in_chans=1, num_classes=10), tmp_path / "w")
+    argv = ["finetune", "--weights", str(tmp_path / "w"), "--data", "bundled", "--per-class", "4", "--steps", "4",
+            "--batch-size", "8", "--ckpt-every", "1", "--keep-last", "4", "--threads", "1", "--out",
+            str(tmp_path / "runs"), "--name", "r", "--quiet"]
+    assert main(argv) == 0
+    run = tmp_path / "runs" / "r"
+    whole = load_file(run / "model" / "model.safetensors")
+    shutil.rmtree(tmp_path / "w")
+    assert main(["finetune", "--resume", str(run / "checkpoints" / "step-0000002.pt"), "--quiet"]) == 0
+    again = load_file(run / "model" / "model.safetensors")
+    assert all(torch.equal(whole[k], again[k]) for k in whole)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == 2
+    assert f"is a fine-tuning run; resume it with `vitlab finetune --resume {run}`" in capsys.readouterr().err

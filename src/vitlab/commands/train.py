@@ -187,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
     if cfg.weights:
         from vitlab.errors import VitlabError
 
+        if args.resume:  # a fine-tuning run, resumed with the wrong command
+            raise VitlabError(f"{args.resume} is a fine-tuning run; resume it with `vitlab finetune --resume "
+                              f"{args.resume}`")
         raise VitlabError("`vitlab train` starts from scratch; use `vitlab finetune --weights W` to start from weights")
     result = train_or_exit(args, cfg)
     if _is_main():

@@ -58,9 +58,20 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
     weights' head where it was replaced for the data's, else None)."""
     num_classes = data.num_classes
     if cfg.weights:
+        from vitlab.errors import VitlabError
         from vitlab.weights import load_with_meta
 
-        model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size)
+        try:
+            model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size)
+        except VitlabError:
+            if not cfg.resume:
+                raise
+            # a resumed fine-tuning run whose starting weights are gone (deleted, or a download not cached here):
+            # the checkpoint holds the whole model, config included, and its weights are restored anyway
+            from vitlab.train.checkpoint import find_resume_checkpoint
+
+            model, meta = load_with_meta(find_resume_checkpoint(cfg.resume), num_classes=num_classes,
+                                         image_size=cfg.image_size)
         return model, meta.get("preprocess"), meta.get("replaced_head_classes")
     from vitlab.models.registry import create_model
 
