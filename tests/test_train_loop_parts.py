@@ -229,8 +229,11 @@ def test_more_threads_than_cores_is_said(tmp_path, capsys, monkeypatch):
         data="bundled", classes=["Sandal", "Sneaker"], per_class=4, steps=1, batch_size=4, threads=3,
         model="custom", model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7), out_dir=str(tmp_path),
         precision="fp32", quiet=True))
+    cfg.fsdp = True
     train(cfg)
-    assert "1 process x 3 threads on 2 cores: more threads than cores" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "1 process x 3 threads on 2 cores: more threads than cores" in err
+    assert "--fsdp with one process trains the model whole" in err
 
 
 def test_a_given_model_is_recorded_so_its_config_rebuilds_it(tmp_path, capsys):

@@ -394,6 +394,9 @@ class TrainingRun:
               f"{plan.warmup}")
         if self.head_note and not resumed:  # a resumed run's head is the checkpoint's
             print(f"vitlab: {self.head_note}")
+        if cfg.fsdp and world == 1:  # FSDP shards over processes: with one there is nothing to shard
+            print("vitlab: --fsdp with one process trains the model whole (FSDP shards it over torchrun's "
+                  "processes)", file=sys.stderr)
         local, cores = int(os.environ.get("LOCAL_WORLD_SIZE", world)), os.cpu_count() or 1
         if self.device.type == "cpu" and cfg.threads * local > cores:  # oversubscribed: a several-fold slowdown
             print(f"vitlab: {local} process{'es' if local > 1 else ''} x {cfg.threads} threads on {cores} cores: more "
