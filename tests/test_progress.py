@@ -182,3 +182,20 @@ def test_a_bar_into_a_log_writes_whole_lines(monkeypatch, leave):
     lines = text.splitlines()
     assert lines[-1] == "next line" and all(line.strip() for line in lines)
     assert all(line.startswith("work: ") for line in lines[:-1]) and "3/3 item" in lines[-2]
+
+
+def test_nested_bars_into_a_log_leave_no_cursor_moves(monkeypatch):
+    """An inner bar (inspect's batches inside its analyses) moves the cursor up and back: escape codes in a log."""
+    import io
+    import sys
+
+    from vitlab.progress import progress_bar
+
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    with progress_bar(total=2, desc="outer", unit="step") as outer:
+        for _ in progress_bar(range(3), desc="inner", unit="batch"):
+            pass
+        outer.update(2)
+    text = log.getvalue()
+    assert "\x1b" not in text and "\r" not in text and all(line.strip() for line in text.splitlines())

@@ -9,6 +9,7 @@ and as a line of its own, without the carriage returns that draw over a terminal
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -30,6 +31,9 @@ def _is_terminal() -> bool:
         return False
 
 
+_CURSOR_MOVES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 class _LogLines:
     """stderr as a bar sees it where stderr is a log file or a pipe: each redraw becomes a line of its own.
 
@@ -41,7 +45,7 @@ class _LogLines:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        line = text.replace("\r", "").rstrip()
+        line = _CURSOR_MOVES.sub("", text.replace("\r", "")).rstrip()  # nested bars move the cursor up and back
         if line:
             self.stream.write(line + "\n")
         return len(text)
