@@ -710,3 +710,30 @@ def test_a_port_in_use_is_refused_before_the_model_is_loaded(weights, monkeypatc
         monkeypatch.setattr(vitlab.weights, "load_with_meta", load)
         with pytest.raises(Exception, match=f"cannot listen on 127.0.0.1:{port}"):
             make_server(folder, port=port, engine="torch", log=False, quiet=True)
+
+
+def test_request_bodies_held_at_once_are_bounded(weights):
+    """Each connection read its body whole: 256 connections x 20 MB held 5 GB. Bodies being read or held count
+    against --max-bodies-mb; a request that would go beyond gets 503 (retry) and its body is never read."""
+    with pytest.raises(Exception, match=r"--max-bodies-mb \(1\) is smaller than --max-body-mb \(20\)"):
+        ServeOptions(max_bodies_mb=1).check()
+    _, folder = weights
+    srv = Running(make_server(folder, port=0, engine="torch", log=False, quiet=True,
+                              options=ServeOptions(max_body_mb=0.01, max_bodies_mb=0.01, timeout_s=5)))
+    try:
+        _, data = png(0)
+        with socket.create_connection((srv.host, srv.port), timeout=30) as slow:
+            # a body of 10,000 bytes announced, 10 sent: 10,000 of the 10,485 bytes are held while it arrives
+            slow.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 10000\r\n\r\n0123456789")
+            deadline = time.monotonic() + 10
+            while srv.server._body_bytes == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            status, doc = srv.request("POST", "/predict", body=data, headers={"Content-Type": "image/png"})
+            assert status == 503 and "--max-bodies-mb" in doc["error"]
+        deadline = time.monotonic() + 10  # the slow client gone, its bytes are free again
+        while srv.server._body_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, doc = srv.request("POST", "/predict", body=data, headers={"Content-Type": "image/png"})
+        assert status == 200 and srv.server._body_bytes == 0
+    finally:
+        srv.close()

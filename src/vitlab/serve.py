@@ -54,6 +54,7 @@ class ServeOptions:
     max_wait_ms: float = 5.0  # how long the oldest queued image waits for others to share its batch
     top_k: int = 5  # classes per image unless the request asks (?top_k=N)
     max_body_mb: float = 20.0  # larger request bodies: 413
+    max_bodies_mb: float = 512.0  # request bodies held at once, all connections together; beyond: 503 (retry)
     max_images: int = 64  # images per request
     max_queue: int = 512  # images waiting for the model; beyond: 503 (retry later); at least max_images
     max_pixels: int = 40_000_000  # pixels per image (from its header, before decoding); beyond: 413
@@ -77,6 +78,9 @@ class ServeOptions:
         if self.max_pixels > MAX_IMAGE_PIXELS:  # Pillow refuses larger images anyway (decompression bombs)
             raise VitlabError(f"--max-pixels must be at most {MAX_IMAGE_PIXELS} (Pillow's decompression-bomb limit), "
                               f"got {self.max_pixels}")
+        if self.max_bodies_mb < self.max_body_mb:  # a request of the largest size could never be taken
+            raise VitlabError(f"--max-bodies-mb ({self.max_bodies_mb:g}) is smaller than --max-body-mb "
+                              f"({self.max_body_mb:g}); raise it or lower --max-body-mb")
         for name in ("max_wait_ms", "max_body_mb", "timeout_s"):
             if not getattr(self, name) >= 0:
                 raise VitlabError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -331,6 +335,8 @@ class InferenceServer(ThreadingHTTPServer):
         options = replace(options, max_decoding=options.max_decoding or os.cpu_count() or 1)
         self.classifier, self.options, self.log = classifier, options, log
         self._decoding = threading.BoundedSemaphore(options.max_decoding)
+        # bytes of request bodies being read or held: 256 connections x 20 MB would be 5 GB of memory
+        self._body_bytes, self._body_lock = 0, threading.Lock()
         self.batcher = MicroBatcher(run, options.max_batch, options.max_wait_ms / 1e3, options.max_queue)
         self.info = {**info, "classes": classifier.names, "limits": asdict(options)}
         self.started = time.time()
@@ -368,6 +374,20 @@ class InferenceServer(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
+
+    def reserve_body(self, size: int) -> None:
+        """Count `size` bytes of request body against `max_bodies_mb` until `release_body`; beyond it, 503."""
+        budget = int(self.options.max_bodies_mb * 2**20)
+        with self._body_lock:
+            if self._body_bytes + size > budget:
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE,
+                                   f"the server holds {self._body_bytes / 2**20:.0f} MB of request bodies already "
+                                   f"(--max-bodies-mb {self.options.max_bodies_mb:g}); retry shortly")
+            self._body_bytes += size
+
+    def release_body(self, size: int) -> None:
+        with self._body_lock:
+            self._body_bytes -= size
 
     def predict(self, images: list[tuple[str, bytes]], top_k: int) -> list[dict]:
         if not images:
@@ -473,13 +493,22 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             # the body is read before the URL is judged: a refusal that left it unread would have its bytes parsed
             # as the connection's next request (a bogus 400 logged, a keep-alive client confused)
-            body = self._body()
-            if url.path.rstrip("/") != "/predict":
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {url.path}; POST images to /predict")
-            top_k = self._top_k(url.query)
-            started = time.perf_counter()
-            images = request_images(body, self.headers.get("Content-Type", ""), self.server.options.max_images)
-            results = self.server.predict(images, top_k)
+            size = self._body_size()
+            try:
+                self.server.reserve_body(size)
+            except RequestError:
+                self.close_connection = True  # the body is not read: this connection cannot carry another request
+                raise
+            try:
+                body = self._read_body(size)
+                if url.path.rstrip("/") != "/predict":
+                    raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {url.path}; POST images to /predict")
+                top_k = self._top_k(url.query)
+                started = time.perf_counter()
+                images = request_images(body, self.headers.get("Content-Type", ""), self.server.options.max_images)
+                results = self.server.predict(images, top_k)
+            finally:
+                self.server.release_body(size)
             ms = round(1e3 * (time.perf_counter() - started), 2)
             self.log_detail = f"{len(results)} image{'s' if len(results) != 1 else ''} {ms:.1f} ms"
             self._reply(HTTPStatus.OK, {"results": results, "ms": ms})
@@ -502,8 +531,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"top_k must be a positive integer, got {values[-1]!r}")
         return k
 
-    def _body(self) -> bytes:
-        """The request body, read whole; refused (and the connection closed) when it has no length or is too big."""
+    def _body_size(self) -> int:
+        """The request body's declared size; refused (and the connection closed) when it has none or is too big."""
         length = self.headers.get("Content-Length")
         if length is None:
             self.close_connection = True
@@ -522,6 +551,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"request body of {size / 2**20:.1f} MB; at most {self.server.options.max_body_mb:g} MB "
                                "(--max-body-mb)")
+        return size
+
+    def _read_body(self, size: int) -> bytes:
+        """The request body, read whole."""
         try:
             body = self.rfile.read(size)
         except TimeoutError:  # the client stalled mid-body: the socket cannot be read again, so the connection ends

@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="how long a request waits for others to share its batch (default 5)")
     p.add_argument("--top-k", type=positive_int, default=5, help="classes per image unless ?top_k=N (default 5)")
     p.add_argument("--max-body-mb", type=positive_float, default=20.0, help="largest request body (default 20 MB)")
+    p.add_argument("--max-bodies-mb", type=positive_float, default=512.0,
+                   help="request bodies held at once, all connections together; beyond, 503 (default 512 MB)")
     p.add_argument("--max-images", type=positive_int, default=64,
                    help="images per request (default 64; at most --max-queue)")
     p.add_argument("--max-queue", type=positive_int, default=512,
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise VitlabError(f"--port must be 0-65535, got {args.port}")
     options = ServeOptions(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, top_k=args.top_k,
-                           max_body_mb=args.max_body_mb, max_images=args.max_images, max_queue=args.max_queue,
+                           max_body_mb=args.max_body_mb, max_bodies_mb=args.max_bodies_mb,
+                           max_images=args.max_images, max_queue=args.max_queue,
                            max_pixels=args.max_pixels, fast_jpeg=args.fast_jpeg)
     options.check()  # a bad combination of flags fails before anything is set up
     runtime = setup_runtime(device_for_engine(args.device, args.engine, args.int8), args.threads)
