@@ -519,6 +519,11 @@ def test_fast_jpeg_decodes_large_photos_at_a_smaller_scale(weights):
     assert 0 < float((a - b).abs().max()) < 0.1  # another decode, nearly the same input
     png_bytes = png(0)[1]
     assert torch.equal(full.tensor(png_bytes, "p"), fast.tensor(png_bytes, "p"))  # other formats: untouched
+    # --max-pixels counts a JPEG at the scale --fast-jpeg decodes it at: 640x480 is 80x60 = 4,800 pixels
+    with pytest.raises(RequestError) as refused:
+        full.tensor(buf.getvalue(), "x", max_pixels=10_000)
+    assert refused.value.status == 413
+    assert fast.tensor(buf.getvalue(), "x", max_pixels=10_000).shape == (3, 16, 16)
     srv = Running(make_server(folder, port=0, engine="torch", log=False, quiet=True,
                               options=ServeOptions(fast_jpeg=True)))
     try:

@@ -203,7 +203,7 @@ class ImageClassifier:
         if not data:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"empty image: {name}")
         if max_pixels is not None:
-            _check_pixels(data, name, max_pixels)
+            _check_pixels(data, name, max_pixels, self.draft)
         try:
             return self.preprocess(decode_image(io.BytesIO(data), name, max_pixels=max_pixels, draft=self.draft))
         except VitlabError as exc:
@@ -219,13 +219,16 @@ class ImageClassifier:
         return top_predictions(logits[None], self.names, min(k, len(self.names)), [""])[0].top()
 
 
-def _check_pixels(data: bytes, name: str, most: int) -> None:
+def _check_pixels(data: bytes, name: str, most: int, draft: tuple[int, int] | None = None) -> None:
     """413 for an image of more than `most` pixels, read from its header: a 1 KB PNG can declare 81 megapixels,
-    which take seconds and hundreds of MB to decode. Image.open reads the header only."""
+    which take seconds and hundreds of MB to decode. Image.open reads the header only. With `draft` (--fast-jpeg)
+    a JPEG counts at the reduced scale it will be decoded at (`Image.draft` sets it without decoding)."""
     from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as img:
+            if draft is not None and img.format == "JPEG":
+                img.draft(None, draft)
             size = f"{img.width}x{img.height} pixels" if img.width * img.height > most else None
     except Image.DecompressionBombError:  # over twice Pillow's own limit: too large by any measure
         size = "a decompression bomb"

@@ -166,9 +166,9 @@ def decode_image(source, name, mode: str | None = None, max_pixels: int | None =
     # checked explicitly, and Pillow's default LOAD_TRUNCATED_IMAGES=False makes truncated data an error.
     try:
         with Image.open(source) as img:
-            check_image_size(name, *img.size, max_pixels)  # before any pixel is decoded
             if draft is not None and img.format == "JPEG":
-                img.draft(None, draft)
+                img.draft(None, draft)  # sets the reduced scale (and size) the JPEG will be decoded at
+            check_image_size(name, *img.size, max_pixels)  # before any pixel is decoded, at the size decoded
             img.load()
             img = ImageOps.exif_transpose(img) or img
             out = normalise_mode(img, mode)
