@@ -265,19 +265,16 @@ def predict(
         print("vitlab predict: warning: the classification head in these weights is all zeros (an ImageNet-21k "
               "pre-training file); the probabilities are uniform - fine-tune first", file=sys.stderr)
 
-    def make_engine():
-        if device.type != "cpu" or (engine == "torch" and not int8):
-            return None
-        from vitlab.engine import prepare_engine
+    def make_engine():  # the command's own choice (`vitlab predict --engine/--int8/--calibration`)
+        from types import SimpleNamespace
+
+        from vitlab.commands._engine_args import engine_for, run_calibration
 
         pre = preprocess_for(model, meta)
-        batches = None
-        if int8:
-            from vitlab.commands._engine_args import run_calibration
-            from vitlab.engine.calibration import calibration_from_source
-
-            batches = calibration_from_source(str(calibration), pre) if calibration else run_calibration(weights, pre)
-        return prepare_engine(model, engine, int8=int8, calibration=batches, batch_size=min(batch_size, len(files)),
-                              source=resolve_model(weights), quiet=not progress)
+        flags = SimpleNamespace(engine=engine, int8=int8, calibration=str(calibration) if calibration else None,
+                                quiet=not progress)
+        return engine_for(flags, model, source=resolve_model(weights), preprocess=pre,
+                          batch_size=min(batch_size, len(files)), device=device, command="predict",
+                          default_calibration=lambda: run_calibration(weights, pre))
 
     return predict_files(model, meta, files, top_k, batch_size, device, progress, engine_factory=make_engine)[0]
