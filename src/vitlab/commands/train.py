@@ -93,6 +93,8 @@ def add_train_arguments(p: argparse.ArgumentParser, default_recipe: str) -> None
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
+    from vitlab.train.config import steps_given_up_for_epochs
+
     out = {}
     for _, dest, _, _ in _FLAGS:
         v = getattr(args, f"cfg_{dest}")
@@ -109,23 +111,15 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
             raise VitlabError(f"--set expects KEY=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         sets[k.strip()] = v
-    out.update(later_layer(out, sets))
+    # --set is the later layer (docs/training.md): its length in epochs beats a flag's in steps (`--steps 3
+    # --set epochs=2` trains 2 epochs), as between resolve_config's layers
+    for steps, value in steps_given_up_for_epochs(sets, "from --set").items():
+        if steps in out:
+            out[steps] = value
+    out.update(sets)
     if args.quiet:
         out["quiet"] = True
     return out
-
-
-def later_layer(flags: dict, sets: dict) -> dict:
-    """`--set` overrides the flags (docs/training.md), also across a length's two units: `--steps 3 --set
-    epochs=2` trains 2 epochs, as a later layer's epochs win over an earlier one's steps
-    (`config.epochs_win_over_earlier_steps`); flags and `--set` are otherwise merged into one layer."""
-    from vitlab.train.config import _LENGTHS, setting_name
-
-    named = {setting_name(key, "from --set") for key in sets}
-    for epochs, steps, counts_epochs in _LENGTHS:
-        if epochs in named and steps not in named and steps in flags:
-            flags[steps] = counts_epochs
-    return sets
 
 
 def config_from_args(args: argparse.Namespace, default_recipe: str, extra: dict | None = None):

@@ -328,14 +328,19 @@ def resolve_config(recipe: str | None = None, yaml_path: str | Path | None = Non
 _LENGTHS = (("epochs", "steps", 0), ("warmup_epochs", "warmup_steps", None))
 
 
+def steps_given_up_for_epochs(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """{steps field: the value that lets the epochs count} for each length that the layer `values` gives in epochs
+    and not in steps: such a layer overrides an earlier layer's steps."""
+    named = {setting_name(key, source) for key in values}
+    return {steps: counts_epochs for epochs, steps, counts_epochs in _LENGTHS if epochs in named and steps not in named}
+
+
 def epochs_win_over_earlier_steps(cfg: TrainConfig, values: dict[str, Any], source: str) -> None:
     """A layer that gives a length in epochs and not in steps overrides an earlier layer's steps. Steps take
     precedence within one layer, so without this the finetune recipe's 1000 steps silently outlived
     `--epochs 1` (and its 100 warm-up steps a `--warmup-epochs`)."""
-    named = {setting_name(key, source) for key in values}
-    for epochs, steps, counts_epochs in _LENGTHS:
-        if epochs in named and steps not in named:
-            setattr(cfg, steps, counts_epochs)
+    for steps, value in steps_given_up_for_epochs(values, source).items():
+        setattr(cfg, steps, value)
 
 
 def validate(cfg: TrainConfig) -> None:
