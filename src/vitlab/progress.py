@@ -57,9 +57,7 @@ class _LogLines:
 def bar_options() -> dict[str, Any]:
     """tqdm's `file` and `mininterval` for every bar of vitlab: stderr, redrawn twice a second on a terminal;
     one line per redraw, every 30 s, into a log file or a pipe."""
-    terminal = _is_terminal()
-    return {"file": sys.stderr if terminal else _LogLines(sys.stderr),
-            "mininterval": MININTERVAL if terminal else LOG_MININTERVAL}
+    return {"file": sys.stderr if _is_terminal() else _LogLines(sys.stderr), "mininterval": redraw_seconds()}
 
 
 def progress_bar(iterable: Iterable | None = None, *, desc: str, unit: str, total: int | None = None,
