@@ -294,16 +294,17 @@ def compare_one(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, da
     return record
 
 
-def _finetune_checkpoints(run: Path) -> list[Path]:
-    ckpts = run / "checkpoints"
-    return sorted(ckpts.glob("step-*.pt")) if ckpts.is_dir() else []
+def _has_checkpoint(run: Path) -> bool:
+    from vitlab.train.checkpoint import CheckpointManager
+
+    return CheckpointManager(run / "checkpoints").latest() is not None
 
 
 def _resumable_finetune(mdir: Path, wanted: dict) -> Path | None:
     """The fine-tuning run an interrupted attempt left, if it has a checkpoint and the attempt ran with the
     settings wanted now (`attempt.json`); None: the model starts from the beginning."""
     run = mdir / "finetune"
-    if not _finetune_checkpoints(run):
+    if not _has_checkpoint(run):
         return None
     try:
         earlier = json.loads((mdir / ATTEMPT_FILE).read_text())
@@ -386,7 +387,7 @@ def _finetune(model, lm, zs, ms: ModelSpec, data, st: CompareSettings, pre, sour
         seed=st.seed, quiet=st.quiet, ckpt_every=200, keep_last=1, eval_every=1,
     )
     overrides.update(st.train_overrides)
-    if _finetune_checkpoints(mdir / "finetune"):  # left by an interrupted attempt with these settings
+    if _has_checkpoint(mdir / "finetune"):  # left by an interrupted attempt with these settings
         overrides["resume"] = str(mdir / "finetune")
     cfg = resolve_config("finetune", overrides=overrides)
     tr = train(cfg, model=model, data=data)
