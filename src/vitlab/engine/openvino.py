@@ -71,11 +71,6 @@ def ir_files(xml: Path) -> list[Path]:
     return [xml, xml.with_suffix(".bin")]
 
 
-def ir_complete(xml: Path) -> bool:
-    """Whether both files of the OpenVINO model `xml` are on disk."""
-    return all(f.is_file() for f in ir_files(xml))
-
-
 def _save(model, xml: Path) -> Path:
     """Write `model` to `xml` and its .bin, whole or not at all (a killed build leaves no half model behind)."""
     ov = require_openvino()
