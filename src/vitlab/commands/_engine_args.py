@@ -69,17 +69,16 @@ def run_calibration(spec, preprocess):
     Never the images of the call: the same image would get other answers beside other images."""
     from pathlib import Path
 
-    from vitlab.evaluate.loading import is_run_folder, read_run_config
+    from vitlab.evaluate.loading import is_run_folder, run_data_settings
 
     p = Path(str(spec)).expanduser()
     run = p if is_run_folder(p) else p.parent if p.name == "model" and is_run_folder(p.parent) else None
     if run is None:
         return None
-    from vitlab.commands.evaluate import _run_data_kwargs
     from vitlab.data import load_data
     from vitlab.engine.calibration import calibration_from_dataset
 
-    settings = _run_data_kwargs(read_run_config(run))
+    settings = run_data_settings(run)
     source = settings.pop("data", None)
     if not source:
         return None

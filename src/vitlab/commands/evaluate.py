@@ -139,23 +139,11 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
 
 
-def _run_data_kwargs(run_config: dict | None) -> dict:
-    """The data settings of a training run, read tolerantly from its config.yaml."""
-    if not run_config:
-        return {}
-    cfg = dict(run_config)
-    if isinstance(cfg.get("data"), dict):  # nested {"data": {"source": ...}}
-        cfg = {**cfg, **cfg["data"]}
-        cfg["data"] = cfg.get("source")
-    keys = {"data": "data", "classes": "classes", "per_class": "per_class", "val_fraction": "val_fraction",
-            "test_fraction": "test_fraction", "seed": "seed", "data_seed": "seed"}
-    return {dst: cfg[src] for src, dst in keys.items() if cfg.get(src) is not None}
-
-
 def load_splits(args: argparse.Namespace, run_config: dict | None = None):
     from vitlab.data import load_data
+    from vitlab.evaluate.loading import run_data_kwargs
 
-    from_run = _run_data_kwargs(run_config)
+    from_run = run_data_kwargs(run_config)
     source = args.data or from_run.get("data")
     if not source:
         raise VitlabError("no data given; add --data (e.g. --data bundled, --data fashion-mnist, --data PATH)")

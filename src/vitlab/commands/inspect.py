@@ -197,8 +197,7 @@ def run_defaults(args: argparse.Namespace) -> dict:
     data unless --images or --data say otherwise; a run's checkpoint is treated the same, written to
     RUN/inspect-<checkpoint> (RUN/inspect-best); other models write to ./inspect-<model> (file suffix dropped).
     Returns the settings this decided, for the report."""
-    from vitlab.commands.evaluate import _run_data_kwargs
-    from vitlab.evaluate.loading import read_run_config
+    from vitlab.evaluate.loading import run_data_settings
 
     run, checkpoint = run_of(args.model)
     settings: dict = {}
@@ -212,7 +211,7 @@ def run_defaults(args: argparse.Namespace) -> dict:
     if run is not None:
         settings["run"] = str(run)
     if run is not None and not args.images and not args.data:
-        recorded = _run_data_kwargs(read_run_config(run))
+        recorded = run_data_settings(run)
         args.data = recorded.pop("data", None)
         args.run_data = recorded  # classes, per_class, fractions, seed: the run's images, not others
         settings.update({f"run_{k}": v for k, v in recorded.items()})

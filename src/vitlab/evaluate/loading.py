@@ -47,6 +47,24 @@ def read_run_config(run: Path) -> dict | None:
         raise VitlabError(f"cannot read {f} ({yaml_problem(exc)}); fix or delete that file") from None
 
 
+def run_data_kwargs(run_config: dict | None) -> dict:
+    """The data settings of a training run, read tolerantly from its config.yaml."""
+    if not run_config:
+        return {}
+    cfg = dict(run_config)
+    if isinstance(cfg.get("data"), dict):  # nested {"data": {"source": ...}}
+        cfg = {**cfg, **cfg["data"]}
+        cfg["data"] = cfg.get("source")
+    keys = {"data": "data", "classes": "classes", "per_class": "per_class", "val_fraction": "val_fraction",
+            "test_fraction": "test_fraction", "seed": "seed", "data_seed": "seed"}
+    return {dst: cfg[src] for src, dst in keys.items() if cfg.get(src) is not None}
+
+
+def run_data_settings(run: Path) -> dict:
+    """The data settings the training run in `run` recorded (its config.yaml), as `load_data` takes them."""
+    return run_data_kwargs(read_run_config(run))
+
+
 def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """"custom(dim=32,depth=1,patch_size=4)" -> ("custom", {"dim": 32, "depth": 1, "patch_size": 4})."""
     spec = spec.strip()
