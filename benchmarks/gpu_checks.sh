@@ -49,6 +49,6 @@ if [[ "${FULL_SUITE:-0}" == 1 ]]; then
     # One OpenMP thread per worker: at torch's default of one per core, 12 workers' 192 threads on 16 cores made
     # a CPU subprocess that takes 19 s alone run past 150 s (docs/results/gpu_cpu_threads.txt). The whole suite
     # passes at one thread (2026-11-27, on the CPU VM).
-    step suite_full 330 env OMP_NUM_THREADS=1 "$py" -m pytest -p no:cacheprovider -q -o addopts="" --tb=short -rfE -n 12 --timeout 150 tests
+    step suite_full 330 env OMP_NUM_THREADS=1 "$py" -m pytest -p no:cacheprovider -q -o addopts="" --tb=short -rfEs -n 12 --timeout 150 tests
 fi
 exit "$failed"
