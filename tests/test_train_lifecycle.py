@@ -309,6 +309,23 @@ def test_wall_time_in_summary_adds_up_all_segments(tmp_path, monkeypatch):
     assert first + 2 * 0.3 <= wall <= first + second + 1
 
 
+def test_cpu_time_in_summary_adds_up_segments_and_is_the_runs_own(tmp_path, monkeypatch):
+    """summary.json's process_cpu_time_s had counted the whole process: a resumed run's earlier segments were
+    lost, and a second run in one process (compare, a notebook) counted the first one's CPU time too."""
+    run = run_interrupted(tmp_path, monkeypatch, step=4)
+    first = torch.load(run / "checkpoints" / "step-0000004.pt", weights_only=True)["cpu_time_s"]
+    assert 0 < first
+    c0 = time.process_time()
+    train(resume_cfg(run), data=tiny_data())
+    second = time.process_time() - c0
+    cpu = json.loads((run / "summary.json").read_text())["process_cpu_time_s"]
+    assert first < cpu <= first + second
+    c0 = time.process_time()  # a fresh run in the same process counts its own time alone
+    train(tiny_cfg(tmp_path, name="fresh"), data=tiny_data())
+    fresh = json.loads((tmp_path / "fresh" / "summary.json").read_text())["process_cpu_time_s"]
+    assert 0 < fresh <= time.process_time() - c0
+
+
 @pytest.mark.parametrize("warmup, said", [(1, False), (5, False), (6, True), (100, True)])
 def test_a_warm_up_that_takes_the_whole_run_is_said(tmp_path, capsys, warmup, said):
     """6 steps: with a warm-up of 6 or more the learning rate only rises (capped to the run, not refused)."""

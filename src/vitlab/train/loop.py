@@ -243,6 +243,7 @@ class TrainingRun:
                  stop: StopSignals | None = None, allow_change: tuple[str, ...] | list[str] = (),
                  changes: dict[str, tuple[Any, Any]] | None = None):
         self.cfg, self.device, self.info, self.t_start = cfg, device, info, t_start
+        self.cpu_start = time.process_time()  # this run's own: one process may train several (compare, notebooks)
         self.main = info.is_main
         self.show = self.main and not cfg.quiet
         self.stop = stop or StopSignals()
@@ -413,6 +414,11 @@ class TrainingRun:
         """Wall time of the whole run, earlier segments (before a resume) included."""
         return self.progress.wall_prev + time.perf_counter() - self.t_start
 
+    def cpu_time(self) -> float:
+        """CPU seconds (all threads of the process) of this run, earlier segments (up to their last checkpoint)
+        included: on a shared machine wall time depends on the neighbours, CPU time much less."""
+        return self.progress.cpu_prev + time.process_time() - self.cpu_start
+
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything a resume needs to continue bit-identically (collectives under torchrun: every rank)."""
         rngs = gathered_rng_states(self.info)
@@ -420,7 +426,8 @@ class TrainingRun:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
                 "rng": rngs, **self.progress.to_state(), "config": self.cfg.to_dict(),
-                "world_size": self.info.world_size, "wall_time_s": self.wall_time(), META_KEY: self.model_meta(),
+                "world_size": self.info.world_size, "wall_time_s": self.wall_time(),
+                "cpu_time_s": self.cpu_time(), META_KEY: self.model_meta(),
                 "data": self.data_identity()}
 
     def data_identity(self) -> dict[str, Any]:
@@ -631,7 +638,7 @@ class TrainingRun:
         result.images_per_s = p.total_images / max(p.total_train_time, 1e-9)
         if split is not None:
             result.test_metrics = split_metrics(*self.predict(split), self.class_names)
-        result.wall_time_s = self.wall_time()
+        result.wall_time_s, result.cpu_time_s = self.wall_time(), self.cpu_time()
         gather_stream_failures(data, info)  # a collective: every rank
         fsdp_state = full_model_state(self.wrapped) if _is_fsdp(self.wrapped) else None  # a collective too
         if self.main:

@@ -3,7 +3,6 @@ summary.json."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     test_metrics: dict[str, Any] | None = None
     wall_time_s: float = 0.0
+    cpu_time_s: float = 0.0
     images_per_s: float = 0.0
     config: TrainConfig | None = None
     best_val_acc: float | None = None
@@ -98,8 +98,8 @@ def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model:
         "test_macro_f1": tm["macro_f1"] if tm else None,
         "best_val_acc": result.best_val_acc,
         "wall_time_s": result.wall_time_s, "train_images_per_s": result.images_per_s,
-        # CPU seconds of this process (all threads): on a shared machine wall time depends on the neighbours
-        "process_cpu_time_s": time.process_time(), "torch_threads": torch.get_num_threads(),
+        # CPU seconds (all threads) of this process and the earlier segments' (before a resume), as wall_time_s
+        "process_cpu_time_s": result.cpu_time_s, "torch_threads": torch.get_num_threads(),
         "history": result.history, "test_metrics": tm,
     }
     run.write_json("summary.json", summary)

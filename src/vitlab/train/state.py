@@ -17,8 +17,8 @@ from vitlab.train.checkpoint import rng_state, set_rng_state
 class Progress:
     """Where a run is and what it has done: the part of a checkpoint that is not tensors.
 
-    `train_time_s` / `train_images` / `wall_time_s` of earlier segments (before a resume) are kept apart
-    from this segment's `train_time` / `train_images`, as the checkpoint and summary.json add them up."""
+    `train_time_s`, `train_images`, `wall_time_s` and `cpu_time_s` of earlier segments (before a resume) are
+    kept apart from this segment's `train_time` / `train_images`, as the checkpoint and summary.json add them up."""
 
     global_step: int = 0
     epoch: int = 0
@@ -29,6 +29,7 @@ class Progress:
     train_time_prev: float = 0.0
     images_prev: int = 0
     wall_prev: float = 0.0
+    cpu_prev: float = 0.0
     train_time: float = 0.0
     train_images: int = 0
     last_saved_step: int = -1
@@ -38,7 +39,8 @@ class Progress:
         p = cls(global_step=state["global_step"], epoch=state["epoch"], step_in_epoch=state["step_in_epoch"],
                 history=list(state.get("history", [])), best_val=state.get("best_val"),
                 train_time_prev=state.get("train_time_s", 0.0), images_prev=state.get("train_images", 0),
-                wall_prev=state.get("wall_time_s", 0.0))  # the earlier segments' wall time
+                wall_prev=state.get("wall_time_s", 0.0),  # the earlier segments' wall time
+                cpu_prev=state.get("cpu_time_s", 0.0))  # and their processes' CPU time
         if "epoch_sums" in state:
             p.epoch_sums = list(state["epoch_sums"])
         return p
