@@ -138,6 +138,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     scaling.train_run(TINY_VIT, 100, 0, data, st, run)
     assert seen == {"resume": str(run), "n": 100}
     (run / "checkpoints" / "step-0000004.pt").unlink()  # no checkpoint: a clean restart, the folder goes
+    (run / "checkpoints" / "step-0000004.pt.bak").write_bytes(b"")  # named like one, but not a checkpoint
     (run / "metrics.jsonl").write_text("stale\n")
     scaling.train_run(TINY_VIT, 100, 0, data, st, run)
     assert seen["resume"] is None and not (run / "metrics.jsonl").exists()

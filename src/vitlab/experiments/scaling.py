@@ -147,11 +147,12 @@ def _subset_data(data, size: int, seed: int):
 def train_run(name: str, size: int, seed: int, data, st: ScalingSettings, run: Path) -> None:
     """Train one (model, size, seed); resume an interrupted run, restart one that left no checkpoint."""
     from vitlab.train import resolve_config, train
+    from vitlab.train.checkpoint import CheckpointManager
 
     steps_per_epoch = max(1, size // st.batch_size)
     overrides = _train_overrides(name, size, seed, st, run, steps_per_epoch)
-    ckpts = run / "checkpoints"
-    if ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir()):
+    # the rule `--resume RUN` picks its checkpoint by: a stray file named like one is no checkpoint
+    if CheckpointManager(run / "checkpoints").latest() is not None:
         overrides["resume"] = str(run)
     elif run.exists():  # killed before its first checkpoint: nothing to keep, and stale metrics would mislead
         shutil.rmtree(run)
