@@ -77,6 +77,7 @@ def test_predict_static_int8_calibrates_on_the_runs_training_images(tmp_path, mo
     """Static int8 without --calibration: a run's own training images, so an image's answer does not depend on the
     other images of the call (it calibrated on those); a model that is not a run needs --calibration."""
     from vitlab.train import resolve_config, train
+    from vitlab.train.checkpoint import CheckpointManager
 
     cfg = resolve_config("demo", overrides={"steps": 2, "batch_size": 16, "out_dir": str(tmp_path), "name": "run",
                                             "quiet": True})
@@ -95,6 +96,9 @@ def test_predict_static_int8_calibrates_on_the_runs_training_images(tmp_path, mo
     assert answers[0] == answers[1]
     assert main(["predict", str(run / "model"), str(first), "--int8", "static", "--engine", "onnxruntime",
                  "--quiet"]) == 0  # RUN/model is the run too
+    step = CheckpointManager(run / "checkpoints").latest()
+    assert main(["predict", str(step), str(first), "--int8", "static", "--engine", "onnxruntime",
+                 "--quiet"]) == 0  # and so is one of its checkpoints (evaluate.loading.run_of)
     capsys.readouterr()
     assert main(["predict", str(model_dir), str(first), "--int8", "static", "--engine", "onnxruntime"]) == 2
     assert "static int8 needs calibration images: add --calibration DATA" in capsys.readouterr().err

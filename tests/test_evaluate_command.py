@@ -1,6 +1,7 @@
 """`vitlab evaluate` end to end on tiny models and a tiny data set, checked against scikit-learn."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -152,3 +153,23 @@ def test_skipped_files_are_counted_once_and_listed(tmp_path, capsys):
     assert err.count("data: skipped 1 file (not an image: 1)") == 1
     assert f"data: the skipped files are listed in {out / 'skipped_files.txt'}" in err
     assert (out / "skipped_files.txt").read_text().startswith(str(tmp_path / "imgs" / "a" / "bad.png"))
+
+
+def test_a_runs_model_folder_and_checkpoints_are_evaluated_as_the_run(tmp_path, capsys):
+    """RUN, RUN/model and RUN/checkpoints/X.pt all take the run's data without --data (evaluate.loading.run_of, the
+    rule inspect and predict's calibration use too); a checkpoint's report goes beside the run's, not over it."""
+    from vitlab.train import resolve_config, train
+    from vitlab.train.checkpoint import CheckpointManager
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=CLASSES.split(","), per_class=10, steps=2, batch_size=6, out_dir=str(tmp_path),
+        name="run", model="custom", model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7),
+        precision="fp32", quiet=True))
+    run = train(cfg).run_dir
+    step = CheckpointManager(run / "checkpoints").latest()
+    for spec, folder in ((run, "eval-test"), (run / "model", "eval-test"), (step, f"eval-{step.stem}-test")):
+        shutil.rmtree(run / folder, ignore_errors=True)
+        assert main(["evaluate", str(spec), "--quiet"]) == 0, spec
+        m = _metrics(run / folder)
+        assert np.array(m["head"]["confusion_matrix"]).shape == (3, 3) and m["head_mode"] == "trained", spec
+    capsys.readouterr()

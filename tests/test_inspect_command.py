@@ -189,6 +189,10 @@ def test_a_checkpoint_of_a_run_is_inspected_like_the_run(trained, tmp_path, monk
     assert info["num_images"] == 8 and {"distance", "rollout"} <= set(info["figures"])
     assert info["settings"]["data"] == "digits" and info["settings"]["run"] == str(mine)
     assert not (tmp_path / "inspect-best.pt").exists()
+    # RUN/model is the run's final model: inspected as the run, into RUN/inspect/ (evaluate.loading.run_of)
+    assert main(["inspect", str(mine / "model"), "-n", "8", "--rollout-images", "2", "--quiet"]) == 0
+    assert json.loads((mine / "inspect" / "inspect.json").read_text())["settings"]["data"] == "digits"
+    assert not (tmp_path / "inspect-model").exists()
     # a checkpoint file outside any run: ./inspect-<file name without its suffix>
     alone = tmp_path / "alone.pt"
     alone.write_bytes((mine / "checkpoints" / "best.pt").read_bytes())

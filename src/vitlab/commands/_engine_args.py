@@ -64,15 +64,12 @@ def calibration_for(args: argparse.Namespace, preprocess, default=None):
 
 
 def run_calibration(spec, preprocess):
-    """Static int8's default calibration for a training run (RUN or RUN/model): a seeded sample of the run's own
-    training images, as `vitlab evaluate RUN` uses; None for other models, which then need `--calibration`.
-    Never the images of the call: the same image would get other answers beside other images."""
-    from pathlib import Path
+    """Static int8's default calibration for a training run (RUN, RUN/model or one of RUN's checkpoints): a seeded
+    sample of the run's own training images, as `vitlab evaluate RUN` uses; None for other models, which then need
+    `--calibration`. Never the images of the call: the same image would get other answers beside other images."""
+    from vitlab.evaluate.loading import run_data_settings, run_of
 
-    from vitlab.evaluate.loading import is_run_folder, run_data_settings
-
-    p = Path(str(spec)).expanduser()
-    run = p if is_run_folder(p) else p.parent if p.name == "model" and is_run_folder(p.parent) else None
+    run = run_of(spec)[0]
     if run is None:
         return None
     from vitlab.data import load_data

@@ -34,7 +34,7 @@ def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     """The data flags shared by evaluate and compare (passed to `vitlab.data.load_data`)."""
     p.add_argument("--data", required=required,
                    help="data source: bundled, digits, fashion-mnist, mnist, cifar10:PATH, a folder or a CSV"
-                        + ("" if required else " (default for a run folder: the run's data)"))
+                        + ("" if required else " (default for a training run, its model folder or one of its checkpoints: the run's data)"))
     p.add_argument("--classes", help="keep these classes, e.g. 'Sandal,Sneaker,Ankle boot' (names or indices)")
     p.add_argument("--per-class", type=positive_int, help="keep N training images per class (val/test stay whole)")
     p.add_argument("--val-fraction", type=fraction, default=0.1, help="validation share carved from train if the source has none")
@@ -91,7 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help=WEIGHTS_HELP + "; or a model name (random initialisation)")
     add_data_args(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate (default test)")
-    p.add_argument("--out", help="folder for the report (default: <run>/eval-<split> or eval-<model>-<split>)")
+    p.add_argument("--out", help="folder for the report (default: <run>/eval-<split>, <run>/eval-<checkpoint>-<split> "
+                                         "for a run's checkpoint, else eval-<model>-<split>)")
     p.add_argument("--zero-shot-map", metavar="MAP",
                    help="map the data's classes to the pretrained head's: inline 'Sandal=774,Sneaker=770+630,Ankle boot=514', "
                         "a JSON or 'name = index' text file, or a shipped map (fashion-mnist-footwear-in1k)")
@@ -208,8 +209,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.out:
         out = Path(args.out)
-    elif loaded.source == "run":
-        out = Path(args.model) / f"eval-{args.split}"
+    elif loaded.run is not None:  # RUN and RUN/model: RUN/eval-test; RUN/checkpoints/best.pt: RUN/eval-best-test
+        out = loaded.run / "-".join(filter(None, ("eval", loaded.checkpoint, args.split)))
     else:
         out = Path(f"eval-{model_folder_name(args.model)}-{args.split}")
     res.info["model_description"] = loaded.description

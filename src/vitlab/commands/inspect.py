@@ -178,26 +178,12 @@ def _attention_engine(args: argparse.Namespace, model, runtime, n_images: int):
                                     source=resolved_source(resolve_model_path(args.model)), quiet=args.quiet)
 
 
-def run_of(model: str) -> tuple[Path | None, str | None]:
-    """The training run MODEL belongs to and, for one of its checkpoints, the checkpoint's name:
-    RUN -> (RUN, None); RUN/checkpoints/best.pt -> (RUN, "best"); anything else -> (None, None)."""
-    from vitlab.evaluate.loading import is_run_folder
-
-    p = Path(model).expanduser()
-    if is_run_folder(p):
-        return p, None
-    # a checkpoint of a run (finished or not): the run's config.yaml sits beside checkpoints/
-    if p.is_file() and p.parent.name == "checkpoints" and (p.parent.parent / "config.yaml").is_file():
-        return p.parent.parent, p.stem
-    return None, None
-
-
 def run_defaults(args: argparse.Namespace) -> dict:
     """As evaluate does: a run folder's report goes into it (RUN/inspect), and its images come from the run's own
     data unless --images or --data say otherwise; a run's checkpoint is treated the same, written to
     RUN/inspect-<checkpoint> (RUN/inspect-best); other models write to ./inspect-<model> (file suffix dropped).
     Returns the settings this decided, for the report."""
-    from vitlab.evaluate.loading import run_data_settings
+    from vitlab.evaluate.loading import run_data_settings, run_of
 
     run, checkpoint = run_of(args.model)
     settings: dict = {}

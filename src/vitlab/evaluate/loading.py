@@ -18,9 +18,11 @@ class LoadedModel:
     model: nn.Module
     class_names: list[str] | None
     preprocess: Any  # vitlab.data.Preprocess
-    source: str  # 'weights', 'run' or 'registry'
+    source: str  # 'weights', 'run' (a run folder, its model folder or one of its checkpoints) or 'registry'
     description: str
     run_config: dict | None = None
+    run: Path | None = None  # the training run the model belongs to (run_of)
+    checkpoint: str | None = None  # which of its checkpoints, e.g. "best"; None for the run's final model
 
 
 def default_preprocess(model: nn.Module):
@@ -33,6 +35,22 @@ def default_preprocess(model: nn.Module):
 
 def is_run_folder(p: Path) -> bool:
     return p.is_dir() and (p / "model").is_dir() and ((p / "config.yaml").exists() or (p / "summary.json").exists())
+
+
+def run_of(model: str | Path) -> tuple[Path | None, str | None]:
+    """The training run a model path belongs to and, for one of its checkpoints, the checkpoint's name:
+    RUN and RUN/model (the run's final model) -> (RUN, None); RUN/checkpoints/best.pt -> (RUN, "best");
+    anything else -> (None, None). The one rule for every command that treats a run's model as the run's
+    (its data, its report folder)."""
+    p = Path(str(model)).expanduser()
+    if is_run_folder(p):
+        return p, None
+    if p.name == "model" and is_run_folder(p.parent):
+        return p.parent, None
+    # a checkpoint of a run (finished or not): the run's config.yaml sits beside checkpoints/
+    if p.is_file() and p.parent.name == "checkpoints" and (p.parent.parent / "config.yaml").is_file():
+        return p.parent.parent, p.stem
+    return None, None
 
 
 def read_run_config(run: Path) -> dict | None:
@@ -153,18 +171,16 @@ def load_for_eval(
 
     p = weights_path(spec)
     if p is not None:
-        run_config = None
-        target, source = p, "weights"
-        if is_run_folder(p):
-            target, source = p / "model", "run"
-            run_config = read_run_config(p)
+        run, checkpoint = run_of(p)  # a run's model, final or a checkpoint, brings the run's settings
+        target, source = (p / "model" if is_run_folder(p) else p), ("weights" if run is None else "run")
+        run_config = read_run_config(run) if run is not None else None
         model, meta = load_with_meta(target, image_size=image_size, **(overrides or {}))
         pre = meta.get("preprocess")
         if pre is None or isinstance(pre, dict):
             pre = _preprocess_from(pre, model)
         names = meta.get("class_names")
         return LoadedModel(model.eval(), list(names) if names else None, pre, source,
-                           f"{p} ({meta.get('format', source)})", run_config)
+                           f"{p} ({meta.get('format', source)})", run_config, run, checkpoint)
     from vitlab.models import create_model
     from vitlab.models.registry import normalize_name
 
