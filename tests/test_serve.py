@@ -742,3 +742,55 @@ def test_request_bodies_held_at_once_are_bounded(weights):
         assert status == 200 and srv.server._body_bytes == 0
     finally:
         srv.close()
+
+
+def _trickle(srv, first: bytes, every_s: float, seconds: float) -> tuple[bytes, float]:
+    """Send `first`, then one byte every `every_s` s for at most `seconds`; what came back, and when it ended."""
+    start = time.monotonic()
+    with socket.create_connection((srv.host, srv.port), timeout=30) as client:
+        client.sendall(first)
+        client.settimeout(every_s)
+        answer = b""
+        while time.monotonic() - start < seconds:
+            try:
+                chunk = client.recv(65536)
+            except TimeoutError:
+                try:
+                    client.sendall(b"x")
+                except OSError:  # the server has closed it
+                    break
+                continue
+            if not chunk:
+                break
+            answer += chunk
+    return answer, time.monotonic() - start
+
+
+def test_a_client_trickling_its_head_or_body_cannot_hold_a_thread(weights, monkeypatch):
+    """One byte every 0.2 s never let a read time out (timeout_s: nothing for 30 s), so a slowloris held a
+    connection thread forever and 256 of them took every one. The head now has serve_deadline.HEAD_S from its first
+    byte and the body a minimum average rate (both shortened here)."""
+    import vitlab.serve_deadline as deadline
+
+    monkeypatch.setattr(deadline, "HEAD_S", 1.0)
+    monkeypatch.setattr(deadline, "BODY_GRACE_S", 1.0)
+    monkeypatch.setattr(deadline, "MIN_BODY_BYTES_PER_S", 1000)
+    _, folder = weights
+    srv = Running(make_server(folder, port=0, engine="torch", log=False, quiet=True,
+                              options=ServeOptions(timeout_s=20)))
+    try:
+        answer, took = _trickle(srv, b"POST /predict HTTP/1.1\r\nHost: x\r\n", 0.2, 15)
+        assert took < 5 and answer == b"", (took, answer)  # closed, as http.server closes a timed-out head
+        answer, took = _trickle(srv, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", 0.2, 15)
+        assert took < 5 and answer.startswith(b"HTTP/1.1 408 "), (took, answer)
+        assert b"slower than 1 KB/s" in answer
+        # an ordinary request on the same server, and an idle keep-alive connection, are not affected
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+        conn.request("GET", "/health")
+        assert conn.getresponse().read() and conn.sock is not None
+        time.sleep(1.5)  # idle between requests longer than HEAD_S: the head deadline starts at the first byte
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        srv.close()

@@ -43,7 +43,9 @@ from urllib.parse import parse_qs, urlsplit
 import torch
 import torch.nn as nn
 
+from vitlab import serve_deadline
 from vitlab.errors import VitlabError
+from vitlab.serve_deadline import DeadlineReader
 
 
 @dataclass(frozen=True)
@@ -462,6 +464,16 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.options.timeout_s or None
         super().setup()
+        # reads under deadlines (serve_deadline): a client trickling bytes cannot hold this thread
+        self.reader = DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self.reader)
+
+    def handle_one_request(self) -> None:
+        self.reader.head()  # the head must arrive within HEAD_S of its first byte
+        try:
+            super().handle_one_request()
+        finally:
+            self.reader.clear()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = urlsplit(self.path).path.rstrip("/") or "/"
@@ -557,13 +569,17 @@ class _Handler(BaseHTTPRequestHandler):
         return size
 
     def _read_body(self, size: int) -> bytes:
-        """The request body, read whole."""
+        """The request body, read whole, at least as fast as serve_deadline's minimum rate."""
+        self.reader.body()
         try:
             body = self.rfile.read(size)
         except TimeoutError:  # the client stalled mid-body: the socket cannot be read again, so the connection ends
             self.close_connection = True
             raise RequestError(HTTPStatus.REQUEST_TIMEOUT, f"the request body stopped arriving (nothing for "
-                                                           f"{self.server.options.timeout_s:g} s)") from None
+                                                           f"{self.server.options.timeout_s:g} s, or slower than "
+                                                           f"{serve_deadline.MIN_BODY_BYTES_PER_S / 1000:g} KB/s)") from None
+        finally:
+            self.reader.clear()
         if len(body) < size:
             self.close_connection = True
             raise RequestError(HTTPStatus.BAD_REQUEST, "the request body ended early")
