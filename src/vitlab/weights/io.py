@@ -310,12 +310,24 @@ class LazyArray:
         return self._array
 
 
+def is_bfloat16_bits(dtype: np.dtype) -> bool:
+    """numpy has no bfloat16: JAX's (ml_dtypes') bf16 arrays, as big_vision saves them with `np.savez`, are stored
+    as plain 2-byte voids (`|V2`). No other 2-byte type is saved that way (float16 has its own `<f2`)."""
+    return dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None and dtype.subdtype is None
+
+
+def bfloat16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bf16 is the upper half of a float32: widening is exact."""
+    return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 class NpzArchive(Mapping):
     """An `.npz` as a mapping of name -> LazyArray, on numpy's lazy NpzFile (pickling disabled).
 
     Nothing is decompressed until an array is converted; then its declared (uncompressed) size
     in the zip directory must equal what its .npy header describes, and its dtype must be a float,
-    before numpy allocates and decompresses it. Use as a context manager (closes the file)."""
+    before numpy allocates and decompresses it. JAX's bf16 arrays (`|V2`, is_bfloat16_bits) read as float32, as
+    bf16 tensors of other formats are cast on load. Use as a context manager (closes the file)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -336,7 +348,11 @@ class NpzArchive(Mapping):
     def __getitem__(self, key: str) -> LazyArray:
         if key not in self._members:
             raise KeyError(key)
-        return LazyArray(lambda: self.header(key)[:2], lambda: self.read(key))
+        return LazyArray(lambda: self._described(key), lambda: self.read(key))
+
+    def _described(self, key: str) -> tuple[tuple[int, ...], np.dtype]:
+        shape, dtype, _ = self.header(key)
+        return shape, np.dtype(np.float32) if is_bfloat16_bits(dtype) else dtype
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._members)
@@ -385,7 +401,8 @@ class NpzArchive(Mapping):
     def read(self, key: str) -> np.ndarray:
         """The array, after checking its dtype and its declared size against its header."""
         shape, dtype, offset = self.header(key)
-        if dtype.kind != "f":
+        bf16 = is_bfloat16_bits(dtype)
+        if dtype.kind != "f" and not bf16:
             raise VitlabError(f"{self.path}: array {key!r} is {dtype}, not floating point; a weights file holds "
                               "float arrays: re-export the weights as floats")
         declared, described = self._members[key].file_size, offset + math.prod(shape) * dtype.itemsize
@@ -395,7 +412,8 @@ class NpzArchive(Mapping):
                 f"{described} ({shape} {dtype}); the file is damaged or crafted (a zip bomb?): re-download or re-save it"
             )
         try:
-            return self._npz[key]
+            array = self._npz[key]
+            return bfloat16_bits_to_float32(array) if bf16 else array
         except Exception as exc:  # truncated data, CRC error
             raise VitlabError(f"cannot read the array {key!r} of {self.path} ({type(exc).__name__}: {exc}); "
                               "is the file complete?") from exc
