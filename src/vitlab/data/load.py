@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,20 @@ def read_source(source: str, storage_size: int | None = None, progress: bool = T
                       f"nor one of {', '.join(NAMED_SOURCES)}")
 
 
+def _carve_splits(splits: DataSplits, val_fraction: float, test_fraction: float, seed: int) -> DataSplits:
+    """A missing val split carved from train (`val_fraction` of it), and a missing test split for sources without
+    one (`test_fraction`), stratified by class."""
+    need_val = splits.val is None and val_fraction > 0
+    need_test = splits.test is None and test_fraction > 0
+    if not (need_val or need_test):
+        return splits
+    base = splits.train
+    tr_idx, va_idx, te_idx = stratified_split(base.labels.numpy(), [val_fraction if need_val else 0.0,
+                                                                    test_fraction if need_test else 0.0], seed)
+    return replace(splits, train=base.subset(tr_idx), val=base.subset(va_idx) if need_val else splits.val,
+                   test=base.subset(te_idx) if need_test else splits.test)
+
+
 def _select_classes(splits: DataSplits, classes) -> DataSplits:
     requested = parse_classes(classes)
     if requested is None:
@@ -157,7 +172,9 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
       split column). A missing val split is carved from train (`val_fraction` of it); a missing test
-      split, for sources without one, is carved too (`test_fraction`). Both are stratified by class.
+      split, for sources without one, is carved too (`test_fraction`). Both are stratified by class, and carved
+      over all the source's classes before `classes` selects some: an image's split never depends on the
+      selection.
     - `classes`: names (case-insensitive) or indices, a list or "A,B,C"; labels become positions in it.
     - `per_class`: keep N seeded training images per class (val and test stay whole), for few-shot and
       data-size studies.
@@ -171,27 +188,21 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       one-line summary to stderr. `write_skipped(splits, run_dir)` writes the list into a run folder.
     """
     raw = read_source(source, storage_size, progress)
+    # Splits are carved and --per-class drawn over all the source's classes, before --classes selects some: an
+    # image's split must not depend on which other classes were selected, or in which order (a model trained on
+    # the whole folder and then evaluated on a class subset was tested on its own training images).
+    raw = _carve_splits(raw, val_fraction, test_fraction, seed)
+    if per_class is not None:
+        keep, short = take_per_class(raw.train.labels.numpy(), int(per_class), seed + 1)
+        raw = replace(raw, train=raw.train.subset(keep))
     splits = _select_classes(raw, classes)
     train, val, test = splits.train, splits.val, splits.test
-    need_val = val is None and val_fraction > 0
-    need_test = test is None and test_fraction > 0
-    if need_val or need_test:
-        fr_val = val_fraction if need_val else 0.0
-        fr_test = test_fraction if need_test else 0.0
-        tr_idx, va_idx, te_idx = stratified_split(train.labels.numpy(), [fr_val, fr_test], seed)
-        base = train
-        train = base.subset(tr_idx)
-        if need_val:
-            val = base.subset(va_idx)
-        if need_test:
-            test = base.subset(te_idx)
     notes = list(splits.notes)
     if per_class is not None:
-        keep, short = take_per_class(train.labels.numpy(), int(per_class), seed + 1)
-        train = train.subset(keep)
-        if short:
-            names = ", ".join(splits.class_names[c] for c in short)
-            notes.append(f"--per-class {per_class}: fewer training images than that for {names}; kept all of them")
+        short_names = [raw.class_names[c] for c in short if raw.class_names[c] in splits.class_names]
+        if short_names:
+            notes.append(f"--per-class {per_class}: fewer training images than that for {', '.join(short_names)}; "
+                         "kept all of them")
     skipped = list(splits.skipped)
     parts = {"train": train, "val": val, "test": test}
     file_parts = {k: v for k, v in parts.items() if isinstance(v, FileImageDataset)}
