@@ -11,6 +11,7 @@ from vitlab.errors import VitlabError
 from vitlab.evaluate.metrics import (
     classification_metrics,
     confusion_matrix,
+    format_report,
     normal_interval,
     topk_accuracy,
     wilson_interval,
@@ -58,6 +59,22 @@ def test_against_sklearn(seed):
     assert [r["f1"] for r in m["per_class"]] == pytest.approx(f1.tolist())
     assert [r["support"] for r in m["per_class"]] == sup.tolist()
     assert np.array_equal(np.array(m["confusion_matrix"]), skm.confusion_matrix(y, p, labels=labels))
+
+
+def test_a_class_with_no_test_image_and_no_prediction_is_left_out_of_the_macro_averages():
+    """As scikit-learn's default (labels=None): class 'rare' (1 training image, none in test, never predicted)
+    had counted as F1 0, and macro-F1 read 22.22 % where the 2 tested classes give 33.33 %."""
+    y, p = [0, 0, 1, 1, 1], [0, 1, 1, 1, 0]
+    m = classification_metrics(y, p, 3, ["cat", "dog", "rare"])
+    for key, average in (("macro_f1", skm.f1_score), ("macro_precision", skm.precision_score),
+                         ("macro_recall", skm.recall_score)):
+        assert m[key] == pytest.approx(average(y, p, average="macro", zero_division=0))
+    assert m["absent_classes"] == ["rare"] and m["per_class"][2]["support"] == 0
+    assert "macro averages over 2 of 3 classes: rare has no test image" in format_report(m)
+    # predicted but absent: a real error of the model, so it counts (F1 0), as in scikit-learn
+    m = classification_metrics(y, [0, 2, 1, 1, 0], 3)
+    assert m["absent_classes"] == [] and m["macro_f1"] == pytest.approx(
+        skm.f1_score(y, [0, 2, 1, 1, 0], average="macro", zero_division=0))
 
 
 def test_top5_against_sklearn():

@@ -3,7 +3,10 @@
 Everything derives from one confusion matrix (rows = true class, columns = predicted), counted with
 `torch.bincount`; that is a one-liner, so no library is needed for it. Definitions follow
 scikit-learn (precision/recall/F1 of a class with no predictions/no support are 0, as its
-`zero_division=0`), and the tests check them against scikit-learn.
+`zero_division=0`), and the tests check them against scikit-learn. The macro averages are over the classes
+present in the labels or the predictions, as scikit-learn's default (`labels=None`): a class with no test image
+that is never predicted says nothing about the model, and counting it as F1 0 lowered macro-F1 without a word
+(such classes are listed in `absent_classes`).
 """
 
 from __future__ import annotations
@@ -110,15 +113,19 @@ def classification_metrics(
     precision = _safe_div(tp, predicted)
     recall = _safe_div(tp, support)
     f1 = _safe_div(2 * precision * recall, precision + recall)
+    present = (support > 0) | (predicted > 0)
+    macro = present if bool(present.any()) else torch.ones_like(present)
     out: dict[str, Any] = {
         "n": n,
         "num_classes": num_classes,
         "accuracy": correct / n if n else float("nan"),
         "accuracy_ci95": list(wilson_interval(correct, n)),
         "ci_method": "wilson",
-        "macro_f1": float(f1.mean()),
-        "macro_precision": float(precision.mean()),
-        "macro_recall": float(recall.mean()),
+        "macro_f1": float(f1[macro].mean()),
+        "macro_precision": float(precision[macro].mean()),
+        "macro_recall": float(recall[macro].mean()),
+        # classes left out of the macro averages: no test image and never predicted
+        "absent_classes": [str(class_names[k]) for k in range(num_classes) if not present[k]],
         "weighted_f1": float((f1 * support).sum() / n) if n else float("nan"),
     }
     if logits is not None and num_classes > 5:
@@ -204,6 +211,12 @@ def format_report(metrics: dict[str, Any], title: str | None = None) -> str:
         f"n={metrics['n']})   macro-F1 {100 * metrics['macro_f1']:.2f}%"
         + (f"   top-5 {100 * metrics['top5']:.2f}%" if "top5" in metrics else "")
     )
+    if metrics.get("absent_classes"):
+        absent = metrics["absent_classes"]
+        lines.append(f"macro averages over {metrics['num_classes'] - len(absent)} of {metrics['num_classes']} classes: "
+                     f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''} "
+                     f"{'has' if len(absent) == 1 else 'have'} no test image and {'is' if len(absent) == 1 else 'are'} "
+                     "never predicted")
     width = max([len("class")] + [len(r["name"]) for r in metrics["per_class"]])
     lines.append(f"{'class'.ljust(width)}  precision  recall     f1  support")
     for r in metrics["per_class"]:
