@@ -335,3 +335,53 @@ def test_timm_args_describe_the_model():
     assert args["act_layer"] == "gelu_tanh" and args["img_size"] == [16, 24] and args["num_heads"] == HEADS
     assert args["global_pool"] == "token" and args["class_token"] and args["mlp_ratio"] * D == MLP
     assert timm_format.timm_model_args(_tiny(layer_norm_eps=1e-12).config) is None  # no JSON keyword for eps
+
+
+@pytest.mark.parametrize("fmt", ["hf", "timm.safetensors", "timm.pth"])
+@pytest.mark.parametrize("fields", [dict(posemb="sincos2d"), dict(posemb_resample="bicubic_aa", drop_path=0.3)])
+def test_what_hf_and_timm_configs_cannot_say_survives_the_round_trip(tmp_path, fmt, fields):
+    """A fixed sin-cos table came back as a learned parameter, and through HF the table's resampling became bicubic
+    and drop_path 0: the same logits at the model's own size, other logits at any other (up to 0.03) and another
+    fine-tuning. vitlab's exports now record them (timm: the record; HF: config.json's `vitlab_config`)."""
+    from vitlab.weights import adapt, save_hf
+    from vitlab.weights.io import safetensors_metadata
+
+    model = _tiny(**fields)
+    path = tmp_path / fmt
+    save_hf(model, path) if fmt == "hf" else save_timm(model, path)
+    back = vitlab.load(path)
+    assert {k: getattr(back.config, k) for k in fields} == fields
+    bigger = vitlab.load(path, image_size=24)
+    assert torch.equal(_logits(bigger, (24, 24)), _logits(adapt(_tiny(**fields), None, 24, False), (24, 24)))
+    if fields.get("posemb") != "sincos2d":
+        return
+    # the stored table must be the fixed one: a copy trained elsewhere is another model, refused
+    weights = path / "model.safetensors" if fmt == "hf" else path
+    key = "vit.embeddings.position_embeddings" if fmt == "hf" else "pos_embed"
+    if weights.suffix == ".safetensors":
+        sd, meta = load_file(weights), safetensors_metadata(weights)
+        sd[key] += 0.01
+        save_file(sd, weights, metadata=meta or None)
+    else:
+        sd = torch.load(weights, weights_only=True)
+        sd[key] += 0.01
+        torch.save(sd, weights)
+    with pytest.raises(VitlabError, match="stored table is not that table"):
+        vitlab.load(path)
+
+
+@pytest.mark.parametrize("name, fmt", [("bit-r50x1", "timm.safetensors"), ("bit-r50x1", "timm.pth"),
+                                       ("resnet-18", "timm.safetensors"), ("resnet-18", "hf")])
+def test_resnets_keep_their_size_and_eps_through_timm_and_hf(tmp_path, name, fmt):
+    """The timm record of a BiT ResNet held its name only: on reload timm's ws_eps 1e-8 replaced big_transfer's
+    1e-10 (logits moved by about 1e-5), and every ResNet came back made for 224 px (export's default size)."""
+    from vitlab.weights import save_hf
+
+    model = create_model(name, num_classes=3, image_size=64).eval()
+    path = tmp_path / fmt
+    save_hf(model, path) if fmt == "hf" else save_timm(model, path)
+    back = vitlab.load(path).eval()
+    assert back.config.image_size == (64, 64) and back.config.name == model.config.name
+    if model.config.resnet.kind == "bit":
+        assert back.config.resnet.ws_eps == 1e-10
+    assert torch.equal(_logits(back, (64, 64)), _logits(model, (64, 64)))

@@ -335,6 +335,23 @@ def _preprocess_object(d: dict | None) -> Any:
         return d
 
 
+def drop_fixed_position_table(model: nn.Module, sd: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """timm and Hugging Face store a fixed sin-cos table as a parameter; vitlab computes it. Where the file's
+    record says the model's is fixed (posemb 'sincos2d'), the stored table must be that table: a copy trained
+    elsewhere is another model, refused rather than silently replaced."""
+    config = getattr(model, "config", None)
+    if getattr(config, "posemb", "learn") != "sincos2d" or "pos_embed" not in sd:
+        return sd
+    import torch
+
+    stored, fixed = sd["pos_embed"], model.pos_embed
+    if stored.shape != fixed.shape or not torch.allclose(stored.float(), fixed, rtol=0, atol=1e-6):
+        raise VitlabError(f"{source}: its record says fixed sin-cos position embeddings, but the stored table is not "
+                          "that table (trained elsewhere?); load it as a learned table with posemb=learn "
+                          "(--model-args posemb=learn)")
+    return {k: v for k, v in sd.items() if k != "pos_embed"}
+
+
 def load_with_meta(
     path: str | Path,
     num_classes: int | None = None,
@@ -356,6 +373,7 @@ def load_with_meta(
     from vitlab.models.registry import build_model
 
     model = build_model(config)
+    sd = drop_fixed_position_table(model, sd, str(meta["source"]))
     load_state_dict_strict(model, sd, str(meta["source"]))
     old_head = getattr(model, "head", None)
     model = adapt(model, num_classes, image_size, keep_representation)

@@ -198,6 +198,20 @@ def _check_declared(hf_cfg: dict, found: dict[str, int]) -> None:
                               "inconsistent: fix config.json or re-download the folder")
 
 
+# Config fields a Hugging Face ViT config cannot say, which vitlab's `--to hf` writes under HF_EXTRAS_KEY: a fixed
+# sin-cos table (HF stores it as a parameter), how the table is resampled to another size (HF: bicubic), stochastic
+# depth, the model's name. Without them the folder reloads as another model at other sizes or in fine-tuning.
+HF_EXTRAS_KEY = "vitlab_config"
+_HF_EXTRAS = ("posemb", "posemb_resample", "drop_path", "head_bias_init", "name")
+
+
+def _hf_extras(hf_cfg: dict) -> dict[str, Any]:
+    extras = hf_cfg.get(HF_EXTRAS_KEY) or {}
+    if not isinstance(extras, dict):
+        raise VitlabError(f"config.json's '{HF_EXTRAS_KEY}' is not a JSON object; re-export the folder")
+    return {k: v for k, v in extras.items() if k in _HF_EXTRAS}
+
+
 def _read_hf_vit(sd: dict[str, torch.Tensor], hf_cfg: dict, overrides: dict[str, Any]
                  ) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
     dim, in_chans, patch, _ = _tensor_shape(sd, "embeddings.patch_embeddings.projection.weight", 4)
@@ -242,6 +256,7 @@ def _read_hf_vit(sd: dict[str, torch.Tensor], hf_cfg: dict, overrides: dict[str,
         attention_dropout=hf_cfg.get("attention_probs_dropout_prob", 0.0),
         posemb_resample="bicubic",  # HF interpolate_pos_encoding: bicubic, align_corners=False
     )
+    config.update(_hf_extras(hf_cfg))  # vitlab's own export: what HF's config cannot say
     config.update(overrides)
     try:
         config = ViTConfig(**config)
@@ -445,6 +460,8 @@ def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
         "layer_norm_eps": cfg.layer_norm_eps, "image_size": cfg.image_size[0], "patch_size": cfg.patch_size,
         "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size,
         "pooler_output_size": cfg.representation_size or d, "pooler_act": "tanh", "initializer_range": 0.02,
+        # what HF's ViTConfig cannot say; transformers keeps unknown keys, vitlab reads them back (_HF_EXTRAS)
+        HF_EXTRAS_KEY: {k: cfg.to_dict()[k] for k in _HF_EXTRAS},
     }
     return hf_cfg, {k: v.contiguous().clone() for k, v in out.items()}
 
@@ -576,12 +593,14 @@ def read_hf_resnet_state_dict(
     if left:
         raise VitlabError(f"Hugging Face ResNet checkpoint has keys vitlab cannot place: {', '.join(left[:3])}"
                           + (f" ... ({len(left)} in all)" if len(left) > 3 else ""))
-    config = standard_resnet_config(out, "Hugging Face ResNet", **overrides)
+    extras = hf_cfg.get(HF_EXTRAS_KEY) if isinstance(hf_cfg.get(HF_EXTRAS_KEY), dict) else {}
+    made_for = {k: extras[k] for k in ("image_size",) if k in extras}  # vitlab's own export
+    config = standard_resnet_config(out, "Hugging Face ResNet", **{**made_for, **overrides})
     layer_type = hf_cfg.get("layer_type")
     if layer_type is not None and layer_type != config.resnet.block:
         raise VitlabError(f"config.json says layer_type {layer_type!r} but the weights hold {config.resnet.block} "
                           "blocks; the folder is inconsistent")
-    config = config.replace(name=f"hf-{config.name}")
+    config = config.replace(name=extras.get("name") if isinstance(extras.get("name"), str) else f"hf-{config.name}")
     meta = {"format": "hf", "class_names": _class_names(hf_cfg, config.num_classes),
             "preprocess": resnet_v1_preprocess(config)}
     return config, fill_bn_counters(out), meta
@@ -665,5 +684,7 @@ def to_hf_resnet_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Ten
         "hidden_sizes": [width * 2**i * r.expansion for i in range(len(r.layers))], "depths": list(r.layers),
         "layer_type": r.block, "hidden_act": "relu", "downsample_in_first_stage": False,
         "downsample_in_bottleneck": False,
+        # a ResNet takes any size: the one it was made for (export's default, preprocessing) is vitlab's to keep
+        HF_EXTRAS_KEY: {"image_size": list(cfg.image_size), "name": cfg.name},
     }
     return hf_cfg, {k: v.contiguous().clone() for k, v in out.items()}

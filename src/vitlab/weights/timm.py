@@ -34,7 +34,7 @@ KNOWN_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1664: 16}
 # Config fields a timm state dict cannot tell from its keys and shapes. vitlab's own timm export stores
 # them beside the weights (safetensors header, or a JSON sidecar next to a torch file), so its files load
 # back to the same model; a foreign file without them follows the documented policy (docs/weights.md).
-VIT_HINTS = ("heads", "gelu", "layer_norm_eps", "classifier", "image_size", "posemb_resample", "dropout",
+VIT_HINTS = ("heads", "gelu", "layer_norm_eps", "classifier", "image_size", "posemb", "posemb_resample", "dropout",
              "attention_dropout", "drop_path", "head_bias_init", "name")
 HINTS_KEY = "vitlab_config"
 CLASS_NAMES_KEY = "vitlab_class_names"
@@ -383,9 +383,16 @@ def file_hints(config: ViTConfig) -> dict[str, Any]:
     if config.arch == "vit":
         fields = config.to_dict()
         return {k: fields[k] for k in VIT_HINTS}
-    hints: dict[str, Any] = {"name": config.name}
-    if config.resnet.kind == "bit" and config.resnet.ws_eps is not None:
-        hints["ws_eps"] = config.resnet.ws_eps  # timm itself uses 1e-8; a big_transfer model keeps its 1e-10
+    # a ResNet takes any size, so the keys cannot tell the one it was made for (export's default, preprocessing)
+    hints: dict[str, Any] = {"name": config.name, "image_size": list(config.image_size)}
+    if config.resnet.kind == "bit":
+        from vitlab.models.bit import bit_ws_eps
+
+        # the eps in use, also when the config leaves it to the default (big_transfer's 1e-10): without it timm's
+        # reader takes timm's own 1e-8, and the logits move by about 1e-5
+        hints["ws_eps"] = bit_ws_eps(config.resnet)
+    elif config.resnet.ws_eps is not None:
+        hints["ws_eps"] = config.resnet.ws_eps
     return hints
 
 
