@@ -78,6 +78,42 @@ def test_cli_export_static_batch_is_checked_at_its_own_batch(tmp_path, capsys, m
     def broken(*args, **kwargs):
         raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT")
 
-    monkeypatch.setattr(export, "check_onnx", broken)  # a file ONNX Runtime cannot run is not left behind
+    monkeypatch.setattr(export, "onnx_difference", broken)  # a file ONNX Runtime cannot run is not left behind
     assert main(["export", str(tmp_path / "native"), str(tmp_path / "bad.onnx")]) == 2
     assert "does not run in ONNX Runtime" in capsys.readouterr().err and not (tmp_path / "bad.onnx").exists()
+
+
+@pytest.mark.parametrize("opset, ok", [(13, False), (14, True), (99, False)])
+def test_opsets_outside_what_the_graph_needs_are_refused_before_loading(tmp_path, capsys, opset, ok):
+    """--opset 13 and 99 ended in torch's exporter error, reported as a vitlab bug to report."""
+    pytest.importorskip("onnxruntime")
+    from vitlab.weights import save_native
+
+    save_native(_random_tiny(), tmp_path / "native")
+    assert (main(["export", str(tmp_path / "native"), str(tmp_path / "m.onnx"), "--opset", str(opset)]) == 0) == ok
+    err = capsys.readouterr().err
+    assert ok or (f"--opset {opset}: vitlab's graphs need opset 14 to" in err and "report" not in err)
+
+
+def test_export_and_inspect_take_model_args_for_files_that_cannot_tell(tmp_path, capsys):
+    """A bare timm file with a class token needs classifier=token; export and inspect said to pass
+    --model-args classifier=token but had no such flag."""
+    from vitlab.weights import save_timm
+
+    model = _random_tiny()
+    save_timm(model, tmp_path / "t.pth")
+    (tmp_path / "t.pth.vitlab.json").unlink()  # a foreign timm file: no record beside it
+    assert main(["export", str(tmp_path / "t.pth"), str(tmp_path / "t.onnx"), "--no-check"]) == 2
+    assert "--model-args classifier=token" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "t.pth"), str(tmp_path / "t.onnx"), "--no-check",
+                 "--model-args", "classifier=token,heads=4,gelu=tanh"]) == 0
+    assert main(["inspect", str(tmp_path / "t.pth"), "--model-args", "classifier=token,heads=4,gelu=tanh",
+                 "-n", "0", "--out", str(tmp_path / "insp"), "--quiet"]) == 0
+
+
+def test_the_check_allows_fp32_rounding_of_large_logits():
+    """A correct ResNet export with logits near 7e3 differed by 4.6e-3 (7e-7 relative) and was refused."""
+    from vitlab.export import matches_pytorch
+
+    assert matches_pytorch(4.6e-3, 6.9e3) and matches_pytorch(9e-4, 1.0)
+    assert not matches_pytorch(2e-3, 10.0) and not matches_pytorch(1.0, 6.9e3)

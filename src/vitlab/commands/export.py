@@ -6,7 +6,7 @@ import argparse
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
 from vitlab.commands._engine_args import add_engine_arguments
-from vitlab.commands._load_args import WEIGHTS_HELP
+from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--static-batch", action="store_true", help="fix the batch size to 1")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    add_load_arguments(p)
     add_engine_arguments(p, default="torch", engine_help=(
         "which graph to write: torch (portable ONNX, standard operators, any runtime; the default), onnxruntime "
         "(the fused fp32 graph ONNX Runtime runs), openvino (an OpenVINO model, OUT.xml + OUT.bin), auto (the "
@@ -31,8 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vitlab.commands._load_args import load_overrides
     from vitlab.errors import VitlabError
-    from vitlab.export import check_onnx, export_onnx
+    from vitlab.export import export_onnx, matches_pytorch, onnx_difference
     from vitlab.runtime import setup_runtime
     from vitlab.weights import load_with_meta
 
@@ -44,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     # the export traces on the CPU (an .onnx file is device-neutral); the threads matter for tracing and the check
     _check_engine_flags(args)
     runtime = setup_runtime("cpu", args.threads)
-    model, meta = load_with_meta(args.weights, image_size=size)
+    overrides, size = load_overrides(argparse.Namespace(model_args=args.model_args, heads=args.heads, image_size=size))
+    model, meta = load_with_meta(args.weights, image_size=size, **overrides)
     runtime.announce("export")
     pre = meta.get("preprocess")
     metadata = {
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     checked = "not checked (--no-check)"
     if not args.no_check:
         try:
-            diff = check_onnx(model, path)
+            diff, scale = onnx_difference(model, path)
         except VitlabError as exc:  # onnxruntime not installed: the file stands, unchecked
             checked = f"not checked: {exc}"
         except Exception as exc:  # the file does not run in ONNX Runtime: it is not left behind as if it did
@@ -66,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
             raise VitlabError(f"the exported file does not run in ONNX Runtime ({type(exc).__name__}: "
                               f"{str(exc).strip()[:160]}); nothing written, please report this") from exc
         else:
-            if diff > 1e-3:
+            if not matches_pytorch(diff, scale):
                 path.unlink(missing_ok=True)
-                raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e}; nothing written, please "
-                                  "report this")
+                raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e} (largest logit {scale:.3g}); "
+                                  "nothing written, please report this")
             checked = f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}"
     batch = "1" if args.static_batch else "B"
     print(f"wrote {path} (input 'images' {batch}x{model.config.in_chans}x{model.config.image_size[0]}x"
@@ -79,12 +82,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def opset_range() -> tuple[int, int]:
+    """The ONNX opsets an export can ask for: from 14 (scaled_dot_product_attention) to the newest torch writes."""
+    try:
+        from torch.onnx._constants import ONNX_MAX_OPSET
+    except ImportError:  # a private module: if it moves, keep a bound every torch since 2.2 writes
+        ONNX_MAX_OPSET = 18  # noqa: N806
+    return 14, int(ONNX_MAX_OPSET)
+
+
 def _check_engine_flags(args: argparse.Namespace) -> None:
     """Flag combinations export cannot honour, refused before anything is loaded."""
     from vitlab.errors import VitlabError
     from vitlab.export import check_export_engine
 
     check_export_engine(args.engine, args.output)
+    low, high = opset_range()
+    if not low <= args.opset <= high:  # else torch's exporter fails mid-trace, reported as a vitlab bug
+        raise VitlabError(f"--opset {args.opset}: vitlab's graphs need opset {low} to {high} (attention is "
+                          f"scaled_dot_product_attention, opset 14 and later; {high} is the newest this torch writes)")
     if (args.engine != "torch" or args.int8) and (args.static_batch or args.opset != 18):
         raise VitlabError("--static-batch and --opset apply to the portable export (--engine torch) only")
     if args.int8 == "static" and not args.calibration:

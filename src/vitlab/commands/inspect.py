@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int, seed_value
 from vitlab.commands._engine_args import add_engine_arguments
-from vitlab.commands._load_args import WEIGHTS_HELP, model_folder_name
+from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, model_folder_name
 from vitlab.errors import VitlabError
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed_value, default=0, help="which images --data picks (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only notes on what the report leaves out "
                    "and the report path")
+    add_load_arguments(p)
     add_engine_arguments(p, int8=False)
     p.set_defaults(func=run)
 
@@ -63,11 +64,12 @@ def resolve_model_path(path: str) -> str:
     return str(resolve_weights(path))
 
 
-def load_model(path: str, image_size: int | None = None):
-    """(model, class_names, preprocess) from anything `vitlab.load` reads or a run folder."""
+def load_model(path: str, image_size: int | None = None, **overrides):
+    """(model, class_names, preprocess) from anything `vitlab.load` reads or a run folder (`overrides`: the config
+    fields a file cannot tell, as `vitlab.load` takes them)."""
     from vitlab.weights import load_with_meta
 
-    model, meta = load_with_meta(resolve_model_path(path), image_size=image_size)
+    model, meta = load_with_meta(resolve_model_path(path), image_size=image_size, **overrides)
     return model, meta.get("class_names"), meta.get("preprocess")
 
 
@@ -217,7 +219,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.discard_ratio < 1.0:
         raise VitlabError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     runtime = setup_runtime(device_for_engine(args.device, args.engine), args.threads)
-    model, class_names, preprocess = load_model(args.model, args.image_size)
+    from vitlab.commands._load_args import load_overrides
+
+    overrides, image_size = load_overrides(args)
+    model, class_names, preprocess = load_model(args.model, image_size, **overrides)
     settings = {"model": args.model, **run_defaults(args)}
     check_inspectable(model)
     preprocess = make_preprocess(model, preprocess)
