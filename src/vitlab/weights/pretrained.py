@@ -136,9 +136,10 @@ def _augreg(arch: str) -> list[Pretrained]:
 def _bit(depth: int, width: int) -> list[Pretrained]:
     model, stem = f"bit-r{depth}x{width}", f"R{depth}x{width}"
     return [
-        Pretrained(f"{model}.bit-m-in21k-ft-in1k", model, "bit-bucket", f"BiT-M-{stem}-ILSVRC2012.npz",
-                   480 if (depth, width) == (152, 4) else 448, _IN1K,
-                   note="BiT-M fine-tuned on ImageNet-1k; timm evaluates at 448 (480 for R152x4)"),
+        # the size the file loads at (big_transfer.py: BiT-HyperRule's 480 for ImageNet), so that the listing and
+        # the loaded model agree; timm's cfgs evaluate these files at 448 (480 for R152x4)
+        Pretrained(f"{model}.bit-m-in21k-ft-in1k", model, "bit-bucket", f"BiT-M-{stem}-ILSVRC2012.npz", 480, _IN1K,
+                   note="BiT-M fine-tuned on ImageNet-1k at 480 px (BiT-HyperRule); timm evaluates at 448"),
         Pretrained(f"{model}.bit-m-in21k", model, "bit-bucket", f"BiT-M-{stem}.npz", 224, _IN21K),
         Pretrained(f"{model}.bit-s-in1k", model, "bit-bucket", f"BiT-S-{stem}.npz", 224, _IN1K),
     ]
