@@ -58,9 +58,11 @@ def test_compare_end_to_end(tmp_path, capsys):
     assert res["tiny-pretrained"]["zero_shot_label"] == "zero-shot (mapped pretrained head)"
     assert res["tiny-pretrained"]["source"] == "pretrained"
     for r in summary["models"]:
-        # the curves start at epoch 0: the zero-shot evaluation on the validation split, labelled as such
-        assert [h["epoch"] for h in r["history"]] == [0, 1, 2]
-        assert r["history"][0]["evaluation"] == r["zero_shot_label"] and r["epochs"] == 2
+        # the curves start at epoch 0 on the validation split, labelled with the head: the mapped head's
+        # zero-shot transfer, or the zero head a from-scratch model trains from (not its random zero-shot head)
+        assert [h["epoch"] for h in r["history"]] == [0, 1, 2] and r["epochs"] == 2
+        assert r["history"][0]["evaluation"] == (
+            r["zero_shot_label"] if r["source"] == "pretrained" else "untrained model (zero head, as training starts)")
         assert all(h["val_loss"] is not None and h["val_acc"] is not None for h in r["history"])
         assert r["train_wall_time_s"] > 0 and r["train_images_per_s"] > 0 and r["status"] == "ok"
         # our evaluation and the training loop's own test pass agree (same preprocessing, fp32)

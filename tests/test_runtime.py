@@ -187,9 +187,10 @@ def test_compare_takes_threads_and_passes_them_to_fine_tuning():
     compare.register(parser.add_subparsers())
     args = parser.parse_args(["compare", "--data", "bundled", "--models", "custom", "--threads", "1"])
     assert args.threads == 1 and args.device == "auto"
-    assert compare._settings(args).train_overrides["threads"] == 1
+    settings = compare._settings(args)
+    assert settings.threads == 1 and "threads" not in settings.train_overrides  # one count for all the models
     args = parser.parse_args(["compare", "--data", "bundled", "--models", "custom"])
-    assert "threads" not in compare._settings(args).train_overrides  # automatic: each run decides as train does
+    assert compare._settings(args).threads is None  # automatic: decided once when the compare starts
 
 
 # ----------------------------------------------------------------------------------- the allocator

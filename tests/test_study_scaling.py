@@ -80,6 +80,9 @@ def test_study_end_to_end_then_resume_skips_finished_runs(tmp_path, monkeypatch,
     assert rows[1]["capped"] and rows[1]["requested_size"] == "9999"
     md = (out / "study.md").read_text()
     assert "all remaining after the 500-image validation split" in md and "t, 2 seeds" in md
+    threads = json.loads((out / "settings.json").read_text())["threads"]
+    assert f"CPU threads: {threads} for every run" in md  # what reproduces the numbers
+    assert {r["threads"] for r in runs} == {threads}
     for run in runs:  # every run is evaluated on the same full test set; its row points at its folder
         assert run["test_n"] == 1000
         assert (out / run["run"] / "summary.json").exists() and (out / run["run"] / "scaling.json").exists()
@@ -162,3 +165,96 @@ def test_cli_one_line_errors(tmp_path, capsys):
     assert main(["study", "scaling", "--data", "bundled", "--sizes", "0,100", "--out", str(tmp_path / "s")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sizes" in err[0]
+
+
+LONG_A = "custom(dim=16,depth=1,heads=2,mlp_dim=32,classifier=token,patch_size=7)"
+LONG_B = "custom(dim=16,depth=1,heads=2,mlp_dim=32,classifier=token,patch_size=4)"  # same 60-char slug start
+
+
+def test_long_specs_get_their_own_run_folders(tmp_path):
+    """Two specs cut to the same 60 characters shared a run folder: B read A's result, then an IndexError."""
+    out = tmp_path / "study"
+    rows = run_scaling_study(_settings(models=[LONG_A, LONG_B], sizes=[100], seeds=1), out)
+    assert [r["model"] for r in rows] == [LONG_A, LONG_B]
+    runs = json.loads((out / "study.json").read_text())["runs"]
+    assert len({r["run"] for r in runs}) == 2 and len(list((out / "runs").iterdir())) == 2
+    assert rows[0]["mmacs"] < rows[1]["mmacs"]  # 16 and 49 tokens: two different models ran
+    assert runs[0]["test_accuracy"] != runs[1]["test_accuracy"]  # and B did not read back A's result
+
+
+def test_spec_image_size_is_honoured_and_num_classes_refused(tmp_path):
+    """image_size= in a spec crashed (given twice to the build); it is the size the model is built and trained at."""
+    spec = "custom(dim=16,depth=1,heads=2,mlp_dim=32,patch_size=5,image_size=30)"
+    out = tmp_path / "study"
+    rows = run_scaling_study(_settings(models=[spec], sizes=[100], seeds=1), out)
+    assert len(rows) == 1 and "image_size=30" in rows[0]["spec"]
+    runs = json.loads((out / "study.json").read_text())["runs"]
+    config = json.loads((out / runs[0]["run"] / "model" / "config.json").read_text())
+    assert list(config["model"]["image_size"]) == [30, 30]
+    for bad, match in (("custom(dim=16,depth=1,heads=2,patch_size=7,num_classes=3)", "num_classes is decided by"),
+                       ("custom(dim=16,depth=1,heads=2,patch_size=5)", "not a multiple"),
+                       ("custom(dim=16,depth=1,heads=2", r"no closing '\)'")):
+        with pytest.raises(VitlabError, match=match):
+            run_scaling_study(_settings(models=[bad]), tmp_path / "bad")
+        assert not (tmp_path / "bad").exists()  # a failed start writes nothing, not even the folder
+
+
+def test_refuses_duplicate_models(tmp_path):
+    """`--models X,X` counted one seed's run twice: two rows, each '2 seeds' with a zero-width interval."""
+    with pytest.raises(VitlabError, match="twice"):
+        run_scaling_study(_settings(models=[TINY_VIT, TINY_RESNET, TINY_VIT]), tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
+def test_refuses_one_class(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "data" / "cat"
+    folder.mkdir(parents=True)
+    for i in range(40):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (12, 12), dtype=np.uint8)).save(folder / f"{i}.png")
+    with pytest.raises(VitlabError, match="one class"):
+        run_scaling_study(_settings(data=str(tmp_path / "data"), models=[TINY_RESNET], sizes=[10], batch_size=8),
+                          tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
+def test_refuses_other_data_and_decides_threads_once(tmp_path, monkeypatch):
+    """The data's fingerprint and the thread count are recorded; a rerun uses the count, refuses other data."""
+    import torch
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def fake_train(cfg, data=None, model=None):
+        seen.append(cfg.threads)
+        raise Stop
+
+    monkeypatch.setattr("vitlab.train.train", fake_train)
+    monkeypatch.setattr("vitlab.runtime.choose_threads", lambda requested: (3, "auto: test"))
+    threads_before = torch.get_num_threads()
+    out = tmp_path / "study"
+    try:
+        with pytest.raises(Stop):
+            run_scaling_study(_settings(threads=1), out)
+        recorded = json.loads((out / "settings.json").read_text())
+        assert recorded["threads"] == 1 and seen == [1]
+        assert recorded["data_identity"] == {
+            "classes": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                        "Ankle boot"], "images": {"train": 4500, "val": 500, "test": 1000}}
+        with pytest.raises(Stop):  # no --threads: the recorded count, not the automatic one (3)
+            run_scaling_study(_settings(), out)
+        assert seen == [1, 1]
+        with pytest.raises(VitlabError, match=r"other settings \(threads\)"):
+            run_scaling_study(_settings(threads=2), out)
+        recorded["data_identity"]["images"]["test"] = 900  # as if the data on disk had changed since
+        (out / "settings.json").write_text(json.dumps(recorded))
+        with pytest.raises(VitlabError, match="other data .*test 900 -> 1000"):
+            run_scaling_study(_settings(), out)
+        with pytest.raises(Stop):  # a new study without --threads: decided once, automatically
+            run_scaling_study(_settings(), tmp_path / "auto")
+        assert seen[-1] == 3 and json.loads((tmp_path / "auto" / "settings.json").read_text())["threads"] == 3
+    finally:
+        torch.set_num_threads(threads_before)

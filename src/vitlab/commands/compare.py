@@ -48,12 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "when the model stores them), or a bundled map: fashion-mnist-footwear-in1k, "
                         "fashion-mnist-footwear-in21k (BiT-M)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other training setting (TrainConfig field), repeatable, e.g. --set label_smoothing=0.1")
+                   help="any other training setting (TrainConfig field), repeatable, e.g. --set label_smoothing=0.1; "
+                        "not the data, seed, threads, image size or folders (compare's own flags set those)")
     p.add_argument("--batchnorm", choices=["train", "frozen", "sync"],
                    help="BatchNorm models (resnet-50, ...) while fine-tuning: train (update the statistics, as the "
                         "seed studies did; default) or frozen (keep the pretrained statistics: small batches)")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    add_runtime_args(p)  # --device, --threads (the fine-tuning runs use the same thread count)
+    add_runtime_args(p)  # --device, --threads (decided once: every evaluation and fine-tuning run uses it)
     p.add_argument("--eval-batch-size", type=positive_int, default=64)
     p.add_argument("--out", help="output folder (default compare-<data>-<UTC time>); an existing one is resumed: "
                                  "models finished there with the same settings are reused, the rest redone")
@@ -64,16 +65,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.experiments.compare import check_model_specs, parse_models, run_compare
+    import dataclasses
+
+    from vitlab.experiments.compare import (
+        check_model_specs,
+        check_study,
+        parse_models,
+        recorded_threads,
+        run_compare,
+    )
     from vitlab.runtime import setup_runtime
     from vitlab.train.resume import resume_advice
 
     models = parse_models(args.models, args.weights)
-    check_model_specs(models)  # before the data loads (run_compare checks again for callers of the API)
+    # before the data loads (run_compare checks again at the data's size, and for callers of the API)
+    check_model_specs(models, args.image_size)
     settings = _settings(args)
     out = _out_dir(args)
-    runtime = setup_runtime(args.device, args.threads)  # the zero-shot and final evaluations
+    # one thread count for the whole study, evaluations and every fine-tuning run: --threads, else the count
+    # the study recorded when it started (a resume), else decided now; recorded in the settings
+    recorded = None if args.threads else recorded_threads(out, models)
+    runtime = setup_runtime(args.device, args.threads or recorded)
+    if recorded:
+        runtime = dataclasses.replace(runtime, threads_reason=f"recorded by the study in {out}")
+    settings = dataclasses.replace(settings, threads=runtime.threads)
     data = load_splits(args)
+    check_study(data, models, settings)  # one class, a batch over the training set, a size a model cannot take
     if not args.quiet:
         print(f"data: {data.summary()}")
     data_args = {"data": args.data, "classes": args.classes, "per_class": args.per_class,
@@ -92,21 +109,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace):
-    from vitlab.experiments.compare import CompareSettings
+    from vitlab.experiments.compare import CompareSettings, check_train_overrides
     from vitlab.train.config import parse_kv, typed_overrides
 
     extra: dict = {}
-    if args.threads:  # given: every fine-tuning run computes with it too (none: each run decides as train does)
-        extra["threads"] = args.threads
     if args.batchnorm:
         extra["batchnorm"] = args.batchnorm
     for item in args.set:
         extra.update(parse_kv(item))
+    check_train_overrides(extra)  # the data, folders and threads are compare's own (its flags)
     settings = CompareSettings(
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer,
         weight_decay=args.weight_decay, decay=args.decay, warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip, augment=args.augment, image_size=args.image_size, precision=args.precision,
-        device=args.device, seed=args.seed, eval_batch_size=args.eval_batch_size,
+        device=args.device, threads=args.threads, seed=args.seed, eval_batch_size=args.eval_batch_size,
         zero_shot_map=args.zero_shot_map, train_overrides=typed_overrides(extra, "from --set"), quiet=args.quiet,
     )
     _check_training(settings)
@@ -114,15 +130,11 @@ def _settings(args: argparse.Namespace):
 
 
 def _check_training(st) -> None:
-    """Resolve the fine-tuning config every model will get (as `experiments.compare` does), so that an
-    impossible value fails now, before the output folder or any run folder exists."""
-    from vitlab.train.config import resolve_config
+    """Resolve the fine-tuning config every model will get (`experiments.compare.training_config`, the same
+    resolution each model's run gets), so that an impossible value fails now, before any folder exists."""
+    from vitlab.experiments.compare import training_config
 
-    shared = dict(epochs=st.epochs, steps=0, lr=st.lr, batch_size=st.batch_size, optimizer=st.optimizer,
-                  weight_decay=st.weight_decay, decay=st.decay, warmup_steps=st.warmup_steps, warmup_epochs=0.0,
-                  grad_clip=st.grad_clip, image_size=st.image_size, precision=st.precision, device=st.device,
-                  seed=st.seed, eval_batch_size=st.eval_batch_size)
-    resolve_config("finetune", overrides={**shared, **st.train_overrides})
+    training_config(st)
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
@@ -134,6 +146,9 @@ def _out_dir(args: argparse.Namespace) -> Path:
             raise VitlabError(f"--resume {out}: no such folder; give the --out of the study to resume")
         return out
     if args.out:
+        from vitlab.experiments.compare import check_out_dir
+
+        check_out_dir(Path(args.out))
         return Path(args.out)
     stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(args.data.split(":")[0]).name) or "data"
     return Path(f"compare-{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
@@ -148,7 +163,7 @@ def _print_table(summary: dict, out: Path) -> None:
     if frozen:
         print(f"\nfrozen features before fine-tuning (frozen.csv):\n{rows_markdown(frozen, with_model=True)}")
     if summary["models"] and len(summary["failed"]) < len(summary["models"]):
-        print(f"table: {out / 'compare.md'} (CSV: compare.csv); curves from epoch 0 (zero-shot): val_loss.png, "
+        print(f"table: {out / 'compare.md'} (CSV: compare.csv); curves from epoch 0 (before fine-tuning): val_loss.png, "
               "val_accuracy.png; runtime.png")
     else:
         print(f"table: {out / 'compare.md'} (CSV: compare.csv); no model finished, so no figures")

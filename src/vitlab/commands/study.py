@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.commands._argtypes import fraction, non_negative_float, positive_float, positive_int, seed_value
+from vitlab.commands._argtypes import (
+    THREADS_HELP,
+    fraction,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    seed_value,
+)
+
+STUDY_THREADS_HELP = THREADS_HELP + "; decided once for all the study's runs and recorded; a rerun uses the recorded count"
 
 
 def _names(text: str) -> list[str]:
@@ -77,6 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--finetune-epochs", type=non_negative_float, default=d.finetune_epochs)
     t.add_argument("--finetune-min-steps", type=int, default=d.finetune_min_steps)
     t.add_argument("--seed", type=seed_value, default=0)
+    t.add_argument("--threads", type=positive_int, help=STUDY_THREADS_HELP)
     t.add_argument("--out", default="study-transfer", help="study folder (default study-transfer)")
     t.add_argument("--quiet", action="store_true", help="no progress bars, one line per epoch")
     t.set_defaults(func=run_transfer)
@@ -95,7 +105,7 @@ def run_transfer(args: argparse.Namespace) -> int:
         data=args.data, upstream_classes=args.upstream, downstream_classes=args.downstream, models=args.models,
         per_class=args.per_class, pretrain_epochs=args.pretrain_epochs, pretrain_lr=args.pretrain_lr,
         finetune_lr=args.finetune_lr, finetune_epochs=args.finetune_epochs,
-        finetune_min_steps=args.finetune_min_steps, seed=args.seed, quiet=args.quiet,
+        finetune_min_steps=args.finetune_min_steps, seed=args.seed, quiet=args.quiet, threads=args.threads,
     )
     from vitlab.train.resume import resume_advice
 
@@ -140,6 +150,7 @@ def _register_scaling(studies: argparse._SubParsersAction) -> None:
                    help="validation split carved out of the training data first (default 0.1)")
     s.add_argument("--evals", type=positive_int, default=d.evals, help="validation passes per run, about (default 8)")
     s.add_argument("--seed", type=seed_value, default=d.seed, help="validation split seed and first run seed (default 0)")
+    s.add_argument("--threads", type=positive_int, help=STUDY_THREADS_HELP)
     s.add_argument("--out", default="study-scaling", help="study folder (default study-scaling)")
     s.add_argument("--quiet", action="store_true",
                    help="one line per run only; the training's own lines go to each run's train.log")
@@ -160,7 +171,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     st = ScalingSettings(
         data=args.data, models=args.models, sizes=args.sizes, seeds=args.seeds, multi_seed_max=args.multi_seed_max,
         min_epochs=args.min_epochs, min_steps=args.min_steps, batch_size=args.batch_size, lr=args.lr,
-        val_fraction=args.val_fraction, evals=args.evals, seed=args.seed, quiet=args.quiet,
+        val_fraction=args.val_fraction, evals=args.evals, seed=args.seed, quiet=args.quiet, threads=args.threads,
     )
     from vitlab.train.resume import resume_advice
 

@@ -12,7 +12,9 @@ and the others go on. It resumes: each finished model stores `<out>/<model>/resu
 settings it ran with; the same command with the same --out reuses those and redoes only the rest. A model
 cut short mid fine-tuning resumes that run from its last checkpoint (epoch ends and every 200 steps) when
 its attempt ran with the same settings (`<out>/<model>/attempt.json`); its evaluations are redone.
-The validation curves start at epoch 0, the zero-shot evaluation on the validation split.
+The validation curves start at epoch 0: each model on the validation split as its fine-tuning starts, with the
+head it starts from (its own trained head when kept, else the new zero-initialised one), except a mapped head,
+whose epoch 0 is the zero-shot transfer through the map.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class CompareSettings:
     image_size: int | None = None  # None: a pretrained model's own size; a from-scratch model: the data's
     precision: str = "auto"
     device: str = "auto"
+    # torch CPU threads of every evaluation and fine-tuning; None: decided once when the study starts (the
+    # count changes the bits, so one study must not mix counts), then recorded with the settings
+    threads: int | None = None
     seed: int = 0
     eval_batch_size: int = 64
     zero_shot_map: str | None = None
@@ -88,11 +93,11 @@ def parse_models(models: str, weights: str | None = None) -> list[ModelSpec]:
 
 
 def _safe(name: str) -> str:
-    """A folder name for a model entry: 'vit-b/16' -> 'vit-b-16', 'custom(dim=32)' -> 'custom-dim-32'."""
-    out = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out.strip("-")[:60] or "model"
+    """A folder name for a model entry: 'vit-b/16' -> 'vit-b-16', 'custom(dim=32)' -> 'custom-dim-32'; a long
+    one cut and given a hash of the whole entry (two long specs that differ at the end shared one folder)."""
+    from vitlab.experiments.naming import folder_name
+
+    return folder_name(name, collapse=True)
 
 
 def _data_side(data) -> int:
@@ -100,27 +105,63 @@ def _data_side(data) -> int:
     return int(size if isinstance(size, int) else max(size))
 
 
-def check_model_specs(models: list[ModelSpec]) -> None:
+def check_model_specs(models: list[ModelSpec], image_size: int | None = None, side: int | None = None) -> None:
     """Every entry resolves (weights found, or a registry name whose overrides are known fields), checked before
-    the first model trains: a typo in the last of three models must not wait for the other two to train."""
+    the first model trains: a typo in the last of three models must not wait for the other two to train.
+
+    A registry name is checked at the size it will be built at (`build_size`): `image_size` (--image-size), else
+    the data's `side` fitted to its stride; before the data is known (side None) only its fields are checked."""
     from vitlab.evaluate.loading import parse_model_spec, weights_path
-    from vitlab.models.registry import get_config
 
     for ms in models:
-        if ms.checked:
-            continue
         try:
-            path = weights_path(ms.weights) if ms.weights else weights_path(ms.spec)
-            if path is not None:
-                ms.resolved, ms.checked = path, True
-                continue
-            if "(" in ms.spec and not ms.spec.rstrip().endswith(")"):
-                raise VitlabError("the overrides have no closing ')'; write NAME(key=value,...)")
-            name, args = parse_model_spec(ms.spec)
-            get_config(name, **args)
-            ms.checked = True
+            if not ms.checked:
+                path = weights_path(ms.weights) if ms.weights else weights_path(ms.spec)
+                if path is not None:
+                    ms.resolved, ms.checked = path, True
+                    continue
+                if "(" in ms.spec and not ms.spec.rstrip().endswith(")"):
+                    raise VitlabError("the overrides have no closing ')'; write NAME(key=value,...)")
+                parse_model_spec(ms.spec)
+                ms.checked = True
+            if ms.resolved is None:  # a registry name: the size can change with the data, so checked every time
+                build_size(ms.spec, image_size, side)
         except VitlabError as exc:
             raise VitlabError(f"--models entry {ms.spec!r}: {exc}") from None
+
+
+# how far past the data's side a size is looked for that the model's stride accepts (a stride is at most this)
+_MAX_SIZE_SEARCH = 1024
+
+
+def build_size(spec: str, image_size: int | None, side: int | None) -> int | None:
+    """The input size a from-scratch model is built (and trained) at, after checking its config there: the
+    spec's own image_size=, else `image_size` (--image-size), else the smallest size >= the data's `side` its
+    token grid accepts (vit-b/16 on 28 px: 32; patch 5: 30). None: the registry default (side not known yet).
+
+    The fitting is done here and not with `fit_image_size`, which gives up on a spec whose default 224 px
+    does not fit its own stride (patch_size=5) and then returns the data's side unfitted."""
+    from vitlab.evaluate.loading import parse_model_spec
+    from vitlab.models.registry import get_config
+
+    name, args = parse_model_spec(spec)
+    fixed = args.pop("image_size", None) or image_size
+    if fixed is not None:
+        get_config(name, **args, image_size=fixed)  # a size that does not fit says so, with one that does
+        return int(fixed if isinstance(fixed, int) else max(fixed))
+    start = side or 224  # before the data is known: any size that fits shows that the fields are right
+    try:
+        get_config(name, **args, image_size=start)
+        return side
+    except VitlabError as exc:
+        first = exc
+    for size in range(start + 1, start + _MAX_SIZE_SEARCH):
+        try:
+            get_config(name, **args, image_size=size)
+            return size if side else None
+        except VitlabError:
+            continue
+    raise first  # no size fits: the error is about another field (heads, dim ...), said at the data's size
 
 
 def _load(ms: ModelSpec, data, st: CompareSettings):
@@ -130,7 +171,7 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
     other command: files, folders, run folders, `hf:ORG/NAME`, official names like ViT-B_16.npz.
     """
     from vitlab.data import Preprocess
-    from vitlab.evaluate.loading import fit_image_size, load_for_eval, weights_path
+    from vitlab.evaluate.loading import load_for_eval, weights_path
 
     if ms.checked:
         path = ms.resolved
@@ -143,7 +184,7 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
         lm = load_for_eval(str(path), image_size=st.image_size)
         source = "pretrained" if lm.source == "weights" else "vitlab run"
     else:
-        size = st.image_size or fit_image_size(ms.spec, _data_side(data))
+        size = build_size(ms.spec, st.image_size, _data_side(data))
         lm = load_for_eval(ms.spec, num_classes=data.num_classes, image_size=size,
                            in_chans=data.channels, seed=st.seed)
         source = "from scratch"
@@ -175,13 +216,23 @@ def run_compare(
     Resumable: a model whose `<out>/<model>/result.json` was made with the same settings and data is
     reused, not redone; a failing model becomes a row saying why and the others go on.
     """
-    check_model_specs(models)
+    import dataclasses
+
+    import torch
+
+    out = Path(out_dir)
+    check_out_dir(out)
+    check_study(data, models, settings)
     _map_source(settings.zero_shot_map)  # a missing or malformed map file fails now, once, not per model
     if settings.zero_shot_map:  # and one that does not fit the data (from-scratch models never read it)
         from vitlab.evaluate.zeroshot import check_map_fits_data
 
         check_map_fits_data(settings.zero_shot_map, data.class_names)
-    out = Path(out_dir)
+    training = training_config(settings)  # also refuses --set of what compare owns, before any folder exists
+    if settings.threads is None:  # decided once: every model of the study computes with the same count
+        settings = dataclasses.replace(settings, threads=recorded_threads(out, models) or _auto_threads())
+    torch.set_num_threads(settings.threads)  # the evaluations too, not only the fine-tuning runs
+    training["threads"] = settings.threads
     out.mkdir(parents=True, exist_ok=True)
     study = study_settings(data, settings, frozen, data_args)
     # check every earlier result first: a settings mismatch stops before any work, not after hours
@@ -199,10 +250,107 @@ def run_compare(
     summary = {"data": data.summary(), "mcnemar": paired_tests(ok), "class_names": list(data.class_names),
                "train_images": len(data.train), "val_images": len(data.val) if data.val is not None else 0,
                "test_images": len(data.test), "settings": {kk: v for kk, v in vars(settings).items()},
+               "training": training,
                "zero_shot_map_source": _map_source(settings.zero_shot_map),
                "failed": [r["model"] for r in results if r["status"] != STATUS_OK], "models": results}
     write_outputs(summary, out)
     return summary
+
+
+def check_out_dir(out: Path) -> None:
+    """--out must be a folder (new, or an earlier study's): a file there would fail later as 'File exists'."""
+    if out.exists() and not out.is_dir():
+        raise VitlabError(f"--out {out} is a file, not a folder; give a new folder or an earlier compare's --out")
+
+
+def check_study(data, models: list[ModelSpec], st: CompareSettings) -> None:
+    """What needs the data, checked before any model runs: the data itself and every model at its size."""
+    check_data(data, st)
+    check_model_specs(models, st.image_size, _data_side(data))
+
+
+def check_data(data, st: CompareSettings) -> None:
+    """What the data must have for any model, checked once before the first model: at least two classes (one
+    class is 100% for every model, a comparison of nothing) and a training set of at least one batch."""
+    if data.num_classes < 2:
+        raise VitlabError(f"the data has {data.num_classes} class ({', '.join(map(str, data.class_names))}); a "
+                          "comparison needs at least 2: give more with --classes A,B")
+    batch = int(st.train_overrides.get("batch_size", st.batch_size))
+    if batch > len(data.train):
+        raise VitlabError(f"--batch-size {batch} is larger than the training set ({len(data.train)} images); "
+                          f"use --batch-size {len(data.train)} or less, or more images (--per-class)")
+
+
+# TrainConfig fields that compare sets itself, with the flag that sets them: a --set of one would make the
+# run's config.yaml disagree with what it trained on (the data: a later `vitlab evaluate RUN` reads them),
+# or take the run out of compare's bookkeeping (its folder, resume, thread count, model, size)
+OWNED_KEYS = {
+    "data": "--data", "classes": "--classes", "per_class": "--per-class", "val_fraction": "--val-fraction",
+    "test_fraction": "--test-fraction", "seed": "--seed", "threads": "--threads", "image_size": "--image-size",
+    "model": "--models", "model_args": "--models", "weights": "--weights", "out_dir": "--out", "name": "--out",
+    "resume": "--resume",
+}
+
+
+def check_train_overrides(overrides: dict[str, Any]) -> None:
+    """Refuse a --set of a setting compare owns (OWNED_KEYS), naming compare's own flag for it."""
+    for key in overrides:
+        if key in OWNED_KEYS:
+            raise VitlabError(f"--set {key}=... is compare's own setting (the same for every model and its "
+                              f"data); use {OWNED_KEYS[key]} instead")
+
+
+def _auto_threads() -> int:
+    from vitlab.runtime import choose_threads
+
+    return choose_threads(None)[0]
+
+
+def recorded_threads(out: Path, models: list[ModelSpec]) -> int | None:
+    """The thread count an earlier run of this study recorded (any model's result or attempt), so that a resumed
+    study computes with the count it started with; None when there is none."""
+    for ms in models:
+        mdir = out / _safe(ms.name)
+        for name, path in ((RESULT_FILE, ("settings_used", "settings", "threads")),
+                           (ATTEMPT_FILE, ("settings", "threads"))):
+            try:
+                value = json.loads((mdir / name).read_text())
+                for key in path:
+                    value = value.get(key) if isinstance(value, dict) else None
+            except (OSError, json.JSONDecodeError):
+                continue
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def _shared_overrides(st: CompareSettings) -> dict[str, Any]:
+    """The fine-tuning settings every model gets (before its own model, weights, size and head)."""
+    return dict(
+        epochs=st.epochs, steps=0, batch_size=st.batch_size, eval_batch_size=st.eval_batch_size,
+        optimizer=st.optimizer, lr=st.lr, weight_decay=st.weight_decay, decay=st.decay,
+        warmup_steps=st.warmup_steps, warmup_epochs=0.0, grad_clip=st.grad_clip, label_smoothing=0.0,
+        inception_crop=st.augment, hflip=st.augment, precision=st.precision, device=st.device,
+        threads=st.threads, seed=st.seed, quiet=st.quiet, ckpt_every=200, keep_last=1, eval_every=1,
+    )
+
+
+# what the report says about the fine-tuning (the resolved config's values, whatever set them)
+TRAINING_KEYS = ("epochs", "steps", "optimizer", "lr", "decay", "warmup_steps", "weight_decay", "batch_size",
+                 "grad_clip", "label_smoothing", "inception_crop", "hflip", "seed", "threads")
+
+
+def training_config(st: CompareSettings) -> dict[str, Any]:
+    """The fine-tuning settings every model is trained with, resolved as `_finetune` resolves them (compare's
+    flags, then --set): what compare.md describes, so that a --set epochs=3 shows as 3 epochs. Also the extra
+    --set settings by name."""
+    from vitlab.train import resolve_config
+
+    check_train_overrides(st.train_overrides)
+    cfg = resolve_config("finetune", overrides={**_shared_overrides(st), **st.train_overrides}).to_dict()
+    out = {k: cfg[k] for k in TRAINING_KEYS}
+    out["other"] = {k: cfg[k] for k in st.train_overrides if k not in TRAINING_KEYS}
+    return _jsonable(out)
 
 
 def _map_source(spec: str | None) -> str | None:
@@ -346,52 +494,117 @@ def _zero_shot(model, lm, data, pre, st: CompareSettings, name: str, source: str
                           untrained=(source == "from scratch"))
 
 
-def _epoch_zero(model, lm, data, pre, st: CompareSettings, name: str, source: str) -> dict | None:
-    """The curves' epoch-0 point: the zero-shot evaluation on the validation split, before fine-tuning,
-    with the same preprocessing as the training loop's per-epoch validation (train/ leaves it out)."""
-    if data.val is None or len(data.val) == 0:
-        return None
-    zv = _zero_shot(model, lm, data, pre, st, name, source, split="val")
-    m = zv.head_metrics
+LABEL_START_ZERO_HEAD = "new zero head (as fine-tuning starts)"
+LABEL_START_UNTRAINED = "untrained model (zero head, as training starts)"
+
+
+def _start_head(model, lm, data, st: CompareSettings, source: str) -> bool:
+    """Give `model` the head its fine-tuning starts from; True when that is the head the zero-shot row evaluated.
+
+    The model's own head is kept when its classes are the data's, also in another order: its rows are then
+    put in the data's order, the mapping by name the zero-shot evaluation used (`choose_head_mode`). Any
+    other head (mapped, fresh, a from-scratch model's) becomes the paper's zero-initialised one."""
+    from vitlab.evaluate.runner import choose_head_mode
+
+    if source != "from scratch":
+        mode, class_map = choose_head_mode(model, list(data.class_names), lm.class_names, st.zero_shot_map)
+        head = getattr(model, "head", None)
+        if mode == "trained" and class_map is None:
+            return True
+        if mode == "trained" and isinstance(head, nn.Linear):  # the same classes in another order
+            import torch
+
+            rows = torch.tensor([c[0] for c in class_map], device=head.weight.device)
+            with torch.no_grad():
+                head.weight.copy_(head.weight[rows])
+                if head.bias is not None:
+                    head.bias.copy_(head.bias[rows])
+            return True
+    if hasattr(model, "reset_classifier"):
+        model.reset_classifier(data.num_classes)
+    return False
+
+
+def _epoch_zero(model, lm, data, pre, st: CompareSettings, name: str, source: str, zs) -> tuple[dict | None, bool]:
+    """Give `model` its fine-tuning's starting head (`_start_head`) and return (the curves' epoch-0 point, whether
+    that head is the zero-shot row's), on the validation split with the preprocessing of the training loop's
+    per-epoch validation (train/ leaves it out).
+
+    Epoch 0 is the model as its fine-tuning starts, head included, except for a mapped head: its point is the
+    real zero-shot transfer (the row's label says so) although fine-tuning then starts from a zero head. A fresh
+    or a from-scratch model's random head is chance and starts nothing, so the zero head it trains from is shown."""
+    from vitlab.evaluate.runner import evaluate_model
+
+    has_val = data.val is not None and len(data.val) > 0
+    if zs.head_mode == "mapped" and has_val:
+        mapped = _zero_shot(model, lm, data, pre, st, name, source, split="val").head_metrics
+    keep_head = _start_head(model, lm, data, st, source)
+    if not has_val:
+        return None, keep_head
+    if zs.head_mode == "mapped":
+        m, label = mapped, zs.rows[0]["label"]
+    else:
+        m = evaluate_model(model, data, pre, split="val", model_classes=list(data.class_names), head="trained",
+                           batch_size=st.eval_batch_size, device=st.device, seed=st.seed, progress=not st.quiet,
+                           name=name).head_metrics
+        label = (zs.rows[0]["label"] if keep_head
+                 else LABEL_START_UNTRAINED if source == "from scratch" else LABEL_START_ZERO_HEAD)
     return {"epoch": 0, "step": 0, "train_loss": None, "train_acc": None, "lr": None, "time_s": 0.0,
-            "val_loss": m["loss"], "val_acc": m["accuracy"], "val_macro_f1": m["macro_f1"],
-            "evaluation": zv.rows[0]["label"]}
+            "val_loss": m["loss"], "val_acc": m["accuracy"], "val_macro_f1": m["macro_f1"], "evaluation": label,
+            }, keep_head
 
 
 def _finetune(model, lm, zs, ms: ModelSpec, data, st: CompareSettings, pre, source: str, path: Path | None,
-              mdir: Path, data_args: dict | None):
-    """Fine-tune with the shared budget; (train result, wall-clock seconds)."""
+              mdir: Path, data_args: dict | None, keep_head: bool = False):
+    """Fine-tune with the shared budget from the head `_start_head` gave the model; (train result, wall-clock
+    seconds)."""
     from vitlab.evaluate.loading import parse_model_spec
     from vitlab.train import resolve_config, train
 
-    # the paper's zero-initialised head unless the model's own head fits the data
-    same_order = lm.class_names is None or [c.lower() for c in lm.class_names] == [
-        c.lower() for c in data.class_names]
-    keep_head = zs.head_mode == "trained" and source != "from scratch" and same_order
-    if not keep_head and hasattr(model, "reset_classifier"):
-        model.reset_classifier(data.num_classes)
     spec_name, spec_args = parse_model_spec(ms.spec)
     da = data_args or {}
     overrides = dict(
+        _shared_overrides(st),
         data=str(da.get("data", data.name)), classes=da.get("classes"), per_class=da.get("per_class"),
         val_fraction=da.get("val_fraction", 0.1),
         model=spec_name if source == "from scratch" else getattr(model.config, "name", ms.spec),
         model_args=spec_args if source == "from scratch" else {},
         weights=str(path) if path is not None else None,
         image_size=int(model.config.image_size[0]), out_dir=str(mdir), name="finetune",
-        epochs=st.epochs, steps=0, batch_size=st.batch_size, eval_batch_size=st.eval_batch_size,
-        optimizer=st.optimizer, lr=st.lr, weight_decay=st.weight_decay, decay=st.decay,
-        warmup_steps=st.warmup_steps, warmup_epochs=0.0, grad_clip=st.grad_clip, label_smoothing=0.0,
         zero_head=not keep_head, mean=list(pre.mean), std=list(pre.std),
-        inception_crop=st.augment, hflip=st.augment, precision=st.precision, device=st.device,
-        seed=st.seed, quiet=st.quiet, ckpt_every=200, keep_last=1, eval_every=1,
     )
+    check_train_overrides(st.train_overrides)  # callers of the API too: the data keys must stay the data's
     overrides.update(st.train_overrides)
     if _has_checkpoint(mdir / "finetune"):  # left by an interrupted attempt with these settings
         overrides["resume"] = str(mdir / "finetune")
     cfg = resolve_config("finetune", overrides=overrides)
     tr = train(cfg, model=model, data=data)
     return tr, tr.wall_time_s  # a resumed run's time includes its earlier segments
+
+
+def _frozen_rows_as_run(zs, data) -> None:
+    """Make the frozen-feature rows say what was really used: a few-shot count larger than a class gives all its
+    images (fewer than shots x classes, 'incomplete'), and kNN on fewer images than k uses them all."""
+    import numpy as np
+
+    from vitlab.evaluate.features import dataset_labels
+
+    if zs.fewshot:
+        counts = np.bincount(dataset_labels(data.train), minlength=data.num_classes)
+        for res in zs.fewshot["results"]:
+            row = next(r for r in zs.rows if r["method"] == f"fewshot-{res['shots']}")
+            row["train_images"] = int(np.minimum(counts, res["shots"]).sum())
+            if not res.get("complete", True):
+                row["label"] = f"few-shot ridge, {res['shots']}-shot (frozen; incomplete)"
+                row["note"] = (f"incomplete: the smallest class has {int(counts.min())} training images, fewer than "
+                               f"{res['shots']}; " + row["note"])
+    if zs.knn and zs.knn["n_train"] < zs.knn["k"]:
+        used = int(zs.knn["n_train"])
+        for row in zs.rows:
+            if row["method"] == "knn":
+                row["label"] = f"kNN k={used} T={zs.knn['temperature']:g} (frozen)"
+                row["note"] = f"k={used}: all {used} training images (asked for k={zs.knn['k']})"
+        zs.knn = {**zs.knn, "k": used, "k_asked": zs.knn["k"]}
 
 
 def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, data_args: dict | None,
@@ -406,10 +619,13 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
     stage[0] = "evaluating zero-shot"
     zs = _zero_shot(model, lm, data, pre, st, ms.name, source, split="test", frozen=frozen)
     zs.info["model_description"] = lm.description
+    _frozen_rows_as_run(zs, data)
     write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning ({zs.rows[0]['label']})")
-    start = _epoch_zero(model, lm, data, pre, st, ms.name, source)
+    start, keep_head = _epoch_zero(model, lm, data, pre, st, ms.name, source, zs)
+    start_head = (zs.rows[0]["label"] if keep_head
+                  else LABEL_START_UNTRAINED if source == "from scratch" else LABEL_START_ZERO_HEAD)
     stage[0] = "fine-tuning"
-    tr, train_wall = _finetune(model, lm, zs, ms, data, st, pre, source, path, mdir, data_args)
+    tr, train_wall = _finetune(model, lm, zs, ms, data, st, pre, source, path, mdir, data_args, keep_head=keep_head)
     stage[0] = "evaluating the fine-tuned model"
     ft = evaluate_model(tr.model, data, pre, split="test", model_classes=list(data.class_names),
                         head="trained", batch_size=st.eval_batch_size, device=st.device, seed=st.seed,
@@ -427,7 +643,8 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
         "weights_path": str(path) if path is not None else None,
         "description": lm.description, "parameters": count_parameters(tr.model),
         "image_size": list(tr.model.config.image_size),
-        "zero_shot": zs.to_dict(), "zero_shot_label": zs.rows[0]["label"],
+        "zero_shot": zs.to_dict(), "zero_shot_label": zs.rows[0]["label"], "start_head": start_head,
+        "training": {k: getattr(tr.config, k, None) for k in TRAINING_KEYS} if tr.config is not None else None,
         "fine_tuned": ft.to_dict(), "history": ([start] if start else []) + history,
         "epochs": len(tr.history), "run_dir": str(tr.run_dir),
         "train_wall_time_s": train_wall, "train_images_per_s": tr.images_per_s,
@@ -567,7 +784,7 @@ def frozen_rows(summary: dict) -> list[dict]:
 
 
 def _write_plots(summary: dict, out: Path) -> dict[str, Path]:
-    """Curves from epoch 0 (zero-shot) and runtimes, for the models that finished."""
+    """Curves from epoch 0 (before fine-tuning) and runtimes, for the models that finished."""
     from vitlab.evaluate.plots import plot_bars, plot_lines
 
     done = [r for r in summary["models"] if _ok(r)]
@@ -581,12 +798,32 @@ def _write_plots(summary: dict, out: Path) -> dict[str, Path]:
 
     return {
         "val_loss": plot_lines(series("val_loss"), out / "val_loss.png",
-                               "validation loss per epoch (epoch 0 = zero-shot)", ylabel="cross-entropy"),
+                               "validation loss per epoch (epoch 0 = before fine-tuning)", ylabel="cross-entropy"),
         "val_acc": plot_lines(series("val_acc", 100.0), out / "val_accuracy.png",
-                              "validation accuracy per epoch (epoch 0 = zero-shot)", ylabel="accuracy (%)"),
+                              "validation accuracy per epoch (epoch 0 = before fine-tuning)", ylabel="accuracy (%)"),
         "runtime": plot_bars({r["model"]: r["train_wall_time_s"] for r in done}, out / "runtime.png",
                              "training runtime per model (wall clock)", ylabel="seconds"),
     }
+
+
+def _describe_training(tr: dict | None, st: dict) -> str:
+    """The fine-tuning settings in words, from the resolved config (`training_config`), not from the flags."""
+    if not tr:  # a summary written before the resolved config was recorded
+        tr = {**st, "steps": 0, "inception_crop": st["augment"], "hflip": st["augment"], "other": {}}
+    length = f"{tr['steps']} steps" if tr.get("steps") else f"{tr['epochs']:g} epochs"
+    augment = [name for key, name in (("inception_crop", "crop"), ("hflip", "flip")) if tr.get(key)]
+    text = (f"{length}, {tr['optimizer']} lr {tr['lr']:g} ({tr['decay']}, warm-up {tr['warmup_steps']} steps), "
+            f"weight decay {tr['weight_decay']:g}, batch {tr['batch_size']}, "
+            f"{' + '.join(augment) + ' augmentation' if augment else 'no augmentation'}, seed {tr['seed']}")
+    if tr.get("grad_clip"):
+        text += f", gradient clipping {tr['grad_clip']:g}"
+    if tr.get("label_smoothing"):
+        text += f", label smoothing {tr['label_smoothing']:g}"
+    if tr.get("other"):
+        text += ", " + ", ".join(f"{k} {v}" for k, v in tr["other"].items())
+    if tr.get("threads"):
+        text += f", CPU threads: {tr['threads']}"
+    return text
 
 
 def _markdown(summary: dict) -> list[str]:
@@ -597,11 +834,12 @@ def _markdown(summary: dict) -> list[str]:
     md = [
         "# Zero-shot vs fine-tuned", "",
         f"Data: {summary['data']}. Classes: {', '.join(summary['class_names'])}.", "",
-        f"Fine-tuning, identical for every model: {st['epochs']:g} epochs, {st['optimizer']} lr {st['lr']:g} "
-        f"({st['decay']}, warm-up {st['warmup_steps']} steps), weight decay {st['weight_decay']:g}, batch "
-        f"{st['batch_size']}, {'flip + crop augmentation' if st['augment'] else 'no augmentation'}, seed {st['seed']}, "
+        f"Fine-tuning, identical for every model: {_describe_training(summary.get('training'), st)}, "
         f"on {summary['train_images']} training images; zero-shot and fine-tuned accuracy on the same "
-        f"{summary['test_images']} test images with the same preprocessing.", "",
+        f"{summary['test_images']} test images with the same preprocessing. Epoch 0 of the curves: each model as "
+        "its fine-tuning starts, with the head it starts from (named in the evaluation column: its own trained "
+        "head, or a new zero head), except a mapped head: its epoch 0 is the zero-shot transfer through the map, "
+        "and its fine-tuning then starts from a new zero head.", "",
         "Zero-shot evaluation (which kind each row is): 'zero-shot (fresh head, chance)' = pretrained backbone + "
         "new untrained head, a chance baseline by construction, not transfer; 'zero-shot (mapped ... head)' = the "
         "pretrained classifier through a class map, real zero-shot transfer"
@@ -621,7 +859,7 @@ def _markdown(summary: dict) -> list[str]:
         md += ["", "## Fine-tuned models, paired (exact McNemar test on the test images)", "",
                "| model A | model B | only A right | only B right | p-value |", "|---|---|---|---|---|"]
         md += [f"| {t['a']} | {t['b']} | {t['only_a']} | {t['only_b']} | {t['p_value']:.3g} |" for t in summary["mcnemar"]]
-    md += ["", "## Per epoch (validation split; epoch 0 = the zero-shot evaluation before fine-tuning)", "",
+    md += ["", "## Per epoch (validation split; epoch 0 = before fine-tuning, with the head named in the evaluation column)", "",
            "| model | epoch | evaluation | train loss | val loss | val acc % | val macro-F1 % |",
            "|---|---|---|---|---|---|---|"]
     for r in summary["models"]:

@@ -29,12 +29,22 @@ import statistics
 import sys
 import textwrap
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from vitlab.errors import VitlabError
-from vitlab.experiments.transfer import STUDY_MODELS, _safe, model_spec
+from vitlab.experiments.naming import folder_name
+from vitlab.experiments.transfer import (
+    STUDY_MODELS,
+    check_models,
+    check_same_data,
+    data_identity,
+    decide_threads,
+    model_config,
+    read_settings,
+    study_model,
+)
 
 # Settings that only select which runs exist; changing them on an existing study adds or skips runs.
 _SELECTION = ("models", "sizes", "seeds", "multi_seed_max", "quiet")
@@ -64,6 +74,7 @@ class ScalingSettings:
     weight_decay: float = 0.05
     label_smoothing: float = 0.1
     evals: int = 8  # validation passes per run (at most; plus the last epoch)
+    threads: int | None = None  # every run's CPU threads; None: decided once at the study's start, then recorded
     quiet: bool = False
 
 
@@ -100,34 +111,35 @@ def plan(st: ScalingSettings, available: int) -> list[dict]:
     return [out[n] for n in sorted(out)]
 
 
-def _check(st: ScalingSettings, out: Path) -> dict:
-    """Refuse bad values and changed settings; return the settings to record once the study can start."""
-    if not st.models:
-        raise VitlabError("--models is empty; give e.g. --models vit,hybrid,resnet26")
+def _check(st: ScalingSettings, out: Path) -> tuple[ScalingSettings, dict, dict, str]:
+    """Refuse bad values and changed settings; (the settings with the thread count decided, the record for
+    settings.json once the study can start, the earlier record, why that thread count)."""
+    check_models(st.models, "vit,hybrid,resnet26")
     if not st.sizes or any(n < 1 for n in st.sizes):
         raise VitlabError(f"--sizes must be positive whole numbers, got {st.sizes}")
     if st.seeds < 1 or st.min_steps < 1 or st.min_epochs < 0 or st.evals < 1 or st.batch_size < 1:
         raise VitlabError("--seeds, --min-steps, --evals and --batch-size must be >= 1 and --min-epochs >= 0")
     if not 0 < st.val_fraction < 1:
         raise VitlabError(f"--val-fraction must be between 0 and 1, got {st.val_fraction}")
-    settings_file = out / "settings.json"
+    before = read_settings(out)
+    threads, why = decide_threads(st.threads, before)
+    st = replace(st, threads=threads)
     now = {k: v for k, v in asdict(st).items() if k != "quiet"}
-    if settings_file.exists():
-        before = json.loads(settings_file.read_text())
-        changed = sorted(k for k in now if k in before and before[k] != now[k] and k not in _SELECTION)
-        if changed:
-            raise VitlabError(f"{out} holds a scaling study with other settings ({', '.join(changed)}); "
-                              "use another --out or the same settings to resume it")
-    return now
+    changed = sorted(k for k in now if k in before and before[k] != now[k] and k not in _SELECTION)
+    if changed:
+        raise VitlabError(f"{out} holds a scaling study with other settings ({', '.join(changed)}); "
+                          "use another --out or the same settings to resume it")
+    return st, now, before, why
 
 
 def _train_overrides(name: str, size: int, seed: int, st: ScalingSettings, run: Path, steps_per_epoch: int) -> dict:
-    spec, args = model_spec(name)
+    spec, args, image_size = study_model(name)
     steps = run_steps(size, st)
     epochs = math.ceil(steps / steps_per_epoch)
     # a validation pass over the fixed split costs about a third of a training epoch on it: cap their number
     return dict(
-        data=st.data, model=spec, model_args=args, out_dir=str(run.parent), name=run.name, steps=steps,
+        data=st.data, model=spec, model_args=args, image_size=image_size, threads=st.threads,
+        out_dir=str(run.parent), name=run.name, steps=steps,
         batch_size=st.batch_size, lr=st.lr, warmup_steps=max(1, round(st.warmup_fraction * steps)),
         weight_decay=st.weight_decay, label_smoothing=st.label_smoothing, inception_crop=False,
         random_erasing=0.25, random_shift=1, seed=seed, quiet=True, ckpt_every=200,
@@ -181,7 +193,7 @@ def selected_metrics(run: Path, data) -> dict:
             "test_macro_f1": tm["macro_f1"], "final_test_accuracy": summary["test_accuracy"],
             "selected": picked, "best_val_acc": best_val, "best_epoch": best_epoch, "epochs": summary["epochs"],
             "steps": summary["steps"], "parameters": summary["parameters"],
-            "train_wall_time_s": summary["wall_time_s"]}
+            "train_wall_time_s": summary["wall_time_s"], "threads": summary.get("torch_threads")}
 
 
 def _test_metrics(run: Path, state_dict: dict, data, summary: dict) -> dict:
@@ -203,7 +215,7 @@ def _test_metrics(run: Path, state_dict: dict, data, summary: dict) -> dict:
 
 def one_run(name: str, size: int, seed: int, data, st: ScalingSettings, out: Path) -> dict:
     """Train (or resume, or read back) one run and return its row of results (also written to scaling.json)."""
-    run = out / "runs" / f"{_safe(name)}-n{size}-s{seed}"
+    run = out / "runs" / f"{folder_name(name)}-n{size}-s{seed}"
     done = run / "scaling.json"
     if done.exists():
         return dict(json.loads(done.read_text()), reused=True)
@@ -248,12 +260,12 @@ def aggregate(runs: list[dict], entry: dict, facts: dict) -> dict:
 
 def model_facts(name: str, data, st: ScalingSettings) -> dict:
     """Parameters and MACs per image of a model at the data's shape (also checks the name before training)."""
-    from vitlab.models.registry import analytic_macs, build_model, count_parameters, get_config
+    from vitlab.models.registry import analytic_macs, build_model, count_parameters
 
-    spec, args = model_spec(name)
-    cfg = get_config(spec, num_classes=data.num_classes, image_size=data.train.image_size[0],
-                     in_chans=data.channels, **args)
-    desc = spec + (f"({', '.join(f'{k}={v}' for k, v in args.items())})" if args else "")
+    spec, args, size = study_model(name)
+    cfg = model_config(name, data.num_classes, data.train.image_size[0], data.channels)
+    shown = {**args, "image_size": size} if size else args
+    desc = spec + (f"({', '.join(f'{k}={v}' for k, v in shown.items())})" if shown else "")
     return {"spec": desc, "parameters": count_parameters(build_model(cfg)), "mmacs": analytic_macs(cfg) / 1e6,
             "batch_size": st.batch_size}
 
@@ -270,6 +282,18 @@ def _size_cell(r: dict, val_size: int) -> str:
     if not r["capped"]:
         return f"{r['size']:,}"
     return f"{r['size']:,} (asked {r['requested_size']}: all remaining after the {val_size:,}-image validation split)"
+
+
+def _threads_line(runs: list[dict], st: ScalingSettings) -> str:
+    """The thread count that reproduces the numbers (other counts give other bits), and any run that used another."""
+    line = (f"CPU threads: {st.threads} for every run (decided at the study's start and recorded in settings.json; "
+            "a rerun uses it; the same count reproduces these numbers).")
+    other = sorted({r["threads"] for r in runs if r.get("threads") not in (None, st.threads)})
+    if other:
+        n = sum(r.get("threads") in other for r in runs)
+        line += (f" {n} run{'s' if n != 1 else ''} reused from before the count was recorded ran with "
+                 f"{', '.join(map(str, other))} threads.")
+    return line
 
 
 COLUMNS = ["model", "spec", "parameters", "mmacs", "size", "requested_size", "capped", "seeds", "steps", "epochs",
@@ -300,6 +324,7 @@ def write_tables(rows: list[dict], runs: list[dict], st: ScalingSettings, info: 
         "re-drawn together), one above. 95 % CI: Wilson for one seed, Student's t over the seeds' accuracies for "
         "several (the seeds' spread, not the test set's sampling error); sd = the seeds' standard deviation. "
         "Accuracy and macro-F1 in %, means over the seeds.", "",
+        _threads_line(runs, st), "",
         "| model | parameters | MMACs/image | training images | seeds | steps | epochs | images seen | test acc % "
         "| 95 % CI | CI | sd | macro-F1 % | best val acc % | s/run |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -366,21 +391,32 @@ def _progress(i: int, total: int, row: dict) -> str:
 
 def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     """Train every model at every size and seed (resuming), write study.md/.csv/.json and study.png."""
+    import torch
+
     from vitlab.data import load_data
 
     out = Path(out_dir)
-    now = _check(st, out)  # bad values fail before the folder exists
-    out.mkdir(parents=True, exist_ok=True)
+    st, now, before, why = _check(st, out)  # bad values fail before the folder exists
     data = load_data(st.data, val_fraction=st.val_fraction, seed=st.seed, progress=not st.quiet)
     if data.val is None or data.test is None:
         raise VitlabError(f"{st.data} gave no validation or test split; the study needs both")
+    if data.num_classes < 2:  # one class: every prediction is right, 100 % says nothing
+        raise VitlabError(f"{st.data} has one class ({data.class_names[0]}); the study needs at least 2")
+    # runs finished on other data must not stand beside new ones (nor the test-set size be misreported)
+    now["data_identity"] = data_identity(data)
+    check_same_data(before, now["data_identity"], out)
     entries = plan(st, len(data.train))
     if entries[0]["size"] < st.batch_size:
         raise VitlabError(f"size {entries[0]['size']} is smaller than --batch-size {st.batch_size}; "
                           "use larger sizes or a smaller batch")
     facts = {name: model_facts(name, data, st) for name in st.models}
-    # recorded only now: a typo in --data or --models must not lock the folder to the wrong settings
+    # written only now: a typo in --data or --models must not lock the folder to the wrong settings (nor
+    # leave an empty folder)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "settings.json").write_text(json.dumps(now, indent=2))
+    print(f"vitlab study scaling: {st.threads} CPU threads for every run ({why}; recorded in settings.json)",
+          file=sys.stderr, flush=True)
+    torch.set_num_threads(st.threads)  # the best-checkpoint test passes run in this process
     info = {"train_pool": len(data.train), "val_images": len(data.val), "test_images": len(data.test)}
     # size-major: an interrupted study has every model at the sizes it reached (a usable partial table)
     jobs = [(name, e, s) for e in entries for s in e["seeds"] for name in st.models]

@@ -22,11 +22,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from vitlab.errors import VitlabError
+from vitlab.experiments.naming import check_distinct, folder_name
 
 FMNIST_FOOTWEAR = ["Sandal", "Sneaker", "Ankle boot"]
 FMNIST_UPSTREAM = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Shirt", "Bag"]
@@ -70,6 +72,7 @@ class TransferSettings:
     finetune_lr: float = 1e-3
     finetune_batch: int = 16
     seed: int = 0
+    threads: int | None = None  # every run's CPU threads; None: decided once at the study's start, then recorded
     quiet: bool = False
 
 
@@ -80,12 +83,93 @@ def model_spec(name: str) -> tuple[str, dict[str, Any]]:
         return spec, dict(args)
     from vitlab.evaluate.loading import parse_model_spec
 
-    return parse_model_spec(name)
+    # parse_model_spec reads 'custom(dim=16' as a plain name: the message would be "unknown model" (as compare)
+    if "(" in name and not name.rstrip().endswith(")"):
+        raise VitlabError(f"--models entry {name!r}: the overrides have no closing ')'; write NAME(key=value,...)")
+    spec, args = parse_model_spec(name)
+    for key, what in (("num_classes", "classes"), ("in_chans", "channels")):
+        if key in args:  # the study builds every model for its data; a second value crashed the model's build
+            raise VitlabError(f"--models entry {name!r}: {key} is decided by the data's {what}; leave it out")
+    return spec, args
 
 
-def _safe(name: str) -> str:
-    out = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
-    return out.strip("-")[:60] or "model"
+def study_model(name: str) -> tuple[str, dict[str, Any], int | None]:
+    """(registry name, overrides, input size from the spec's image_size= or None for the data's own size).
+    image_size is taken out of the overrides: the study passes the size to the build itself (as compare does)."""
+    spec, args = model_spec(name)
+    size = args.pop("image_size", None)
+    if isinstance(size, (tuple, list)) and len(set(size)) == 1:
+        size = size[0]
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        raise VitlabError(f"--models entry {name!r}: image_size must be one whole number of pixels (square "
+                          f"inputs), got {size!r}")
+    return spec, args, size
+
+
+def model_config(name: str, num_classes: int, side: int, channels: int):
+    """The model's config for this data (its classes, channels and size, or the spec's image_size): a name,
+    override or size that cannot work fails here, before anything is trained or written."""
+    from vitlab.models.registry import get_config
+
+    spec, args, size = study_model(name)
+    return get_config(spec, num_classes=num_classes, image_size=size or side, in_chans=channels, **args)
+
+
+def check_models(models: list[str], example: str, *, compare_folders: bool = False) -> None:
+    """Refuse an empty list, an entry given twice (its runs would count twice: as extra seeds or as an extra
+    row of the same numbers), a spec that does not parse, and two entries that would share a folder."""
+    if not models:
+        raise VitlabError(f"--models is empty; give e.g. --models {example}")
+    seen: set[str] = set()
+    for name in models:
+        key = "".join(name.split())  # 'custom(dim=16, depth=1)' is 'custom(dim=16,depth=1)'
+        if key in seen:
+            raise VitlabError(f"--models gives {name!r} twice; give each model once")
+        seen.add(key)
+        study_model(name)
+    check_distinct(models)
+    if compare_folders:  # the downstream compare names its folders by its own (collapsing) rule
+        check_distinct(models, collapse=True)
+
+
+def data_identity(data) -> dict[str, Any]:
+    """What tells the data on disk apart (as a training checkpoint's `data`): the classes and each split's size."""
+    return {"classes": list(data.class_names),
+            "images": {name: len(split) for name, split in data.splits().items() if split is not None}}
+
+
+def check_same_data(before: dict, identity: dict, out: Path) -> None:
+    """Refuse to add runs on other data to a study whose finished runs were made on the data recorded."""
+    old = before.get("data_identity")
+    if old is None or old == identity:
+        return
+    if old.get("classes") != identity["classes"]:
+        what = f"classes {', '.join(old.get('classes') or [])} -> {', '.join(identity['classes'])}"
+    else:
+        was = old.get("images") or {}
+        what = ", ".join(f"{k} {was.get(k)} -> {n}" for k, n in identity["images"].items() if was.get(k) != n)
+        what = f"images {what or 'splits differ'}"
+    raise VitlabError(f"{out} holds a study made on other data ({what}); use another --out, or the data it was "
+                      "made with to resume it")
+
+
+def decide_threads(given: int | None, before: dict) -> tuple[int, str]:
+    """The CPU thread count of every run of the study, decided once: different counts give different bits, and
+    an automatic choice per run followed the machine's load. (count, why): given, else recorded, else auto now."""
+    if given is not None:
+        if int(given) < 1:
+            raise VitlabError(f"--threads must be >= 1, got {given}")
+        return int(given), "--threads"
+    if isinstance(before.get("threads"), int) and before["threads"] >= 1:
+        return before["threads"], "recorded by the study's first run"
+    from vitlab.runtime import choose_threads
+
+    return choose_threads(None)
+
+
+def read_settings(out: Path) -> dict:
+    f = out / "settings.json"
+    return json.loads(f.read_text()) if f.exists() else {}
 
 
 def _count(n: float, noun: str) -> str:
@@ -97,17 +181,18 @@ def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
     """Pre-train one family on the upstream classes; a finished run is reused, an interrupted one resumed."""
     from vitlab.train import resolve_config, train
 
-    run = out / "pretrain" / _safe(name)
+    run = out / "pretrain" / folder_name(name)
     if (run / "summary.json").exists():
         if not st.quiet:
             print(f"pre-training {name}: done before ({run})", flush=True)
         return run
-    spec, args = model_spec(name)
+    spec, args, size = study_model(name)
     overrides = dict(
         data=st.data, classes=list(st.upstream_classes), model=spec, model_args=args, out_dir=str(run.parent),
         name=run.name, epochs=st.pretrain_epochs, batch_size=st.pretrain_batch, lr=st.pretrain_lr,
         warmup_epochs=0.5, weight_decay=0.05, label_smoothing=0.1, inception_crop=False, hflip=True,
-        random_erasing=0.25, random_shift=1, seed=st.seed, quiet=st.quiet, ckpt_every=200,
+        random_erasing=0.25, random_shift=1, seed=st.seed, quiet=st.quiet, ckpt_every=200, threads=st.threads,
+        image_size=size,
     )
     if (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir()):
         overrides["resume"] = str(run)
@@ -121,38 +206,64 @@ def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
     return run
 
 
-def downstream(runs: dict[str, Path], per_class: int, st: TransferSettings, out: Path) -> dict:
-    """`vitlab compare` of the pre-trained models on `per_class` downstream images per class."""
+def downstream_data(per_class: int, st: TransferSettings):
     from vitlab.data import load_data
+
+    return load_data(st.data, classes=list(st.downstream_classes), per_class=per_class, val_fraction=0.1,
+                     seed=st.seed, progress=not st.quiet)
+
+
+def class_counts(data) -> list[int]:
+    """Training images per class actually drawn (--per-class takes all a class has when it has fewer)."""
+    import numpy as np
+
+    return np.bincount(data.train.labels.numpy(), minlength=data.num_classes).tolist()
+
+
+def downstream(runs: dict[str, Path], per_class: int, data, st: TransferSettings, out: Path) -> tuple[dict, dict]:
+    """`vitlab compare` of the pre-trained models on the downstream data drawn with `per_class`; (its summary,
+    what was used: images per class, training images, batch, steps)."""
     from vitlab.evaluate.runner import FrozenOptions
     from vitlab.experiments.compare import CompareSettings, ModelSpec, run_compare
 
-    data = load_data(st.data, classes=list(st.downstream_classes), per_class=per_class, val_fraction=0.1,
-                     seed=st.seed, progress=not st.quiet)
     n_train = len(data.train)
+    counts = class_counts(data)
+    used = max(counts)  # = per_class unless every class had fewer
     batch = min(st.finetune_batch, n_train)  # 10 images per class leave fewer than 16 training images
     steps = max(st.finetune_min_steps, math.ceil(st.finetune_epochs * n_train / batch))
     settings = CompareSettings(
         epochs=0, lr=st.finetune_lr, batch_size=batch, optimizer="adamw", weight_decay=0.0,
-        decay="cosine", seed=st.seed, quiet=st.quiet, eval_batch_size=500,
+        decay="cosine", seed=st.seed, quiet=st.quiet, eval_batch_size=500, threads=st.threads,
         # about ten validation passes per run: 10 images per class make 150 one-step "epochs"
         train_overrides={"steps": steps, "eval_every": max(1, round(math.ceil(steps / math.ceil(n_train / batch)) / 10))},
     )
-    frozen = FrozenOptions(knn=True, fewshot=True, shots=(per_class,), fewshot_seeds=1)
+    # the shots that exist: asked for more, the ridge fit would be labelled "1000-shot" on 450 per class
+    frozen = FrozenOptions(knn=True, fewshot=True, shots=(used,), fewshot_seeds=1)
     models = [ModelSpec(name=name, spec=str(run / "model")) for name, run in runs.items()]
     data_args = {"data": st.data, "classes": list(st.downstream_classes), "per_class": per_class,
                  "val_fraction": 0.1}
     if not st.quiet:
-        print(f"=== downstream: {per_class} images per class ({n_train} training images, {steps} fine-tuning "
+        print(f"=== downstream: {used} images per class ({n_train} training images, {steps} fine-tuning "
               f"steps) ===", flush=True)
-    return run_compare(data, models, settings, out / f"downstream-{per_class}", frozen=frozen, data_args=data_args)
+    summary = run_compare(data, models, settings, out / f"downstream-{per_class}", frozen=frozen, data_args=data_args)
+    return summary, {"per_class": used, "per_class_requested": per_class, "class_counts": counts,
+                     "train_images": n_train, "batch": batch, "steps": steps}
+
+
+def _short_note(per_class: int, counts: list[int], names: list[str]) -> str | None:
+    """One line when some class had fewer training images than asked (after the validation split)."""
+    short = [f"{n}: {c}" for n, c in zip(names, counts) if c < per_class]
+    if not short:
+        return None
+    return (f"vitlab study transfer: --per-class {per_class}: fewer training images than that after the "
+            f"validation split ({', '.join(short)}); used all of them and report the real counts")
 
 
 def _row_by_method(rows: list[dict], prefix: str) -> dict | None:
     return next((r for r in rows if str(r.get("method", "")).startswith(prefix)), None)
 
 
-def collect(runs: dict[str, Path], results: dict[int, dict]) -> list[dict]:
+def collect(runs: dict[str, Path], results: dict[int, tuple[dict, dict]]) -> list[dict]:
     """One row per (model, downstream size): pre-training facts, frozen and fine-tuned metrics, runtimes."""
     from vitlab.models.registry import analytic_macs
 
@@ -162,12 +273,12 @@ def collect(runs: dict[str, Path], results: dict[int, dict]) -> list[dict]:
         from vitlab.weights import read_checkpoint
 
         config, _, _ = read_checkpoint(run / "model")
-        for per_class, summary in sorted(results.items()):
+        for _, (summary, used) in sorted(results.items()):
             entry = next((m for m in summary["models"] if m["model"] == name), None)
             row: dict[str, Any] = {
                 "model": name, "parameters": pre["parameters"], "gmacs": analytic_macs(config) / 1e9,
                 "pretrain_test_accuracy": pre["test_accuracy"], "pretrain_time_s": pre["wall_time_s"],
-                "per_class": per_class, "train_images": summary.get("train_images"),
+                **{k: used[k] for k in ("per_class", "per_class_requested", "train_images", "batch", "steps")},
             }
             if entry is None or entry.get("status", "ok") != "ok" or "fine_tuned" not in entry:
                 row["error"] = (entry or {}).get("error", "missing")
@@ -196,9 +307,22 @@ def _ci(v: list[float] | None) -> str:
     return "-" if not v else f"{100 * v[0]:.1f}-{100 * v[1]:.1f}"
 
 
+def _per_class_cell(r: dict) -> str:
+    asked = r.get("per_class_requested", r["per_class"])
+    return f"{r['per_class']}" + ("" if asked == r["per_class"] else f" (asked {asked}: all there were)")
+
+
+def _batches(rows: list[dict], st: TransferSettings) -> str:
+    """'batch 16', or 'batch 16 (15 at 5 images/class)' where a size had fewer training images than a batch."""
+    small = sorted({(r["per_class"], r["batch"]) for r in rows if r.get("batch") not in (None, st.finetune_batch)})
+    if not small:
+        return f"batch {st.finetune_batch}"
+    return f"batch {st.finetune_batch} ({'; '.join(f'{b} at {n} images/class' for n, b in small)}: all its images)"
+
+
 def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
-    cols = ["model", "parameters", "gmacs", "pretrain_test_accuracy", "pretrain_time_s", "per_class", "train_images",
-            "fresh_head_accuracy", "knn_accuracy", "knn_macro_f1", "fewshot_accuracy", "fewshot_macro_f1",
+    cols = ["model", "parameters", "gmacs", "pretrain_test_accuracy", "pretrain_time_s", "per_class",
+            "per_class_requested", "train_images", "batch", "steps", "fresh_head_accuracy", "knn_accuracy", "knn_macro_f1", "fewshot_accuracy", "fewshot_macro_f1",
             "finetuned_accuracy", "finetuned_ci95", "finetuned_macro_f1", "finetune_time_s", "error"]
     with (out / "study.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
@@ -213,8 +337,10 @@ def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
         "of those classes, the same for every row.", "",
         f"Pre-training, identical for every model: the small-data recipe, {_count(st.pretrain_epochs, 'epoch')}, batch "
         f"{st.pretrain_batch}, AdamW lr {st.pretrain_lr:g}, flip + random erasing + 1-pixel shift. Fine-tuning, "
-        f"identical for every model: AdamW lr {st.finetune_lr:g}, cosine, batch {st.finetune_batch}, "
-        f"max({_count(st.finetune_min_steps, 'step')}, {_count(st.finetune_epochs, 'epoch')}), no augmentation.", "",
+        f"identical for every model: AdamW lr {st.finetune_lr:g}, cosine, {_batches(rows, st)}, "
+        f"max({_count(st.finetune_min_steps, 'step')}, {_count(st.finetune_epochs, 'epoch')}), no augmentation. "
+        f"CPU threads: {st.threads} for every run (decided at the study's start, recorded in settings.json; the "
+        "same count reproduces these numbers).", "",
         "Columns: *fresh head* = the pre-trained backbone with a new untrained head (chance by construction, "
         "not transfer); *kNN* and *few-shot ridge* = frozen pre-trained features, no backbone training "
         "(the analogue of zero-shot here: the upstream head has none of the downstream classes); *fine-tuned* = the "
@@ -227,12 +353,12 @@ def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
     ]
     for r in rows:
         if r.get("error"):
-            md.append(f"| {r['model']} | {r['parameters']:,} | | | | {r['per_class']} | failed: {r['error']} "
+            md.append(f"| {r['model']} | {r['parameters']:,} | | | | {_per_class_cell(r)} | failed: {r['error']} "
                       "| | | | | | |")
             continue
         md.append(
             f"| {r['model']} | {r['parameters']:,} | {r['gmacs']:.4f} | {_pct(r['pretrain_test_accuracy'])} | "
-            f"{r['pretrain_time_s']:.0f} | {r['per_class']} | {_pct(r.get('fresh_head_accuracy'))} | "
+            f"{r['pretrain_time_s']:.0f} | {_per_class_cell(r)} | {_pct(r.get('fresh_head_accuracy'))} | "
             f"{_pct(r.get('knn_accuracy'))} ({_pct(r.get('knn_macro_f1'))}) | "
             f"{_pct(r.get('fewshot_accuracy'))} ({_pct(r.get('fewshot_macro_f1'))}) | "
             f"{_pct(r['finetuned_accuracy'])} | {_ci(r['finetuned_ci95'])} | {_pct(r['finetuned_macro_f1'])} | "
@@ -281,42 +407,111 @@ def plot_study(rows: list[dict], out: Path) -> Path:
     return path
 
 
-def _preflight(st: TransferSettings) -> None:
-    """Both class sets exist in the data and every model spec builds a config."""
-    from vitlab.data import load_data
-    from vitlab.models.registry import get_config
+def class_set(flag: str, items: list[str], names: list[str]) -> list[int]:
+    """The class indices of one of --upstream / --downstream: names (any case) or numbers both mean a class of
+    the data, so '0' and 'T-shirt/top' are one class; empty and one-class lists are refused."""
+    from vitlab.data.splits import parse_classes, resolve_classes
 
+    requested = parse_classes(list(items))
+    if not requested:  # an empty list reached the training as "all classes"
+        raise VitlabError(f"{flag} is empty; give class names or numbers separated by commas")
+    out: list[int] = []
+    for item in requested:
+        try:
+            (idx,) = resolve_classes([item], names)
+        except VitlabError as exc:
+            raise VitlabError(f"{flag}: {exc}") from None
+        if idx in out:
+            raise VitlabError(f"{flag} gives class {names[idx]!r} twice")
+        out.append(idx)
+    if len(out) < 2:  # one class: every prediction is right, 100 % says nothing
+        raise VitlabError(f"{flag} has one class ({names[out[0]]}); a classifier needs at least 2")
+    return out
+
+
+def _class_sets(st: TransferSettings, names: list[str]) -> tuple[list[int], list[int]]:
+    up = class_set("--upstream", st.upstream_classes, names)
+    down = class_set("--downstream", st.downstream_classes, names)
+    both = [names[i] for i in up if i in down]
+    if both:
+        raise VitlabError(f"upstream and downstream classes must be disjoint; both have {both}")
+    return up, down
+
+
+def _same_classes(a: Any, b: Any, names: list[str]) -> bool:
+    from vitlab.data.splits import parse_classes, resolve_classes
+
+    try:
+        return resolve_classes(parse_classes(a) or [], names) == resolve_classes(parse_classes(b) or [], names)
+    except VitlabError:
+        return False
+
+
+def _check_settings(before: dict, now: dict, names: list[str], out: Path) -> None:
+    """Refuse changed settings (models and sizes only add or skip parts); class lists compare as classes."""
+    before = dict(before)
+    for key in ("upstream_classes", "downstream_classes"):
+        if key in before and _same_classes(before[key], now[key], names):
+            before[key] = now[key]
+    selection = ("models", "per_class", "data_identity")  # the data has its own check and message
+    changed = sorted(k for k in now if k in before and before[k] != now[k] and k not in selection)
+    if changed:
+        raise VitlabError(f"{out} holds a study with other settings ({', '.join(changed)}); "
+                          "use another --out or the same settings to resume it")
+    check_same_data(before, now["data_identity"], out)
+
+
+def _start(st: TransferSettings, out: Path) -> tuple[TransferSettings, dict, str, TransferSettings]:
+    """Check everything that can fail before the study folder is written; (settings with the thread count
+    decided, the record for settings.json, why that count, the settings as the report shows them: the class
+    lists as the data names them, '0' -> 'T-shirt/top')."""
+    from vitlab.data import load_data
+
+    check_models(st.models, "vit,hybrid,resnet", compare_folders=True)
+    if not st.per_class or any(n < 1 for n in st.per_class):
+        raise VitlabError(f"--per-class sizes must be positive, got {st.per_class}")
+    source = load_data(st.data, val_fraction=0.1, seed=st.seed, progress=False)  # a typo in --data fails here
+    names = list(source.class_names)
+    up, down = _class_sets(st, names)
     for name in st.models:
-        spec, args = model_spec(name)
-        get_config(spec, **args)
-    for classes in (st.upstream_classes, st.downstream_classes):
-        load_data(st.data, classes=list(classes), per_class=1, seed=st.seed, progress=False)
+        model_config(name, len(up), int(source.train.image_size[0]), source.channels)
+    before = read_settings(out)
+    threads, why = decide_threads(st.threads, before)
+    st = replace(st, threads=threads)
+    now = {k: v for k, v in asdict(st).items() if k != "quiet"}
+    now["data_identity"] = data_identity(source)
+    _check_settings(before, now, names, out)
+    shown = replace(st, upstream_classes=[names[i] for i in up], downstream_classes=[names[i] for i in down])
+    return st, now, why, shown
 
 
 def run_transfer_study(st: TransferSettings, out_dir: str | Path) -> list[dict]:
     """Pre-train every family, run the downstream comparison at every size, write study.md/.csv/.json/.png."""
+    import torch
+
     out = Path(out_dir)
-    if not st.models:
-        raise VitlabError("--models is empty; give e.g. --models vit,hybrid,resnet")
-    if any(n < 1 for n in st.per_class):
-        raise VitlabError(f"--per-class sizes must be positive, got {st.per_class}")
-    overlap = {c.lower() for c in st.upstream_classes} & {c.lower() for c in st.downstream_classes}
-    if overlap:
-        raise VitlabError(f"upstream and downstream classes must be disjoint; both have {sorted(overlap)}")
-    _preflight(st)  # a typo in --data or --models fails here, before the folder is tied to these settings
+    st, now, why, shown = _start(st, out)  # nothing is written before every check passed
     out.mkdir(parents=True, exist_ok=True)
-    settings_file = out / "settings.json"
-    now = {k: v for k, v in asdict(st).items() if k != "quiet"}
-    if settings_file.exists():
-        before = json.loads(settings_file.read_text())
-        changed = sorted(k for k in now if k in before and before[k] != now[k] and k not in ("models", "per_class"))
-        if changed:
-            raise VitlabError(f"{out} holds a study with other settings ({', '.join(changed)}); "
-                              "use another --out or the same settings to resume it")
-    settings_file.write_text(json.dumps(now, indent=2))
+    (out / "settings.json").write_text(json.dumps(now, indent=2))
+    print(f"vitlab study transfer: {st.threads} CPU threads for every run ({why}; recorded in settings.json)",
+          file=sys.stderr, flush=True)
+    torch.set_num_threads(st.threads)  # the compare evaluations run in this process
     runs = {name: pretrain(name, st, out) for name in st.models}
-    results = {n: downstream(runs, n, st, out) for n in sorted(set(st.per_class))}
+    results: dict[int, tuple[dict, dict]] = {}
+    drawn: dict[tuple, int] = {}
+    for n in sorted(set(st.per_class)):
+        data = downstream_data(n, st)
+        counts = tuple(class_counts(data))
+        note = _short_note(n, list(counts), list(data.class_names))
+        if counts in drawn:  # asked for more than there is, twice: the same images, one row
+            print(f"vitlab study transfer: --per-class {n} draws the same {max(counts)} images per class as "
+                  f"--per-class {drawn[counts]}; reported once", file=sys.stderr, flush=True)
+            continue
+        if note:
+            print(note, file=sys.stderr, flush=True)
+        drawn[counts] = n
+        results[n] = downstream(runs, n, data, st, out)
     rows = collect(runs, results)
-    write_tables(rows, st, out)
+    write_tables(rows, shown, out)
     plot_study(rows, out)
     return rows
