@@ -173,3 +173,17 @@ def test_a_runs_model_folder_and_checkpoints_are_evaluated_as_the_run(tmp_path, 
         m = _metrics(run / folder)
         assert np.array(m["head"]["confusion_matrix"]).shape == (3, 3) and m["head_mode"] == "trained", spec
     capsys.readouterr()
+
+
+def test_frozen_rows_show_the_images_and_k_really_used(tmp_path, capsys):
+    """3 training images per class: the 5-shot row claimed 15 images and kNN said k=20 while using 9."""
+    out = tmp_path / "ev"
+    spec = "custom(dim=32,depth=1,heads=2,mlp_dim=64,patch_size=7)"
+    assert main(["evaluate", spec, "--data", "bundled", "--classes", CLASSES, "--per-class", "3", "--out", str(out),
+                 "--quiet", "--fewshot", "--shots", "1,5", "--fewshot-seeds", "1", "--knn"]) == 0
+    rows = {r["method"]: r for r in _metrics(out)["rows"]}
+    assert rows["fewshot-1"]["train_images"] == 3 and "incomplete" not in rows["fewshot-1"]["label"]
+    assert rows["fewshot-5"]["train_images"] == 9 and "(frozen; incomplete)" in rows["fewshot-5"]["label"]
+    assert rows["knn"]["label"].startswith("kNN k=9 ") and "asked for k=20" in rows["knn"]["note"]
+    assert _metrics(out)["knn"]["k"] == 9 and _metrics(out)["knn"]["k_asked"] == 20
+    capsys.readouterr()

@@ -247,12 +247,19 @@ def evaluate_model(
             res = fs.fewshot_eval(fs_x, ytr_all, test_x, test_y, k, frozen.shots, frozen.fewshot_seeds,
                                   frozen.l2_reg, train_index=fs_rows, progress=progress)
             result.fewshot = res
+            counts = np.bincount(ytr_all, minlength=k)
             for r in res["results"]:
                 fake = {"accuracy_ci95": [None, None], "accuracy": r["mean"], "macro_f1": None,
                         "n": len(test_y)}
-                result.rows.append(_row(f"fewshot-{r['shots']}", f"few-shot ridge, {r['shots']}-shot (frozen)", fake,
-                                        train_images=r["shots"] * k,
-                                        note=f"mean of {res['seeds']} seeds, std {100 * r['std']:.2f} pp, lambda {res['l2_reg']:g}"))
+                # the images really used: a class smaller than the shots gives all it has ("incomplete")
+                complete = r.get("complete", True)
+                note = f"mean of {res['seeds']} seeds, std {100 * r['std']:.2f} pp, lambda {res['l2_reg']:g}"
+                if not complete:
+                    note = (f"incomplete: the smallest class has {int(counts.min())} training images, fewer than "
+                            f"{r['shots']}; {note}")
+                result.rows.append(_row(f"fewshot-{r['shots']}", f"few-shot ridge, {r['shots']}-shot (frozen"
+                                        f"{'' if complete else '; incomplete'})", fake,
+                                        train_images=int(np.minimum(counts, r["shots"]).sum()), note=note))
         if tr is not None:
             if frozen.knn:
                 from vitlab.evaluate.knn import knn_scores
@@ -260,9 +267,14 @@ def evaluate_model(
                 ks = knn_scores(tr.features, tr.labels, test_x, k, frozen.knn_k, frozen.knn_temperature,
                                 progress=progress)
                 mk = classification_metrics(test_y, ks.argmax(1).numpy(), k, class_names, logits=ks)
-                result.knn = {"k": frozen.knn_k, "temperature": frozen.knn_temperature, "n_train": len(tr.labels), **mk}
-                result.rows.append(_row("knn", f"kNN k={frozen.knn_k} T={frozen.knn_temperature:g} (frozen)", mk,
-                                        train_images=len(tr.labels)))
+                used = min(frozen.knn_k, len(tr.labels))  # knn_scores takes every image when there are fewer than k
+                asked = {} if used == frozen.knn_k else {"k_asked": frozen.knn_k}
+                result.knn = {"k": used, **asked, "temperature": frozen.knn_temperature, "n_train": len(tr.labels),
+                              **mk}
+                result.rows.append(_row("knn", f"kNN k={used} T={frozen.knn_temperature:g} (frozen)", mk,
+                                        train_images=len(tr.labels),
+                                        note=f"k={used}: all {used} training images (asked for k={frozen.knn_k})"
+                                        if asked else ""))
             if frozen.probe:
                 from vitlab.evaluate.probe import fit_probe
 

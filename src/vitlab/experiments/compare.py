@@ -582,31 +582,6 @@ def _finetune(model, lm, zs, ms: ModelSpec, data, st: CompareSettings, pre, sour
     return tr, tr.wall_time_s  # a resumed run's time includes its earlier segments
 
 
-def _frozen_rows_as_run(zs, data) -> None:
-    """Make the frozen-feature rows say what was really used: a few-shot count larger than a class gives all its
-    images (fewer than shots x classes, 'incomplete'), and kNN on fewer images than k uses them all."""
-    import numpy as np
-
-    from vitlab.evaluate.features import dataset_labels
-
-    if zs.fewshot:
-        counts = np.bincount(dataset_labels(data.train), minlength=data.num_classes)
-        for res in zs.fewshot["results"]:
-            row = next(r for r in zs.rows if r["method"] == f"fewshot-{res['shots']}")
-            row["train_images"] = int(np.minimum(counts, res["shots"]).sum())
-            if not res.get("complete", True):
-                row["label"] = f"few-shot ridge, {res['shots']}-shot (frozen; incomplete)"
-                row["note"] = (f"incomplete: the smallest class has {int(counts.min())} training images, fewer than "
-                               f"{res['shots']}; " + row["note"])
-    if zs.knn and zs.knn["n_train"] < zs.knn["k"]:
-        used = int(zs.knn["n_train"])
-        for row in zs.rows:
-            if row["method"] == "knn":
-                row["label"] = f"kNN k={used} T={zs.knn['temperature']:g} (frozen)"
-                row["note"] = f"k={used}: all {used} training images (asked for k={zs.knn['k']})"
-        zs.knn = {**zs.knn, "k": used, "k_asked": zs.knn["k"]}
-
-
 def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, data_args: dict | None,
                stage: list[str]) -> dict:
     """Load, zero-shot, fine-tune, evaluate one model; `stage[0]` says how far it got (for a failure's row)."""
@@ -619,7 +594,6 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
     stage[0] = "evaluating zero-shot"
     zs = _zero_shot(model, lm, data, pre, st, ms.name, source, split="test", frozen=frozen)
     zs.info["model_description"] = lm.description
-    _frozen_rows_as_run(zs, data)
     write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning ({zs.rows[0]['label']})")
     start, keep_head = _epoch_zero(model, lm, data, pre, st, ms.name, source, zs)
     start_head = (zs.rows[0]["label"] if keep_head
