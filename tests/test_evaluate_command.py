@@ -187,3 +187,15 @@ def test_frozen_rows_show_the_images_and_k_really_used(tmp_path, capsys):
     assert rows["knn"]["label"].startswith("kNN k=9 ") and "asked for k=20" in rows["knn"]["note"]
     assert _metrics(out)["knn"]["k"] == 9 and _metrics(out)["knn"]["k_asked"] == 20
     capsys.readouterr()
+
+
+def test_a_model_name_is_built_at_the_smallest_size_its_grid_takes():
+    """fit_image_size gave up on a spec whose default 224 px does not fit its own stride (patch_size=5) and
+    returned the data's side unfitted; the model then failed to build."""
+    from vitlab.errors import VitlabError
+    from vitlab.evaluate.loading import fit_image_size
+
+    assert fit_image_size("vit-b/16", 28) == 32 and fit_image_size("resnet-18", 28) == 28
+    assert fit_image_size("custom(dim=16,depth=1,heads=2,patch_size=5)", 28) == 30
+    with pytest.raises(VitlabError, match="not divisible by heads"):  # another field: said as such
+        fit_image_size("custom(dim=15,depth=1,heads=2,patch_size=5)", 28)

@@ -106,31 +106,28 @@ def split_model_list(text: str) -> list[str]:
     return [s.strip() for s in split_outside_brackets(text) if s.strip()]
 
 
+_MAX_SIZE_SEARCH = 1024  # sizes tried above the data's side (a stride is at most this)
+
+
 def fit_image_size(spec: str, side: int | None) -> int | None:
-    """The input size for a model built from a name on `side`-pixel data: the smallest size >= `side`
-    that the ViT's token grid accepts (`ViTConfig.grid_for`), e.g. vit-b/16 on 28 px -> 32; a conv stem
-    with 1x1 patches takes `side` itself."""
+    """The input size for a model built from a name on `side`-pixel data: the smallest size >= `side` at which
+    the spec builds, i.e. its token grid accepts it (vit-b/16 on 28 px -> 32, a custom patch_size=5 -> 30; a
+    ResNet or a conv stem takes `side` itself). Where no size builds, the error is about another field (heads,
+    dim ...): raised as said at `side`. The spec's own image_size= is left to the caller."""
     from vitlab.models import get_config
 
     if side is None:
         return None
     name, overrides = parse_model_spec(spec)
     overrides.pop("image_size", None)
-    try:  # at the model's default size, which fits its own stride
-        cfg = get_config(name, **overrides)
-    except VitlabError:
-        return side
-    if cfg.arch != "vit":
-        return side
-
-    def fits(size: int) -> bool:
+    first: VitlabError | None = None
+    for size in range(side, side + _MAX_SIZE_SEARCH):
         try:
-            cfg.grid_for(size)
-            return True
-        except VitlabError:
-            return False
-
-    return next(size for size in range(side, side + cfg.stride) if fits(size))  # always < one stride away
+            get_config(name, **overrides, image_size=size)
+            return size
+        except VitlabError as exc:
+            first = first or exc
+    raise first
 
 
 def check_model_spec(spec: str) -> None:

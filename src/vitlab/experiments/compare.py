@@ -130,18 +130,12 @@ def check_model_specs(models: list[ModelSpec], image_size: int | None = None, si
             raise VitlabError(f"--models entry {ms.spec!r}: {exc}") from None
 
 
-# how far past the data's side a size is looked for that the model's stride accepts (a stride is at most this)
-_MAX_SIZE_SEARCH = 1024
-
-
 def build_size(spec: str, image_size: int | None, side: int | None) -> int | None:
     """The input size a from-scratch model is built (and trained) at, after checking its config there: the
     spec's own image_size=, else `image_size` (--image-size), else the smallest size >= the data's `side` its
-    token grid accepts (vit-b/16 on 28 px: 32; patch 5: 30). None: the registry default (side not known yet).
-
-    The fitting is done here and not with `fit_image_size`, which gives up on a spec whose default 224 px
-    does not fit its own stride (patch_size=5) and then returns the data's side unfitted."""
-    from vitlab.evaluate.loading import parse_model_spec
+    token grid accepts (`evaluate.loading.fit_image_size`: vit-b/16 on 28 px: 32; patch 5: 30). None: the
+    registry default (side not known yet: the fields are checked at a size near 224)."""
+    from vitlab.evaluate.loading import fit_image_size, parse_model_spec
     from vitlab.models.registry import get_config
 
     name, args = parse_model_spec(spec)
@@ -149,19 +143,8 @@ def build_size(spec: str, image_size: int | None, side: int | None) -> int | Non
     if fixed is not None:
         get_config(name, **args, image_size=fixed)  # a size that does not fit says so, with one that does
         return int(fixed if isinstance(fixed, int) else max(fixed))
-    start = side or 224  # before the data is known: any size that fits shows that the fields are right
-    try:
-        get_config(name, **args, image_size=start)
-        return side
-    except VitlabError as exc:
-        first = exc
-    for size in range(start + 1, start + _MAX_SIZE_SEARCH):
-        try:
-            get_config(name, **args, image_size=size)
-            return size if side else None
-        except VitlabError:
-            continue
-    raise first  # no size fits: the error is about another field (heads, dim ...), said at the data's size
+    fitted = fit_image_size(spec, side or 224)
+    return fitted if side else None
 
 
 def _load(ms: ModelSpec, data, st: CompareSettings):
