@@ -61,3 +61,20 @@ def test_convert_surgery_and_class_names(tmp_path, capsys):
                  str(tmp_path / "names.txt")]) == 2
     assert "4 class names" in capsys.readouterr().err
     assert main(["convert", str(tmp_path / "none.npz"), str(tmp_path / "y")]) == 2
+
+
+def test_convert_refuses_duplicate_class_names_and_says_what_hf_takes(tmp_path, capsys):
+    """Duplicate names were accepted and HF's label2id silently kept one; a BiT ResNet's --to hf was told that
+    'only plain ViTs' go there and that transformers lacks ViT hybrids."""
+    from vitlab.models.registry import create_model
+    from vitlab.weights import save_native
+
+    save_native(create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=4, image_size=8,
+                             num_classes=3), tmp_path / "vit")
+    (tmp_path / "names.txt").write_text("cat\ndog\ncat\n")
+    assert main(["convert", str(tmp_path / "vit"), str(tmp_path / "hf"), "--to", "hf",
+                 "--class-names", str(tmp_path / "names.txt")]) == 2
+    assert "class names must differ: 'cat' given more than once" in capsys.readouterr().err
+    save_native(create_model("bit-r50x1", num_classes=2, image_size=32), tmp_path / "bit")
+    assert main(["convert", str(tmp_path / "bit"), str(tmp_path / "bit-hf"), "--to", "hf"]) == 2
+    assert "--to hf writes ViTs and standard (torchvision-layout) ResNets" in capsys.readouterr().err

@@ -349,3 +349,39 @@ def test_documented_subpackages_are_attributes_after_a_plain_import():
             "try:\n    vitlab.no_such_thing\nexcept AttributeError:\n    print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "ok"
+
+
+# ------------------------------------------------------------------- files named as something they are not
+def test_an_npz_is_read_as_one_whatever_its_name_and_what_is_not_one_is_said(tmp_path):
+    """Random bytes named .npz got numpy's text inviting allow_pickle=True; an .npz named .pth or .safetensors
+    got torch's 'Expected hasRecord("version")'; a safetensors file named .npz was refused as a pickle."""
+    from safetensors.torch import save_file as save_st
+
+    arrays = official_arrays()
+    np.savez(tmp_path / "real.npz", **arrays)
+    x = torch.randn(2, 3, 8, 8)
+    expected = logits(tmp_path / "real.npz", x)
+    for name in ("as.pth", "as.safetensors", "as.bin"):
+        (tmp_path / name).write_bytes((tmp_path / "real.npz").read_bytes())
+        assert np.array_equal(logits(tmp_path / name, x), expected), name
+    (tmp_path / "garbage.npz").write_bytes(os.urandom(4096))
+    message = refusal(vitlab.load, tmp_path / "garbage.npz")
+    assert "is not an .npz" in message and "allow_pickle" not in message
+    model = tiny_model()
+    with torch.no_grad():  # every weight random: a zero head would give equal logits for any reading
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    save_st({k: v.contiguous() for k, v in vitlab.weights.timm.to_timm_state_dict(model).items()},
+            tmp_path / "st.npz")
+    # a safetensors file named .npz, read as the bare timm file it is
+    back = vitlab.load(tmp_path / "st.npz", classifier="token", heads=4, gelu="tanh").eval()
+    with torch.no_grad():
+        y = torch.randn(1, 3, 16, 16)
+        assert torch.equal(back(y), model(y)) and model(y).abs().max() > 0.1
+
+
+def test_a_folder_whose_config_json_does_not_parse_says_so(tmp_path):
+    folder = hf_folder(tmp_path / "hf")
+    (folder / "config.json").write_text("{'model_type': 'vit'}")
+    message = refusal(vitlab.load, folder)
+    assert "config.json is not valid JSON" in message

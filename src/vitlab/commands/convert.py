@@ -158,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
         names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if names is not None and len(names) != model.config.num_classes:
         raise VitlabError(f"{len(names)} class names for a model with {model.config.num_classes} outputs")
+    if names is not None and len(set(names)) != len(names):  # HF's label2id would keep one of them, silently
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise VitlabError(f"class names must differ: {', '.join(map(repr, twice[:3]))} given more than once")
     if args.force:
         clear_destination(Path(args.dst), out_path, args.to)
     if args.to == "native":

@@ -69,6 +69,10 @@ def detect_format(path: str | Path) -> str:
 
     p = Path(path)
     if p.is_dir():
+        if (p / "config.json").is_file():  # a config that does not parse is said as such, not as "no known folder"
+            from vitlab.weights.io import read_json
+
+            read_json(p / "config.json", "config.json")
         if native.is_native(p):
             return "native"
         if hf.is_hf_folder(p):
@@ -82,10 +86,18 @@ def detect_format(path: str | Path) -> str:
         )
     if not p.exists():
         raise VitlabError(f"no such file or folder: {p}")
-    if p.suffix == ".npz":
+    from vitlab.weights.io import is_npz, sniff_format
+
+    # read by what the file is, not its name: an .npz named .pth is read as one, a state dict named .npz too
+    if is_npz(p) or (p.suffix == ".npz" and sniff_format(p) == "unknown"):
+        if not is_npz(p):
+            raise VitlabError(f"{p} is not an .npz (a zip of numpy arrays) nor any other weights file vitlab "
+                              "knows: it is damaged or not weights; re-download it")
         from vitlab.weights import big_transfer
 
         return "big_transfer" if big_transfer.is_big_transfer_file(p) else "official"
+    if p.suffix == ".npz":  # a safetensors or torch file named .npz
+        return "state_dict"
     if p.name == "config.json" and (native.is_native(p.parent) or hf.is_hf_folder(p.parent)):
         return "native" if native.is_native(p.parent) else "hf"
     if p.suffix in STATE_DICT_SUFFIXES:

@@ -412,9 +412,12 @@ def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
 def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
     """(HF config.json dict, 4.x-layout state dict) for a plain class-token ViT."""
     cfg: ViTConfig = model.config
-    if cfg.arch != "vit" or cfg.is_hybrid:
-        raise VitlabError("only plain ViTs can be exported to Hugging Face (transformers 5 has no ViT hybrid); "
-                          "use --to native or --to timm")
+    if cfg.arch == "resnet":  # standard ResNets went to to_hf_resnet_state_dict
+        raise VitlabError(f"--to hf writes ViTs and standard (torchvision-layout) ResNets; this {cfg.resnet.kind} ResNet "
+                          "is written with --to timm (timm's resnetv2 names) or --to native")
+    if cfg.is_hybrid:
+        raise VitlabError("Hugging Face has no ViT hybrid (transformers 5 dropped ViTHybrid); use --to native or "
+                          "--to timm")
     if cfg.classifier != "token":
         raise VitlabError(f"Hugging Face ViT pools the class token only; a '{cfg.classifier}' model cannot be exported; "
                           "use --to native or --to timm")

@@ -80,6 +80,19 @@ def sniff_format(path: str | Path) -> str:
     return "unknown"
 
 
+def is_npz(path: str | Path) -> bool:
+    """A zip of `.npy` arrays (numpy's .npz), whatever its name; torch.save's zips hold `data.pkl` instead. Only
+    the zip's directory is read."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+    return bool(names) and all(n.endswith(".npy") for n in names)
+
+
 def load_tensor_file(path: str | Path) -> Any:
     """What a `.safetensors` file (a name -> tensor dict) or a torch file (any object of tensors and plain data,
     `weights_only=True`) holds, on the CPU. The content decides which reader runs, not the suffix: both readers
