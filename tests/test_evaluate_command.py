@@ -199,3 +199,25 @@ def test_a_model_name_is_built_at_the_smallest_size_its_grid_takes():
     assert fit_image_size("custom(dim=16,depth=1,heads=2,patch_size=5)", 28) == 30
     with pytest.raises(VitlabError, match="not divisible by heads"):  # another field: said as such
         fit_image_size("custom(dim=15,depth=1,heads=2,patch_size=5)", 28)
+
+
+def test_a_run_evaluated_on_its_own_data_named_again_keeps_its_splits(tmp_path, capsys, monkeypatch):
+    """`vitlab evaluate RUN --data <the run's source>` used seed 0 and the default fractions, not the run's: on
+    data whose test split is carved, 6 of 8 test images were the run's training images."""
+    from vitlab.train import resolve_config, train
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="digits", seed=7, steps=2, batch_size=8, out_dir=str(tmp_path), name="run", model="custom",
+        model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=2, image_size=8), precision="fp32",
+        quiet=True))
+    run = train(cfg).run_dir
+    import vitlab.data
+
+    seen = []
+    real = vitlab.data.load_data
+    monkeypatch.setattr(vitlab.data, "load_data", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--data", "digits", "--out", str(tmp_path / "ev")]) == 0
+    assert "is the run's own data: its split settings" in capsys.readouterr().err
+    assert main(["evaluate", str(run), "--out", str(tmp_path / "ev"), "--quiet"]) == 0
+    assert [kw["seed"] for kw in seen] == [7, 7]

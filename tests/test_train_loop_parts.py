@@ -302,3 +302,23 @@ def test_a_finetune_run_resumes_without_its_starting_weights(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--resume", str(run)]) == 2
     assert f"is a fine-tuning run; resume it with `vitlab finetune --resume {run}`" in capsys.readouterr().err
+
+
+def test_model_args_image_size_is_the_build_size_and_num_classes_is_refused(tmp_path):
+    """model_args image_size=8 (a spec's own size) crashed create_model with 'multiple values for keyword
+    argument image_size', reported as a vitlab bug; num_classes likewise."""
+    from vitlab.train import train
+
+    def cfg(name, **model_args):
+        return resolve_config("small-data", overrides=dict(
+            data="digits", steps=1, batch_size=8, out_dir=str(tmp_path), name=name, model="custom",
+            model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=2, **model_args), precision="fp32",
+            quiet=True))
+
+    assert train(cfg("sized", image_size=10)).model.config.image_size == (10, 10)
+    with pytest.raises(VitlabError, match="the data decides the classes"):
+        train(cfg("classes", num_classes=4))
+    both = cfg("both", image_size=10)
+    both.image_size = 12
+    with pytest.raises(VitlabError, match="model_args image_size 10 and --image-size 12 differ"):
+        train(both)

@@ -148,7 +148,12 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None):
     source = args.data or from_run.get("data")
     if not source:
         raise VitlabError("no data given; add --data (e.g. --data bundled, --data fashion-mnist, --data PATH)")
-    same_source = not args.data  # the run's split settings only when its data is used implicitly
+    # the run's split settings (seed, fractions, classes) whenever its own data is evaluated, named or not: with
+    # another seed the carved test split would hold the run's training images
+    same_source = bool(from_run.get("data")) and (not args.data or _same_source(args.data, from_run["data"]))
+    if args.data and same_source and not getattr(args, "quiet", False):
+        print(f"data: {args.data} is the run's own data: its split settings (seed, fractions, classes) apply; "
+              "flags given here win", file=sys.stderr)
 
     def pick(key: str, val, default):  # a flag left at its default takes the run's value
         return from_run.get(key, val) if (same_source and val == default) else val
@@ -163,6 +168,12 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None):
         progress=not getattr(args, "quiet", False),
         eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
     )
+
+
+def _same_source(given: str, recorded: str) -> bool:
+    from vitlab.data.load import absolute_source
+
+    return absolute_source(str(given)) == absolute_source(str(recorded))
 
 
 def _data_image_size(data) -> int | None:

@@ -58,7 +58,6 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
     weights' head where it was replaced for the data's, else None)."""
     num_classes = data.num_classes
     if cfg.weights:
-        from vitlab.errors import VitlabError
         from vitlab.weights import load_with_meta
 
         try:
@@ -75,11 +74,14 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
         return model, meta.get("preprocess"), meta.get("replaced_head_classes")
     from vitlab.models.registry import create_model
 
-    size = cfg.image_size or data.train.image_size[0]
     args = dict(cfg.model_args)
     if cfg.model == "custom" and not args:  # small-data.md 2.3's small ViT instead of a ViT-B-sized "custom"
         args = dict(SMALL_VIT)
         cfg.model_args = dict(SMALL_VIT)  # the saved config.yaml names the model that was built
+    size = _build_size(cfg, args.pop("image_size", None)) or data.train.image_size[0]
+    if "num_classes" in args:  # a second value crashed create_model with a TypeError
+        raise VitlabError("model_args num_classes: the data decides the classes (use --classes to choose them); "
+                          "leave it out")
     if cfg.drop_path is not None:
         args["drop_path"] = cfg.drop_path
     if cfg.dropout is not None:
@@ -87,6 +89,20 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
     args.setdefault("in_chans", data.channels)
     model = create_model(cfg.model, num_classes=num_classes, image_size=size, seed=cfg.seed, **args)
     return model, None, None
+
+
+def _build_size(cfg: TrainConfig, from_args):
+    """The size to build at: --image-size, or model_args' image_size (the same thing said in the model's spec);
+    two different values are refused. None: the data's own size."""
+    if from_args is None or cfg.image_size is None:
+        return cfg.image_size or from_args
+
+    def pair(size):
+        return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+
+    if pair(from_args) != pair(cfg.image_size):
+        raise VitlabError(f"model_args image_size {from_args} and --image-size {cfg.image_size} differ; give one")
+    return cfg.image_size
 
 
 def describe_given_model(model: nn.Module) -> tuple[str, dict[str, Any]] | None:
