@@ -88,7 +88,7 @@ def is_npz(path: str | Path) -> bool:
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):  # NotImplemented: a damaged zip version
         return False
     return bool(names) and all(n.endswith(".npy") for n in names)
 
