@@ -211,7 +211,10 @@ def write_bad_shard(folder: Path) -> None:
         for i in range(12):
             _add(tar, f"s{i:05d}.png", _png(_id_image(i)))
             _add(tar, f"s{i:05d}.json", json.dumps({"label": "abc"[i % 3]}).encode())
-        _add(tar, "corrupt.png", _png(_id_image(99))[:40])  # truncated: found only when decoded
+        # its header is whole (image headers are checked when loading, as a folder's files are) but its pixel
+        # data is cut short: found only when decoded
+        bad = _png(_id_image(99))
+        _add(tar, "corrupt.png", bad[:bad.index(b"IDAT") + 10])
         _add(tar, "corrupt.cls", b"0")
         _add(tar, "nolabel.png", _png(_id_image(98)))
         _add(tar, "noimage.cls", b"1")

@@ -52,9 +52,11 @@ def run_inspect(args: argparse.Namespace) -> int:
     from vitlab.data import load_data, write_skipped
     from vitlab.data.inspect import describe, format_table, sample_grid
 
+    # every split is decoded once (not only val and test): a file whose header reads but whose pixels do not
+    # is dropped and listed here exactly as training drops it, so the counts are training's counts
     splits = load_data(args.source, classes=args.classes, per_class=args.per_class, val_fraction=args.val_fraction,
                        test_fraction=args.test_fraction, seed=args.seed, in_memory=False, progress=not args.quiet,
-                       report=False)
+                       report=False, eval_splits=("train", "val", "test"))
     out = Path(args.out) if args.out else Path("data-inspect") / re.sub(r"[^A-Za-z0-9_.-]+", "_", splits.name)
     out.mkdir(parents=True, exist_ok=True)
     grid = sample_grid(splits, out / "samples.png", per_class=args.samples, seed=args.seed)

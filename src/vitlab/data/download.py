@@ -94,15 +94,36 @@ def missing_message(name: str, searched: list[Path] | None = None) -> str:
             f"or download {files} from {res['mirrors'][0]} into {searched[0]} and pass {name}:{searched[0]}")
 
 
-def _safe_extract(archive: Path, dest: Path) -> None:
-    """Extract regular files only, refusing absolute paths and '..' (no tar path traversal)."""
+def _safe_target(member: tarfile.TarInfo, dest: Path, archive: Path) -> Path:
+    """Where a member goes under `dest` (resolved); an absolute path or one climbing out with '..' is refused.
+    `.` and `./x` members (an archive made with `tar -C DIR .`) stay inside."""
+    target = (dest / member.name).resolve()
+    if member.name.startswith(("/", "\\")) or (target != dest and not str(target).startswith(str(dest) + os.sep)):
+        raise VitlabError(f"unsafe path {member.name!r} in {archive}; the archive is not the official one")
+    return target
+
+
+def _extracted(archive: Path, dest: Path) -> bool:
+    """Whether every regular file of the archive is already in `dest` at its size (an extraction that was
+    interrupted, or files deleted since, are extracted again)."""
+    real = dest.resolve()
     with tarfile.open(archive, "r:*") as tar:
-        for member in tar.getmembers():
-            target = (dest / member.name).resolve()
+        for member in tar:
+            if member.isreg():
+                target = _safe_target(member, real, archive)
+                if not target.is_file() or target.stat().st_size != member.size:
+                    return False
+    return True
+
+
+def _safe_extract(archive: Path, dest: Path) -> None:
+    """Extract regular files and folders only, refusing absolute paths and '..' (no tar path traversal)."""
+    real = dest.resolve()
+    with tarfile.open(archive, "r:*") as tar:
+        for member in tar:
             if not member.isreg() and not member.isdir():
                 continue
-            if not str(target).startswith(str(dest.resolve()) + os.sep):
-                raise VitlabError(f"unsafe path {member.name!r} in {archive}; the archive is not the official one")
+            target = _safe_target(member, real, archive)
             if member.isdir():
                 target.mkdir(parents=True, exist_ok=True)
                 continue
@@ -111,35 +132,40 @@ def _safe_extract(archive: Path, dest: Path) -> None:
                 shutil.copyfileobj(src, dst)
 
 
+def _fetch(name: str, fname: str, md5: str, dest: Path, progress: bool, timeout: float) -> Path:
+    """DEST/FNAME with the right MD5: kept when already there, else fetched from the first mirror that works."""
+    from vitlab.weights.download import fetch, offline
+
+    target = dest / fname
+    if target.exists():
+        if md5sum(target) == md5:
+            return target
+        target.unlink()  # damaged or a different file: fetch it again
+    errors = []
+    for mirror in mirrors(name):
+        try:
+            fetch(mirror + fname, target, md5=md5, progress=progress, timeout=timeout)
+            return target
+        except VitlabError as exc:
+            errors.append(str(exc))
+            if offline():
+                raise
+    raise VitlabError(f"could not download {fname} ({'; '.join(errors)}); "
+                      f"without a network, copy it from {mirrors(name)[0]}{fname} into {dest}")
+
+
 def download(name: str, root: str | os.PathLike | None = None, progress: bool = True, timeout: float = 30.0) -> Path:
     """Download a named data set into `root` (default data_home()/name), check MD5s, extract archives.
 
-    A file already there with the right MD5 is kept; an interrupted download resumes from its `.part` file."""
+    A file already there with the right MD5 is kept; an interrupted download resumes from its `.part` file;
+    an archive is extracted again whenever one of its files is missing or has the wrong size."""
     if name not in RESOURCES:
         raise VitlabError(f"no download known for {name!r}; choose one of {', '.join(RESOURCES)}")
-    from vitlab.weights.download import fetch, offline
-
     res = RESOURCES[name]
     dest = Path(root) if root else data_home() / name
     dest.mkdir(parents=True, exist_ok=True)
     for fname, md5 in res["files"].items():
-        target = dest / fname
-        if target.exists():
-            if md5sum(target) == md5:
-                continue
-            target.unlink()  # damaged or a different file: fetch it again
-        errors = []
-        for mirror in mirrors(name):
-            try:
-                fetch(mirror + fname, target, md5=md5, progress=progress, timeout=timeout)
-                break
-            except VitlabError as exc:
-                errors.append(str(exc))
-                if offline():
-                    raise
-        else:
-            raise VitlabError(f"could not download {fname} ({'; '.join(errors)}); "
-                              f"without a network, copy it from {mirrors(name)[0]}{fname} into {dest}")
-        if res.get("extract"):
+        target = _fetch(name, fname, md5, dest, progress, timeout)
+        if res.get("extract") and not _extracted(target, dest):
             _safe_extract(target, dest)
     return dest

@@ -21,6 +21,7 @@ import numpy as np
 
 from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import BadImageError, check_image_header, is_image_file
+from vitlab.data.labels import class_order, number_label
 from vitlab.errors import VitlabError
 from vitlab.progress import bar_options
 
@@ -231,8 +232,9 @@ def _split_folders(root: Path) -> dict[str, Path]:
 
 def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], skipped: list, name: str,
            storage_size: int | None, progress: bool, source: str,
-           class_paths: dict[str, str] | None = None) -> DataSplits:
+           class_paths: dict[str, str] | None = None, notes: list[str] | None = None) -> DataSplits:
     """entries: split -> [(path, class name)]; header-check all, drop unusable, make FileImageDatasets."""
+    notes = list(notes or [])
     entries = _dedupe_files(entries, skipped)
     all_paths = [p for items in entries.values() for p, _ in items]
     infos, bad = scan_headers(all_paths, progress)
@@ -250,6 +252,9 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
         first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
         raise VitlabError(f"no usable image in {source}: {n} file{'s' if n != 1 else ''} skipped{first}; "
                           "check the files or the path")
+    untrained = [c for c in classes if c not in {c for _, c in usable.get("train", [])}]
+    if untrained and usable.get("train"):
+        notes.append(_untrained_note(untrained, source))
     index = {c: i for i, c in enumerate(classes)}
     good = [info_of[p] for items in usable.values() for p, _ in items]
     channels, size = storage_format(good, storage_size)
@@ -265,7 +270,16 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
         parts[split] = FileImageDataset(paths, labels, classes, channels, size, f"{name}/{split}", sizes)
     if parts["train"] is None or len(parts["train"]) == 0:
         raise VitlabError(f"no usable image in the train split of {source}; check the files")
-    return DataSplits(parts["train"], parts["val"], parts["test"], classes, skipped, name, channels)
+    return DataSplits(parts["train"], parts["val"], parts["test"], classes, skipped, name, channels, notes)
+
+
+def _untrained_note(untrained: list[str], source: str) -> str:
+    """The note for classes whose images are all in val or test: they stay in the head, but nothing teaches them."""
+    shown = ", ".join(untrained[:8]) + (", ..." if len(untrained) > 8 else "")
+    n = len(untrained)
+    them = "them" if n > 1 else "it"
+    return (f"{source}: {n} class{'es' if n > 1 else ''} with no training image, only val or test ones ({shown}); "
+            f"a model cannot learn {them}: add training images, or leave {them} out with --classes")
 
 
 def _place(split: str, class_dir: Path, n_splits: int) -> str:
@@ -273,8 +287,39 @@ def _place(split: str, class_dir: Path, n_splits: int) -> str:
     return f"{split}/{class_dir.name}" if n_splits > 1 else class_dir.name
 
 
+def _loose_images(folder: Path) -> int:
+    """How many image files lie directly in a folder (not hidden, links to files included)."""
+    return sum(1 for p in folder.iterdir() if not p.name.startswith(".") and p.is_file() and is_image_file(p.name))
+
+
+def _unread_notes(root: Path, splits: dict[str, Path]) -> list[str]:
+    """Notes for what a data folder holds but does not read, so nothing is dropped unsaid: folders beside the split
+    folders (`unlabeled/`, `extra_train/`, a typo such as `tst/`, a second `validation/`) and images in no class
+    folder (directly in ROOT, or directly in a split folder)."""
+    notes = []
+    if splits:
+        used = set(splits.values())
+        other = []
+        for d in _subdirs(root):
+            if d in used:
+                continue
+            twin = next((s for s, names in SPLIT_FOLDERS.items() if d.name.lower() in names), None)
+            other.append(f"{d.name}/ (a second {twin} folder; {splits[twin].name}/ is read)" if twin else f"{d.name}/")
+        if other:
+            notes.append(f"{root}: {', '.join(other)} not read: beside split folders only train/, val/ and test/ "
+                         "(or training/, valid/, validation/, testing/) are read")
+    for folder in [root, *splits.values()]:
+        n = _loose_images(folder)
+        if n:
+            where = "SPLIT/CLASS/" if splits else "CLASS/"
+            notes.append(f"{folder}: {n} image file{'s' if n > 1 else ''} directly in it, in no class folder, "
+                         f"not read (images belong in {root}/{where})")
+    return notes
+
+
 def load_folder(root: str | os.PathLike, storage_size: int | None = None, progress: bool = True) -> DataSplits:
-    """ROOT/CLASS/*.jpg, or ROOT/{train,val,test}/CLASS/*.jpg (val/test optional)."""
+    """ROOT/CLASS/*.jpg, or ROOT/{train,val,test}/CLASS/*.jpg (val/test optional); class names that are all integers
+    are ordered as numbers (`labels.class_order`)."""
     root = Path(root).expanduser()
     if not root.is_dir():
         raise VitlabError(f"data folder not found: {root}")
@@ -305,24 +350,48 @@ def load_folder(root: str | os.PathLike, storage_size: int | None = None, progre
                 class_names.append(cdir.name)
                 class_paths[cdir.name] = str(cdir) if len(roots) == 1 else str(root / "*" / cdir.name)
     skipped.extend(walk.skipped)
-    class_names.sort()
-    return _build(entries, class_names, skipped, root.name or str(root), storage_size, progress, str(root),
-                  class_paths)
+    return _build(entries, class_order(class_names), skipped, root.name or str(root), storage_size, progress,
+                  str(root), class_paths, _unread_notes(root, splits))
 
 
-def _csv_rows(path: Path):
-    """The CSV's non-empty, non-comment rows; its size is checked before reading and csv/encoding faults
-    become one-line errors naming the line."""
+def _check_csv_size(path: Path) -> None:
     size = path.stat().st_size
     if size > MAX_CSV_BYTES:
         raise VitlabError(f"{path} is {size:,} bytes, over the {MAX_CSV_BYTES:,}-byte limit for a CSV of "
                           "path,label rows; split it, or use a folder of class subfolders")
+
+
+_SEPARATORS = {"\t": "tab", ";": "semicolon"}
+
+
+def _delimiter(path: Path) -> tuple[str, str | None]:
+    """The field separator and a note when it is not the obvious one: a tab for `.tsv`; for other files a comma,
+    unless none of the first lines has a comma and every one of them has a tab (or every one a semicolon): such a
+    file read with commas would be all bad rows, while a path,label file always has a comma on each line."""
+    if path.suffix.lower() == ".tsv":
+        return "\t", None
+    with path.open(encoding="utf-8-sig", errors="replace") as fh:
+        head = fh.read(64 * 1024)
+    lines = [line for line in head.splitlines()[:21] if line.strip() and not line.lstrip().startswith("#")]
+    lines = lines[:20] if len(head) < 64 * 1024 else lines[:-1][:20]  # a cut last line proves nothing
+    if lines and not any("," in line for line in lines):
+        for sep, name in _SEPARATORS.items():
+            if all(sep in line for line in lines):
+                return sep, f"{path}: read as {name}-separated (its lines have no comma)"
+    return ",", None
+
+
+def _csv_rows(path: Path, delimiter: str):
+    """(line number, row) of the CSV's non-empty, non-comment rows; csv/encoding faults become one-line errors
+    naming the line. The number is the row's first line in the file, as an editor shows it."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh)  # its field size limit (128 KiB) bounds every row
+        reader = csv.reader(fh, delimiter=delimiter)  # its field size limit (128 KiB) bounds every row
+        line = 1
         try:
             for row in reader:
                 if row and any(c.strip() for c in row) and not row[0].lstrip().startswith("#"):
-                    yield row
+                    yield line, row
+                line = reader.line_num + 1  # blank lines come as [] rows, so every line is counted
         except csv.Error as exc:
             raise VitlabError(f"{path}: line {reader.line_num}: {exc}; expected lines of path,label") from None
         except UnicodeDecodeError as exc:
@@ -330,63 +399,143 @@ def _csv_rows(path: Path):
                               "save it as UTF-8") from None
 
 
-def _integer_label(label: str) -> bool:
-    """Labels like "3" or "-1" (ASCII digits, a sane length) sort as numbers; anything else is a name."""
-    return re.fullmatch(r"-?[0-9]{1,18}", label) is not None
+# The column names CSV files of images use (pandas, Kaggle, Hugging Face's imagefolder metadata.csv), each in order
+# of preference: a header naming two of a kind (`id,file_name,label`) reads the first listed here.
+_PATH_COLUMNS = ("path", "file_path", "filepath", "image_path", "img_path", "file_name", "filename", "file",
+                 "image_file", "image_name", "image", "img", "image_id", "id", "name")
+_LABEL_COLUMNS = ("label", "labels", "class", "class_name", "classname", "category", "target", "y")
+_SPLIT_COLUMNS = ("split", "subset", "partition")
+_POSITIONAL = {"path": 0, "label": 1, "split": 2}  # a CSV without a header: path,label[,split]
 
 
-# the column names CSV files of images use (pandas, Kaggle, Hugging Face's imagefolder metadata.csv)
-_PATH_COLUMNS = {"path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_path", "img",
-                 "img_path", "image_file", "image_name", "image_id", "id", "name"}
-_LABEL_COLUMNS = {"label", "labels", "class", "class_name", "classname", "category", "target", "y"}
+def _column_name(field: str) -> str:
+    """`" Image Path"` -> `"image_path"`: how header names are compared."""
+    return re.sub(r"[\s-]+", "_", field.strip().lower())
 
 
-def _is_header(row: list[str], base: Path) -> bool:
-    """Whether the first row names the columns: a known path column name, or a known label column name beside a
-    first field that is no file (`img,class` must not become a data row and a class called "class")."""
-    head = row[0].strip().lower()
-    if head in _PATH_COLUMNS:
-        return True
-    label = row[1].strip().lower() if len(row) > 1 else ""
-    return label in _LABEL_COLUMNS and not (base / row[0].strip()).is_file()
+def _looks_like_path(field: str) -> bool:
+    """Whether a first field reads as a data row's path: a folder or an image extension in it (or empty: a bad row)."""
+    text = field.strip()
+    return not text or "/" in text or "\\" in text or is_image_file(text)
+
+
+def _is_file(field: str, base: Path) -> bool:
+    try:
+        return (base / field.strip()).is_file()
+    except (OSError, ValueError):  # a NUL in the name
+        return False
+
+
+def _header_columns(row: list[str], where: str) -> dict[str, int | None]:
+    """The columns a header row names: path, label and split (None when it has none); a header without a path or
+    a label column it recognises is refused in one line naming the names it accepts."""
+    names = [_column_name(f) for f in row]
+
+    def pick(options):
+        return next((names.index(o) for o in options if o in names), None)
+
+    cols = {"path": pick(_PATH_COLUMNS), "label": pick(_LABEL_COLUMNS), "split": pick(_SPLIT_COLUMNS)}
+    missing = [k for k in ("path", "label") if cols[k] is None]
+    if missing:
+        shown = ",".join(f.strip() for f in row)[:120]
+        raise VitlabError(f"{where}: the first line {shown!r} is no data row (its first field names no image file) and "
+                          f"names no {' and no '.join(missing)} column; a header names the path column "
+                          f"({', '.join(_PATH_COLUMNS)}), the label column ({', '.join(_LABEL_COLUMNS)}) and "
+                          f"optionally a split column ({', '.join(_SPLIT_COLUMNS)}); or remove it so the rows are "
+                          "read as path,label[,split]")
+    return cols
+
+
+def _columns(first: tuple[int, list[str]] | None, path: Path, notes: list[str]) -> tuple[dict, bool]:
+    """The columns to read and whether the first row is a header (then used up).
+
+    A first row is data when its first field has a folder or an image extension in it (`img/0.png`, `x.png`, even a
+    missing one), or, failing a header's column names, is an existing file; any other first row is a header, and its
+    names pick the columns, so `label,path` and `file_name,label,caption` read right. Columns a header names that
+    vitlab does not read are listed once; a header without a path and a label column it knows is refused."""
+    if first is None or _looks_like_path(first[1][0]):
+        return _POSITIONAL, False
+    try:
+        cols = _header_columns(first[1], f"{path}: line {first[0]}")
+    except VitlabError:
+        if _is_file(first[1][0], path.parent):  # `0001,cat` with a file 0001: data
+            return _POSITIONAL, False
+        raise
+    used = {i for i in cols.values() if i is not None}
+    ignored = [f.strip() for i, f in enumerate(first[1]) if i not in used and f.strip()]
+    if ignored:
+        read = ", ".join(first[1][i].strip() for i in cols.values() if i is not None)
+        notes.append(f"{path}: column{'s' if len(ignored) > 1 else ''} {', '.join(ignored)} not read "
+                     f"(vitlab reads {read})")
+    return cols, True
+
+
+def _field(row: list[str], i: int | None) -> str:
+    return row[i].strip() if i is not None and i < len(row) else ""
+
+
+def _label_names(entries: dict[str, list[tuple[str, str]]], where: Path, notes: list[str]):
+    """Entries with each label as its class name, and the class names in order.
+
+    A label that is a number (`7`, `007`, `7.0`; `labels.number_label`) names the class by its plain integer form,
+    so the same number is always one class; any other label is a name, as written. Numbers and names may be mixed
+    (each is its own class, and every class name is distinct), but that is noted: it is most often a stray row."""
+    spellings: dict[str, set[str]] = {}
+    for items in entries.values():
+        for _, label in items:
+            num = number_label(label)
+            spellings.setdefault(label if num is None else str(num), set()).add(label)
+    merged = [f"{' and '.join(sorted(s))} -> {name}" for name, s in spellings.items() if len(s) > 1]
+    if merged:
+        notes.append(f"{where}: labels written differently are the same class number ("
+                     f"{'; '.join(merged[:5])}{'; ...' if len(merged) > 5 else ''})")
+    numbers = [n for n in spellings if number_label(n) is not None]
+    if numbers and len(numbers) < len(spellings):
+        names = [n for n in spellings if number_label(n) is None]
+        notes.append(f"{where}: labels mix class numbers ({len(numbers)}, e.g. {numbers[0]}) and class names "
+                     f"({len(names)}, e.g. {names[0]}); each is a class, ordered as text")
+    plain = {label: name for name, s in spellings.items() for label in s}
+    entries = {s: [(p, plain[c]) for p, c in items] for s, items in entries.items()}
+    return entries, class_order(spellings)
 
 
 def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress: bool = True) -> DataSplits:
-    """A CSV of `path,label` rows (optional header; optional third column `split` = train/val/test).
+    """A CSV of `path,label` rows (optional third column `split` = train/val/test), or a header naming the columns.
 
-    Relative paths are relative to the CSV's folder. Rows pointing to missing files are skipped.
+    `.tsv` files are tab-separated. Relative paths are relative to the CSV's folder. Rows pointing to missing files
+    are skipped; rows are named by their line in the file.
     """
     path = Path(path).expanduser()
     if not path.is_file():
         raise VitlabError(f"CSV file not found: {path}")
+    _check_csv_size(path)
     base = path.parent
     skipped: list[tuple[str, str]] = []
+    notes: list[str] = []
     entries: dict[str, list[tuple[str, str]]] = {}
-    labels_seen: dict[str, None] = {}  # insertion-ordered set
-    rows = _csv_rows(path)
+    delimiter, note = _delimiter(path)
+    notes += [note] if note else []
+    rows = _csv_rows(path, delimiter)
     first = next(rows, None)
-    if first is not None and not _is_header(first, base):
-        rows = itertools.chain([first], rows)  # not a header: a data row
-    rowno = 0
-    for rowno, row in enumerate(rows, 1):
-        if len(row) < 2 or not row[0].strip() or not row[1].strip():
-            skipped.append((f"{path}:row {rowno}", f"bad row {repr(row[:3])[:80]} (expected path,label)"))
+    cols, is_header = _columns(first, path, notes)
+    if first is not None and not is_header:
+        rows = itertools.chain([first], rows)
+    count = 0
+    for line, row in rows:
+        count += 1
+        where = f"{path}:line {line}"
+        file, label, split_text = _field(row, cols["path"]), _field(row, cols["label"]), _field(row, cols["split"])
+        if not file or not label:
+            skipped.append((where, f"bad row {repr(row[:3])[:80]} (expected path,label)"))
             continue
-        p = Path(row[0].strip()).expanduser()
+        p = Path(file).expanduser()
         p = p if p.is_absolute() else base / p
-        split = row[2].strip().lower() if len(row) > 2 and row[2].strip() else "train"
-        split = next((s for s, names in SPLIT_FOLDERS.items() if split in names), None)
+        split = next((s for s, names in SPLIT_FOLDERS.items() if (split_text or "train").lower() in names), None)
         if split is None:
-            skipped.append((f"{path}:row {rowno}", f"unknown split {row[2].strip()[:40]!r} (use train, val or test)"))
+            skipped.append((where, f"unknown split {split_text[:40]!r} (use train, val or test)"))
             continue
-        label = row[1].strip()
         entries.setdefault(split, []).append((str(p), label))
-        labels_seen[label] = None
-    if rowno == 0:
+    if count == 0:
         raise VitlabError(f"{path} has no rows; expected lines of path,label")
-    if all(_integer_label(lab) for lab in labels_seen):
-        class_names = [str(v) for v in sorted(int(lab) for lab in labels_seen)]
-        entries = {s: [(p, str(int(c))) for p, c in items] for s, items in entries.items()}
-    else:
-        class_names = sorted(labels_seen)
-    return _build(entries, class_names, skipped, path.stem, storage_size, progress, str(path))
+    entries, class_names = _label_names(entries, path, notes)
+    return _build(entries, class_names, skipped, path.stem, storage_size, progress, str(path), notes=notes)

@@ -11,6 +11,7 @@ read undecoded from Arrow and decoded here, so a bad image is skipped and counte
 from __future__ import annotations
 
 import glob
+import io
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,13 @@ import numpy as np
 import torch
 
 from vitlab.data.dataset import DataSplits, FileImageDataset
-from vitlab.data.images import BadImageError, open_image, pil_to_tensor, resize_shorter_center_crop
+from vitlab.data.images import (
+    BadImageError,
+    check_image_header,
+    open_image,
+    pil_to_tensor,
+    resize_shorter_center_crop,
+)
 from vitlab.data.labels import class_number_names, read_label
 from vitlab.errors import VitlabError
 
@@ -57,8 +64,38 @@ def is_hf_source(source: str) -> bool:
     return source.lower().endswith(".parquet") and bool(_parquet_files(source))
 
 
+def _parquet_split(path: str) -> str | None:
+    """The split a Parquet file holds by the Hub's layouts: its name's first word (`validation-00000-of-00002`),
+    else its folder's name (`train/0000.parquet`); "train", "val", "test", None for no split name, or the
+    unknown word (`extra`, `unsupervised`)."""
+    p = Path(path)
+    word = re.split(r"[-_.]", p.name.lower(), maxsplit=1)[0]
+    for candidate in (word, p.parent.name.lower()):
+        if (split := _split_name(candidate)) is not None:
+            return split
+    return word if re.fullmatch(r"[a-z]+", word) and re.match(r"[a-z]+[-_]\d", p.name.lower()) else None
+
+
+def _parquet_groups(files: list[str], spec: str) -> tuple[dict[str, list[str]], list[str]]:
+    """{split: files} and notes. Files of another named split (`extra-00000.parquet`) are left out with a
+    note; files with no split name are the train split when no file is named train (`data.parquet`)."""
+    groups: dict[str, list[str]] = {}
+    for f in files:
+        groups.setdefault(_parquet_split(f) or "", []).append(f)
+    plain = groups.pop("", [])
+    if "train" not in groups and plain:
+        groups["train"], plain = plain, []
+    known = {k: v for k, v in groups.items() if k in HF_SPLITS}
+    other = sorted(k for k in groups if k not in HF_SPLITS)
+    left = [f for k in other for f in groups[k]] + plain
+    notes = [f"{spec}: splits {', '.join(other + (['(no split name)'] if plain else []))} not used (vitlab reads "
+             f"train, validation/val/valid/dev and test): {len(left)} Parquet file{'s' if len(left) != 1 else ''} "
+             "left out"] if left else []
+    return ({"validation" if k == "val" else k: v for k, v in known.items()}), notes
+
+
 def _open(spec: str, progress: bool = True):
-    """(DatasetDict or Dataset, a short name) for a spec."""
+    """(DatasetDict or Dataset, a short name, notes) for a spec."""
     ds = _datasets()
     if not progress:
         ds.disable_progress_bars()  # the library's own bars (Arrow conversion of Parquet / image folders)
@@ -75,21 +112,17 @@ def _open(spec: str, progress: bool = True):
         if kind == "imagefolder":
             if not path.is_dir():
                 raise VitlabError(f"hf:imagefolder needs a folder; {path} is not one")
-            return ds.load_dataset("imagefolder", data_dir=str(path)), name
+            return ds.load_dataset("imagefolder", data_dir=str(path)), name, []
         if kind == "disk":
-            return ds.load_from_disk(str(path)), name
+            return ds.load_from_disk(str(path)), name, []
         if not path.exists() and not rest.lower().endswith(".parquet") and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", rest):
-            return ds.load_dataset(rest), name  # a Hub id (needs a network and the library's cache)
+            return ds.load_dataset(rest), name, []  # a Hub id (needs a network and the library's cache)
         files = _parquet_files(rest)
         if not files:
             raise VitlabError(f"no .parquet files at {rest}; give a save_to_disk folder, .parquet files or "
                               "hf:imagefolder:DIR")
-        from vitlab.data.shards import split_of
-
-        groups: dict[str, list[str]] = {}
-        for f in files:
-            groups.setdefault(split_of(f), []).append(f)
-        return ds.load_dataset("parquet", data_files=groups), name
+        groups, notes = _parquet_groups(files, spec)
+        return ds.load_dataset("parquet", data_files=groups), name, notes
     except VitlabError:
         raise
     except Exception as exc:  # noqa: BLE001 - the library's many error types all mean "cannot read this"
@@ -149,29 +182,89 @@ def _split_name(key: str) -> str | None:
     return next((s for s, names in HF_SPLITS.items() if key.lower() in names), None)
 
 
-def _peek(table, image_col: str, n: int = 32) -> list[tuple[int, int, str]]:
-    import io
+class _BufferFile(io.RawIOBase):
+    """A read-only file over a slice of an Arrow buffer. io.BytesIO would copy the whole image out of the
+    memory-mapped Arrow file, while reading a header touches only its first pages."""
 
-    from PIL import Image
+    def __init__(self, view: memoryview):
+        super().__init__()
+        self.view, self.pos = view, 0
 
-    out = []
-    for row in range(min(len(table), n)):
-        cell = table[row][image_col]
-        try:
-            src = io.BytesIO(cell["bytes"]) if cell.get("bytes") else cell["path"]
-            with Image.open(src) as img:
-                out.append((*img.size, img.mode))
-        except Exception:  # noqa: BLE001 - a bad image is found and listed when decoded
-            continue
-    return out
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = max(0, min(len(b), len(self.view) - self.pos))
+        memoryview(b).cast("B")[:n] = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = max(0, offset + (0, self.pos, len(self.view))[whence])
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
+def _cells(batch, image_col: str):
+    """(file object over the image bytes or None, path or None) of each row of an Arrow batch, bytes unread."""
+    for chunk in batch.column(image_col).chunks:
+        data, paths = chunk.flatten()
+        bufs = data.buffers()
+        width = np.int64 if str(data.type).startswith("large") else np.int32
+        offsets = np.frombuffer(bufs[1], dtype=width)[data.offset:data.offset + len(data) + 1] if bufs[1] else None
+        view = memoryview(bufs[2]).cast("B") if bufs[2] is not None else memoryview(b"")
+        valid = data.is_valid().to_numpy(zero_copy_only=False)
+        for i, path in enumerate(paths.to_pylist()):
+            lo, hi = (int(offsets[i]), int(offsets[i + 1])) if offsets is not None else (0, 0)
+            yield (_BufferFile(view[lo:hi]) if valid[i] and hi > lo else None), path
+
+
+def _header(fh, path, name: str) -> tuple[int, int, str]:
+    """(width, height, mode) of one image cell from its header; raises BadImageError."""
+    from vitlab.data.shards import image_header
+
+    if fh is not None:
+        return image_header(fh, name)
+    if path:
+        return check_image_header(path)
+    raise BadImageError("missing image", name, "empty image cell")
+
+
+def _scan_headers(table, image_col: str, label: str, progress: bool):
+    """Every row's image header, as a folder's files are checked (no pixel decoded): (shorter side per row,
+    0 where unusable), whether any image is colour, and the skipped (name, reason) rows."""
+    from tqdm.auto import tqdm
+
+    from vitlab.data.files import GREY_MODES
+    from vitlab.progress import bar_options
+
+    shorter, colour, skipped = np.zeros(len(table), np.int64), False, []
+    row = 0
+    with tqdm(total=len(table), desc=f"checking images of {label}", unit="img", leave=False,
+              disable=not progress or len(table) < 2000, **bar_options()) as bar:
+        for batch in table.with_format("arrow").iter(batch_size=1000):
+            for fh, path in _cells(batch, image_col):
+                try:
+                    w, h, mode = _header(fh, path, f"{label}[{row}]")
+                    shorter[row], colour = min(w, h), colour or mode not in GREY_MODES
+                except BadImageError as exc:
+                    skipped.append((exc.path, exc.reason))
+                row += 1
+            bar.update(batch.num_rows)
+    return shorter, colour, skipped
 
 
 def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
     """Open a Hugging Face dataset as DataSplits of HFImageDataset (decoded later, in memory or streamed)."""
-    from vitlab.data.files import storage_format
+    from vitlab.data.files import choose_storage_size
 
     datasets = _datasets()
-    obj, name = _open(spec, progress)
+    obj, name, notes = _open(spec, progress)
     parts = dict(obj) if isinstance(obj, datasets.DatasetDict) else {"train": obj}
     tables, unknown = {}, []
     for key, table in parts.items():
@@ -193,7 +286,6 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
                               f"({type(exc).__name__}); give a data set with an Image column") from None
         tables[split] = table
         raw_labels[split] = [read_label(v, f"hf:{name}/{split}[{row}]") for row, v in enumerate(table[label_col])]
-    notes = []
     if names is None:
         values = {v for ys in raw_labels.values() for v in ys if v is not None}
         numbers = {v for v in values if isinstance(v, int)}
@@ -205,14 +297,23 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
         else:
             names = sorted(values)
     index = {n: i for i, n in enumerate(names)}
-    peek = _peek(tables["train"], image_col)
-    channels, size = storage_format(peek, storage_size)
     label = f"hf:{name}"
+    shorter, colour = {}, False
+    for split, table in tables.items():
+        shorter[split], split_colour, bad = _scan_headers(table, image_col, f"{label}/{split}", progress)
+        colour = colour or split_colour
+        skipped.extend(bad)
+    # the folders' rule (files.storage_format) over every usable image of every split
+    sides = [(int(v), int(v)) for ss in shorter.values() for v in ss if v > 0]
+    channels = 3 if colour or not sides else 1
+    size = choose_storage_size(sides, storage_size)
     out = {}
     for split, table in tables.items():
         rows, ys = [], []
         for row, y in enumerate(raw_labels[split]):
             y = index.get(y, -1) if isinstance(y, str) else (-1 if y is None else y)
+            if shorter[split][row] == 0:
+                continue  # listed by the header check
             if 0 <= y < len(names):
                 rows.append(row)
                 ys.append(y)

@@ -15,7 +15,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from vitlab.errors import VitlabError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
 
 # Pillow's own guard: above this many pixels an image is refused (a "decompression bomb").
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
@@ -25,19 +25,19 @@ MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 MAX_ASPECT_RATIO = 100
 
 
+# One fixed scale per mode, never one read from the pixels: an image's 8-bit values must not depend on
+# what else is in it (a 16-bit pixel of 300 may not come out darker than one of 200).
+SCALE_16BIT = 255.0 / 65535.0  # "I;16*", and "I": Pillow decodes 16-bit PGM/PNG/TIFF into "I" too
+SCALE_FLOAT = 255.0  # "F": float images hold 0..1 (as scikit-image and most float writers assume)
+
+
 def _to_8bit_grey(img: Image.Image) -> Image.Image:
-    """16-bit ("I;16*", "I") and float ("F") grey images -> 8-bit L, keeping the full value range visible."""
-    arr = np.asarray(img)
-    if img.mode.startswith("I;16") or (img.mode == "I" and arr.max(initial=0) > 255):
-        top = 65535.0 if arr.max(initial=0) > 255 or img.mode.startswith("I;16") else 255.0
-        arr = arr.astype(np.float64) * (255.0 / top)
-    elif img.mode == "F":
-        lo, hi = float(np.nanmin(arr)), float(np.nanmax(arr))
-        if 0.0 <= lo and hi <= 1.0:
-            arr = arr * 255.0
-        elif hi > lo and not (0.0 <= lo and hi <= 255.0):
-            arr = (arr - lo) * (255.0 / (hi - lo))
-    arr = np.clip(np.nan_to_num(arr.astype(np.float64)), 0, 255).round().astype(np.uint8)
+    """16-bit ("I;16*"), 32-bit integer ("I") and float ("F") grey images -> 8-bit L by a fixed scale per mode:
+    integers 0..65535 -> 0..255 (32-bit values above 65535 clip to 255), floats 0..1 -> 0..255; values
+    outside the range clip, NaN becomes 0."""
+    arr = np.asarray(img).astype(np.float64)
+    arr = arr * (SCALE_FLOAT if img.mode == "F" else SCALE_16BIT)
+    arr = np.clip(np.nan_to_num(arr, nan=0.0, posinf=255.0, neginf=0.0), 0, 255).round().astype(np.uint8)
     return Image.fromarray(arr)  # a 2-D uint8 array becomes mode L
 
 

@@ -4,11 +4,13 @@ A class number is an index: its classes are '0' .. 'K-1' with K = the largest nu
 their meaning (a subset of ImageNet's classes still lines up with a 1000-class head). Two things make that unsafe
 unchecked: one huge number (a corrupt row, a hash used as a label) would make billions of classes, and a column of
 floats (pandas turns an integer column with one missing value into floats) must still be read as numbers.
+Text labels (a CSV's) are read by the same rule (`number_label`), and every source orders classes by `class_order`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -55,3 +57,27 @@ def class_number_names(numbers: Iterable[int], where: str) -> tuple[list[str], s
         note = (f"{where}: {len(empty)} of the {top + 1} classes numbered 0..{top} have no image ({shown}); "
                 "class numbers are indices, so they stay in the head")
     return [str(i) for i in range(top + 1)], note
+
+
+# A label written as a number: an integer ("7", "007", "-1") or an integral float ("1.0", "7.00"), at most 18 digits
+# so that a long digit string (an ID, a hash) stays a name rather than a number no int64 holds
+_NUMBER_TEXT = re.compile(r"[+-]?([0-9]{1,18})(?:\.0*)?")
+
+
+def number_label(text: str) -> int | None:
+    """The class number a text label (a CSV's) writes: `"007"`, `"7"` and `"7.0"` are all 7, as `read_label` reads
+    Hugging Face's 7.0 as 7; None for a class name (`"cat"`, `"1.5"`, a 19-digit ID)."""
+    m = _NUMBER_TEXT.fullmatch(text.strip())
+    if m is None:
+        return None
+    return -int(m.group(1)) if text.strip().startswith("-") else int(m.group(1))
+
+
+def class_order(names: Iterable[str]) -> list[str]:
+    """Class names in label order: numerically when every name is a plain integer (`2` before `10`), else as text.
+
+    Folders and CSV labels share it, so a class's id does not depend on the kind of source that named it."""
+    names = list(dict.fromkeys(names))
+    if names and all(re.fullmatch(r"-?[0-9]{1,18}", n) for n in names):
+        return sorted(names, key=lambda n: (int(n), n))  # "007" and "7" (two folders) stay apart, in a fixed order
+    return sorted(names)

@@ -160,8 +160,19 @@ def _select_classes(splits: DataSplits, classes) -> DataSplits:
 
 
 def _memory_budget() -> int:
-    env = os.environ.get("VITLAB_DATA_MEMORY_MB")
-    return int(float(env) * 1024**2) if env else DEFAULT_MEMORY_BUDGET
+    """Bytes a file source may take decoded in memory: VITLAB_DATA_MEMORY_MB (a number of MiB; 0 streams every file
+    source from disk), else DEFAULT_MEMORY_BUDGET. A value that is not such a number is one line, not a guess."""
+    env = os.environ.get("VITLAB_DATA_MEMORY_MB", "").strip()
+    if not env:
+        return DEFAULT_MEMORY_BUDGET
+    try:
+        mib = float(env)
+    except ValueError:
+        mib = -1.0
+    if not (0 <= mib < 2**40):  # also NaN and inf
+        raise VitlabError(f"VITLAB_DATA_MEMORY_MB={env!r} is not a size: give a number of MiB (e.g. 512, no unit; "
+                          f"0 streams file data from disk), or unset it for the default {DEFAULT_MEMORY_BUDGET // 1024**2}")
+    return int(mib * 1024**2)
 
 
 def load_data(source: str, *, classes=None, per_class: int | None = None, val_fraction: float = 0.1,
@@ -175,7 +186,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       split, for sources without one, is carved too (`test_fraction`). Both are stratified by class, and carved
       over all the source's classes before `classes` selects some: an image's split never depends on the
       selection.
-    - `classes`: names (case-insensitive) or indices, a list or "A,B,C"; labels become positions in it.
+    - `classes`: names (an exact match first, then looser ones: `splits.resolve_classes`) or indices, a list or
+      "A,B,C"; labels become positions in it.
     - `per_class`: keep N seeded training images per class (val and test stay whole), for few-shot and
       data-size studies.
     - File sources are stored at `storage_size` (default: median shorter side, at most 256) and decoded

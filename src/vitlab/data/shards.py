@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import (
@@ -115,10 +115,12 @@ def resolve_shards(source: str) -> tuple[dict[str, list[str]], Path]:
         names = []
         for part in expand_braces(str(p)):
             names.extend(sorted(glob.glob(part)) if glob.has_magic(part) else [part])
+        if not names:
+            raise VitlabError(f"no shard matches {source}: the pattern matched no file; check the --data spec")
         missing = [n for n in names if not Path(n).is_file()]
-        if missing or not names:
-            first = missing[0] if missing else source
-            raise VitlabError(f"shard {first} not found ({len(missing)} of {len(names)} missing); check the --data spec")
+        if missing:
+            raise VitlabError(f"shard {missing[0]} not found ({len(missing)} of {len(names)} missing); "
+                              "check the --data spec")
         folder = Path(names[0]).parent
     groups: dict[str, list[str]] = {}
     for f in names:
@@ -160,50 +162,140 @@ def _label_of(raw: bytes, ext: str):
     return int(text) if re.fullmatch(r"-?\d+", text) else text
 
 
-def _group(tar: tarfile.TarFile) -> dict[str, dict[str, tarfile.TarInfo]]:
-    """Members by sample key (`dir/000123.seg.png` -> key `dir/000123`, extension `seg.png`)."""
+def _group(tar: tarfile.TarFile) -> tuple[dict[str, dict[str, tarfile.TarInfo]], dict[str, str], int]:
+    """Members by sample key (`dir/000123.seg.png` -> key `dir/000123`, extension `seg.png`), the keys whose
+    member name is repeated ({key: name}), and the end of the last member's data in the file."""
     groups: dict[str, dict[str, tarfile.TarInfo]] = {}
+    repeated: dict[str, str] = {}
+    end = 0
     for info in tar:
+        end = max(end, info.offset_data + (info.size if info.isfile() else 0))
         if not info.isfile():
             continue
         folder, _, base = info.name.rpartition("/")
         if base.startswith(".") or "." not in base:
             continue
         stem, ext = base.split(".", 1)
-        groups.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext.lower()] = info
-    return groups
+        members = groups.setdefault(f"{folder}/{stem}" if folder else stem, {})
+        if ext.lower() in members:
+            repeated.setdefault(f"{folder}/{stem}" if folder else stem, info.name)
+        members[ext.lower()] = info
+    return groups, repeated, end
 
 
-def scan_shard(path: str) -> tuple[list[ShardSample], list, list[tuple[str, str]]]:
-    """One pass over a shard's headers: (samples, their raw labels, skipped (name, reason))."""
-    samples, labels, skipped = [], [], []
+def _damage(tar: tarfile.TarFile, path: str, end: int) -> str | None:
+    """Where and how a shard is cut off or damaged, or None. tarfile ends its member list silently at a header that is cut off or
+    garbled anywhere but at the start, so what follows the last header read must be the end-of-archive blocks
+    (zeros), and every member's data must lie inside the file."""
+    size = os.path.getsize(path)
+    if end > size:
+        return f"the last member is cut off at byte {size}"
+    with open(path, "rb") as fh:
+        fh.seek(tar.offset)
+        tail = fh.read(2 * tarfile.BLOCKSIZE)
+    if not tail:
+        return f"it ends at byte {size} without the end-of-archive blocks"
+    if tail.strip(b"\0"):
+        return f"a header cut off or unreadable at byte {tar.offset}"
+    return None
+
+
+def image_header(fh, name: str) -> tuple[int, int, str]:
+    """(width, height, mode) of an image held in a binary file object, from its header only, refused as a
+    file's header is (images.check_image_header); raises BadImageError."""
+    from vitlab.data.images import check_image_size
+
+    try:
+        with Image.open(fh) as img:  # reads the header only
+            w, h, mode = *img.size, img.mode
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise BadImageError("image too large", name, "possible decompression bomb") from None
+    except UnidentifiedImageError:
+        raise BadImageError("not an image", name, "Pillow cannot identify it") from None
+    except Exception as exc:  # noqa: BLE001 - a broken header of any kind
+        text = str(exc).strip()
+        raise BadImageError("corrupt image", name, text.splitlines()[0][:80] if text else type(exc).__name__) from None
+    check_image_size(name, w, h)
+    return w, h, mode
+
+
+@dataclass
+class ShardScan:
+    """What one pass over a shard's headers found: samples, their raw labels, the image headers' shorter
+    sides and whether any is colour (for the storage format), and skipped (name, reason)."""
+
+    samples: list[ShardSample]
+    labels: list
+    shorter: list[int]
+    colour: bool
+    skipped: list[tuple[str, str]]
+
+
+def _sample(tar: tarfile.TarFile, path: str, key: str, members: dict, out: ShardScan) -> str | None:
+    """Add one sample to `out`; the reason it is skipped otherwise."""
+    from vitlab.data.files import GREY_MODES
+
+    name = f"{path}/{key}"
+    image = next((members[e] for e in members if e.rsplit(".", 1)[-1] in IMAGE_EXTS), None)
+    label_ext = next((e for e in (*LABEL_EXTS, "json") if e in members), None)
+    if image is None:
+        return "missing image (no image member in the sample)"
+    if label_ext is None:
+        return "missing label (no .cls or .json member)"
+    if image.size > MAX_SAMPLE_BYTES or image.size == 0:
+        return f"oversized or empty sample ({image.size} bytes, limit {MAX_SAMPLE_BYTES})"
+    if members[label_ext].size > MAX_LABEL_BYTES:
+        return f"bad label (.{label_ext} member of {members[label_ext].size} bytes)"
+    try:
+        label = _label_of(_read_member(tar, members[label_ext]), label_ext)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"bad label ({str(exc).splitlines()[0][:80]})"
+    try:
+        w, h, mode = image_header(tar.extractfile(image), name)
+    except BadImageError as exc:
+        return exc.reason
+    out.samples.append(ShardSample(path, key, image.offset_data, image.size))
+    out.labels.append(label)
+    out.shorter.append(min(w, h))
+    out.colour = out.colour or mode not in GREY_MODES
+    return None
+
+
+def _before_damage(groups: dict[str, dict[str, tarfile.TarInfo]], size: int) -> dict[str, dict[str, tarfile.TarInfo]]:
+    """The samples of a damaged shard that are whole: every member inside the file, and the last sample read
+    (which the damage may have cut short) only with both an image and a label."""
+    keep = {k: m for k, m in groups.items() if all(i.offset_data + i.size <= size for i in m.values())}
+    if keep:
+        last = next(reversed(keep))
+        members = keep[last]
+        if not any(e.rsplit(".", 1)[-1] in IMAGE_EXTS for e in members) or not any(
+                e in members for e in (*LABEL_EXTS, "json")):
+            del keep[last]
+    return keep
+
+
+def scan_shard(path: str) -> ShardScan:
+    """One pass over a shard's headers (and each image's header): its samples, labels and skipped entries."""
+    out = ShardScan([], [], [], False, [])
     try:
         with tarfile.open(path, "r:") as tar:
-            for key, members in _group(tar).items():
-                name = f"{path}/{key}"
-                image = next((members[e] for e in members if e.rsplit(".", 1)[-1] in IMAGE_EXTS), None)
-                label_ext = next((e for e in (*LABEL_EXTS, "json") if e in members), None)
-                if image is None:
-                    skipped.append((name, "missing image (no image member in the sample)"))
-                elif label_ext is None:
-                    skipped.append((name, "missing label (no .cls or .json member)"))
-                elif image.size > MAX_SAMPLE_BYTES or image.size == 0:
-                    skipped.append((name, f"oversized or empty sample ({image.size} bytes, limit {MAX_SAMPLE_BYTES})"))
-                elif members[label_ext].size > MAX_LABEL_BYTES:
-                    skipped.append((name, f"bad label (.{label_ext} member of {members[label_ext].size} bytes)"))
-                else:
-                    try:
-                        label = _label_of(_read_member(tar, members[label_ext]), label_ext)
-                    except (ValueError, UnicodeDecodeError) as exc:
-                        skipped.append((name, f"bad label ({str(exc).splitlines()[0][:80]})"))
-                        continue
-                    samples.append(ShardSample(path, key, image.offset_data, image.size))
-                    labels.append(label)
+            groups, repeated, end = _group(tar)
+            damage = _damage(tar, path, end)
+            if damage:  # samples cut by the damage are covered by the shard's own entry
+                groups = _before_damage(groups, os.path.getsize(path))
+            for key, members in groups.items():
+                if key in repeated:
+                    out.skipped.append((f"{path}/{key}", f"duplicate member ({repeated[key]} appears more than "
+                                        "once in the shard; which image and label belong together is unclear)"))
+                elif (reason := _sample(tar, path, key, members, out)) is not None:
+                    out.skipped.append((f"{path}/{key}", reason))
+            if damage:
+                out.skipped.append((path, f"corrupt or truncated shard ({damage}; {len(out.samples)} samples before it kept)"))
     except (tarfile.TarError, OSError, EOFError) as exc:
         # a damaged shard: the samples read before the damage are kept, the rest are listed as one entry
-        skipped.append((path, f"corrupt shard ({str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__}; "
-                              f"{len(samples)} samples before it kept)"))
-    return samples, labels, skipped
+        out.skipped.append((path, f"corrupt shard ({str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__}; "
+                                  f"{len(out.samples)} samples before it kept)"))
+    return out
 
 
 def decode_image_bytes(data: bytes, name: str, mode: str | None) -> Image.Image:
@@ -283,60 +375,77 @@ def _class_names(raw_labels: list, given: list[str] | None, where: str) -> tuple
     return names, {i: i for i in range(len(names))}, note
 
 
-def _peek(samples: list[ShardSample], n: int = 32) -> list[tuple[int, int, str]]:
-    """(w, h, mode) of the first `n` readable samples: for the channel count and the storage size."""
-    out = []
-    for s in samples[: n * 2]:
-        try:
-            with Image.open(io.BytesIO(read_bytes(s))) as img:
-                out.append((*img.size, img.mode))
-        except Exception:  # noqa: BLE001 - a bad sample is found and listed when decoded
-            continue
-        if len(out) >= n:
-            break
-    return out
+def _bad_label(y, names: list[str]) -> str:
+    """Why a raw label is not a class, saying how to name a class whose name is a number."""
+    if isinstance(y, int) and str(y) in names:
+        return (f"bad label ({y} is read as a class index and there are {len(names)} classes; for the class named "
+                f"'{y}' write a .json member {{\"label\": \"{y}\"}})")
+    return f"bad label ({y!r} is not one of the {len(names)} classes)"
+
+
+def _numeric_names_note(names: list[str], raw: list, where: str) -> str | None:
+    """A note when classes.txt names classes by numbers other than their own index while .cls numbers are
+    used: those numbers are indices (the WebDataset convention, and what `vitlab data shard` writes)."""
+    if not any(isinstance(y, int) and not isinstance(y, bool) for y in raw):
+        return None
+    odd = [n for i, n in enumerate(names) if re.fullmatch(r"-?\d+", n.strip()) and int(n) != i]
+    if not odd:
+        return None
+    return (f"{where}: classes.txt names classes by numbers ({', '.join(odd[:3])}{', ...' if len(odd) > 3 else ''}) "
+            "but a number label is a class index (a line of classes.txt, counted from 0), never a name; a .json "
+            "label given as a string (\"10\") is a name")
+
+
+def _storage(scans: list[ShardScan], requested: int | None) -> tuple[int, int]:
+    """(channels, storage size) by the folders' rule (files.storage_format) over every sample's image header."""
+    from vitlab.data.files import choose_storage_size
+
+    sides = [(v, v) for scan in scans for v in scan.shorter]  # only the shorter side counts
+    channels = 3 if any(scan.colour for scan in scans) or not sides else 1
+    return channels, choose_storage_size(sides, requested)
+
+
+def _scan_all(shards: list[str], progress: bool) -> dict[str, ShardScan]:
+    """Scan every shard (several at a time: header reads wait on storage), with a bar for many shards."""
+    from tqdm.auto import tqdm
+
+    found: dict[str, ShardScan] = {}
+    with ThreadPoolExecutor(min(8, (os.cpu_count() or 2) * 2)) as pool:
+        for path, scan in tqdm(zip(shards, pool.map(scan_shard, shards)), total=len(shards), leave=False,
+                               desc="reading shard and image headers", unit="shard",
+                               disable=not progress or len(shards) < 5, **bar_options()):
+            found[path] = scan
+    return found
 
 
 def load_shards(source: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
-    """Read a shard spec or folder: one pass over every shard's headers; nothing decoded but a few headers."""
-    from tqdm.auto import tqdm
-
-    from vitlab.data.files import storage_format
-
+    """Read a shard spec or folder: one pass over every shard's headers and every image's header; no pixel
+    decoded."""
     groups, folder = resolve_shards(source)
-    all_shards = [s for v in groups.values() for s in v]
-    found: dict[str, tuple[list, list]] = {}
-    skipped: list[tuple[str, str]] = []
-    with ThreadPoolExecutor(min(8, (os.cpu_count() or 2) * 2)) as pool:  # header reads wait on storage
-        scans = pool.map(scan_shard, all_shards)
-        for path, (samples, labels, bad) in tqdm(zip(all_shards, scans), total=len(all_shards), leave=False,
-                                                 desc="reading shard headers", unit="shard",
-                                                 disable=not progress or len(all_shards) < 20,
-                                                 **bar_options()):
-            found[path] = (samples, labels)
-            skipped.extend(bad)
-    raw = [x for s, _ in found.values() for x in _]
+    found = _scan_all([s for v in groups.values() for s in v], progress)
+    skipped = [item for scan in found.values() for item in scan.skipped]
+    raw = [y for scan in found.values() for y in scan.labels]
     label = f"shards:{folder.name or folder}"
-    names, index, note = _class_names(raw, read_class_file(folder), f"{label} (.cls labels)")
-    first = [s for samples, _ in found.values() for s in samples[:32]][:64]
-    peek = _peek(first)
-    channels, size = storage_format(peek, storage_size)
+    given = read_class_file(folder)
+    names, index, note = _class_names(raw, given, f"{label} (.cls labels)")
+    notes = [n for n in (note, given and _numeric_names_note(names, raw, label)) if n]
+    channels, size = _storage(list(found.values()), storage_size)
     parts = {}
     for split, shards in groups.items():
         keep, ys = [], []
         for path in shards:
-            for s, y in zip(*found[path]):
+            for s, y in zip(found[path].samples, found[path].labels):
                 if y in index and not isinstance(y, bool):
                     keep.append(s)
                     ys.append(index[y])
                 else:
-                    skipped.append((s.name, f"bad label ({y!r} is not one of the {len(names)} classes)"))
+                    skipped.append((s.name, _bad_label(y, names)))
         parts[split] = ShardDataset(keep, ys, names, channels, size, f"{label}/{split}") if keep else None
     if parts.get("train") is None:
         raise VitlabError(f"no usable training sample in {source} ({len(skipped)} skipped); name training shards "
                           "train-*.tar (or no split prefix) and check them with `vitlab data inspect`")
     return DataSplits(parts.get("train"), parts.get("val"), parts.get("test"), names, skipped, label, channels,
-                      [note] if note else [])
+                      notes)
 
 
 # ------------------------------------------------------------------------------------ streaming

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vitlab.data.labels import number_label
 from vitlab.errors import VitlabError
 
 
@@ -59,6 +60,25 @@ def _norm(name: str) -> str:
     return re.sub(r"\s+", " ", str(name).strip().strip("\"'")).casefold()
 
 
+def _spaced(name: str) -> str:
+    return re.sub(r"\s+", " ", str(name).strip().strip("\"'"))
+
+
+def _loose(name: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", _norm(name))
+
+
+def _number(name: str) -> str:
+    num = number_label(str(name))
+    return "" if num is None else str(num)
+
+
+# How a requested class is matched to a class name, strictest first; the first way that matches decides, so an
+# exact "Cat" picks the class "Cat" even beside a class "cat". An empty key matches nothing.
+_MATCHES = (("exact", lambda n: str(n).strip()), ("spaces", _spaced), ("case", _norm), ("letters and digits", _loose),
+            ("number", _number))
+
+
 def parse_classes(text: str | Sequence | None) -> list[str] | None:
     """`"Sandal,Sneaker,Ankle boot"` -> ["Sandal", "Sneaker", "Ankle boot"]; lists pass through; None stays None."""
     if text is None:
@@ -74,20 +94,34 @@ def parse_classes(text: str | Sequence | None) -> list[str] | None:
     return items or None
 
 
+def _match(item, class_names: Sequence[str]) -> int | None:
+    """The index of the class `item` names (see _MATCHES), None when none does; several classes that match it
+    equally well (`--classes CAT` beside `Cat` and `cat`) are refused as ambiguous."""
+    for how, key in _MATCHES:
+        want = key(item)
+        if not want:
+            continue
+        found = [i for i, n in enumerate(class_names) if key(n) == want]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            shown = ", ".join(repr(class_names[i]) for i in found[:8])
+            raise VitlabError(f"class {item!r} is ambiguous: it matches {shown} only by {how}; "
+                              "give the class name exactly as written")
+    return None
+
+
 def resolve_classes(requested: Sequence, class_names: Sequence[str]) -> list[int]:
-    """Map requested names (case-insensitive, spaces as typed) or indices to class indices, in the requested order."""
-    lookup = {_norm(n): i for i, n in enumerate(class_names)}
-    loose = {re.sub(r"[^0-9a-z]", "", k): i for k, i in lookup.items()}
+    """Map requested names or indices to class indices, in the requested order. A name is matched exactly first, then
+    with spaces as typed, then case-insensitively, then by its letters and digits (`tshirt` for `T-shirt`), then as
+    a number (`007` for `7`); an index (`3`) is the last resort."""
     out: list[int] = []
     for item in requested:
+        idx = _match(item, class_names)
         key = _norm(item)
-        if key in lookup:
-            idx = lookup[key]
-        elif re.sub(r"[^0-9a-z]", "", key) in loose and re.sub(r"[^0-9a-z]", "", key):
-            idx = loose[re.sub(r"[^0-9a-z]", "", key)]
-        elif key.lstrip("-").isdigit() and 0 <= int(key) < len(class_names):
+        if idx is None and key.lstrip("-").isdigit() and 0 <= int(key) < len(class_names):
             idx = int(key)
-        else:
+        elif idx is None:
             shown = ", ".join(class_names[:30]) + (", ..." if len(class_names) > 30 else "")
             raise VitlabError(f"unknown class {item!r}; the classes are: {shown}")
         if idx in out:
