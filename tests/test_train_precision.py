@@ -1,6 +1,8 @@
 """`--precision auto` on a CPU follows a measurement (bf16 is faster on some CPUs with bf16 instructions and
 slower on others), and the run folder records the precision that ran."""
 
+import json
+
 import pytest
 import torch
 import yaml
@@ -42,14 +44,23 @@ def test_explicit_precision_is_kept_and_no_bf16_kernels_means_fp32(monkeypatch):
     assert P.resolve_precision("auto", CPU, wide) == "fp32"
 
 
-def test_speedup_is_a_real_timing(monkeypatch):
+def test_speedup_is_a_real_timing_kept_for_the_machine(tmp_path, monkeypatch):
+    """Measured anew by every run, the probe picked fp32 in one run and bf16-stem in the next on a busy machine
+    (four runs of one command: fp32, bf16-stem, bf16-stem, bf16-stem). It is now kept per machine."""
     monkeypatch.delenv("VITLAB_CPU_BF16_SPEEDUP", raising=False)
+    monkeypatch.delenv("VITLAB_RETIME", raising=False)
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
     if not P.cpu_bf16_supported():
         pytest.skip("no bf16 kernels on this CPU")
     P._bf16_speedup.cache_clear()
     first = P.cpu_bf16_speedup()
     assert 0.05 < first < 50  # a ratio of two timings of the same product, not a constant
-    assert P.cpu_bf16_speedup() == first  # measured once per process and thread count
+    P._bf16_speedup.cache_clear()  # a new process: the kept value, not a new timing
+    monkeypatch.setattr(runtime, "_bf16_speedup", lambda threads: pytest.fail("measured again"))
+    assert P.cpu_bf16_speedup() == first
+    monkeypatch.setenv("VITLAB_RETIME", "1")
+    monkeypatch.setattr(runtime, "_bf16_speedup", lambda threads: 7.0)
+    assert P.cpu_bf16_speedup() == 7.0 and json.loads((tmp_path / "machine" / "cpu_bf16_speedup.json").read_text())
 
 
 def test_config_yaml_records_the_resolved_precision(tmp_path, monkeypatch):

@@ -11,7 +11,8 @@ Precision (`auto|fp32|bf16|fp16|bf16-stem`). On GPUs `auto` is bf16 where the ca
 loss scaling. On CPUs the flags do not tell whether bf16 pays: on two machines of this project, both
 reporting AVX-512 BF16, bf16 was about 2x faster (an AMD EPYC: ViT-Ti/16 training 12.3 vs 6.0 images/s) and
 2x slower (an Intel Xeon, family 6 model 207, no AMX exposed: the matrix-product probe below gives 0.52)
-than fp32. So `auto` times one bf16 and one fp32 matrix product (about 40 ms, once per process) and uses
+than fp32. So `auto` times one bf16 and one fp32 matrix product (about 40 ms, once per machine, torch version and
+thread count, then kept in the user's cache: `cpu_bf16_speedup`) and uses
 bf16 only where it measured faster, for the models where it was measured to help:
 - width >= CPU_BF16_MIN_WIDTH: the whole model under bf16 autocast;
 - narrower models with a conv stem: "bf16-stem", the stem's convolutions in bf16, the Transformer in fp32;
@@ -150,14 +151,69 @@ def _bf16_speedup(threads: int, size: int = 512, repeats: int = 5) -> float:
 
 def cpu_bf16_speedup() -> float:
     """fp32 time / bf16 time of a 512 x 512 matrix product on this CPU with the current thread count
-    (> 1: bf16 is faster). Measured once per process and thread count, about 40 ms; 0.0 without bf16 kernels.
-    VITLAB_CPU_BF16_SPEEDUP=X skips the measurement (tests, or to pin a decision)."""
+    (> 1: bf16 is faster); 0.0 without bf16 kernels. Measured once per machine, torch version and thread count
+    (about 40 ms) and kept in the user's cache, as `--engine auto` keeps its choice: measured anew by every run,
+    a timing near the threshold on a busy machine picked fp32 in one run and bf16 in the next, so two runs of
+    one command computed differently. VITLAB_RETIME=1 measures again; VITLAB_CPU_BF16_SPEEDUP=X skips the
+    measurement (tests, or to pin a decision)."""
     forced = os.environ.get("VITLAB_CPU_BF16_SPEEDUP")
     if forced:
         return float(forced)
     if not cpu_bf16_supported():
         return 0.0
-    return _bf16_speedup(torch.get_num_threads())
+    threads = torch.get_num_threads()
+    key = f"{_cpu_name()} | torch {torch.__version__} | {threads} threads"
+    kept = _kept_speedups()
+    if key in kept and os.environ.get("VITLAB_RETIME") != "1":
+        return kept[key]
+    speedup = _bf16_speedup(threads)
+    _keep_speedup(key, speedup)
+    return speedup
+
+
+def _speedups_file():
+    from vitlab.weights.download import cache_dir
+
+    return cache_dir() / "machine" / "cpu_bf16_speedup.json"
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what the platform says: the cache's key."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _kept_speedups() -> dict[str, float]:
+    import json
+
+    try:
+        data = json.loads(_speedups_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+
+
+def _keep_speedup(key: str, speedup: float) -> None:
+    """Best effort: a cache that cannot be written (read-only home) only means measuring again next time."""
+    import json
+
+    path = _speedups_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = {**_kept_speedups(), key: speedup}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(kept, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def resolve_precision(precision: str, device: torch.device, model: nn.Module | None = None) -> str:
