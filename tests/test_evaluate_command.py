@@ -172,6 +172,11 @@ def test_a_runs_model_folder_and_checkpoints_are_evaluated_as_the_run(tmp_path, 
         assert main(["evaluate", str(spec), "--quiet"]) == 0, spec
         m = _metrics(run / folder)
         assert np.array(m["head"]["confusion_matrix"]).shape == (3, 3) and m["head_mode"] == "trained", spec
+    # other data than the run's: a folder of its own, not over the run's own report
+    before = (run / "eval-test" / "metrics.json").read_text()
+    assert main(["evaluate", str(run), "--data", "digits", "--quiet"]) == 0
+    assert (run / "eval-digits-test" / "metrics.json").is_file()
+    assert (run / "eval-test" / "metrics.json").read_text() == before
     capsys.readouterr()
 
 

@@ -92,7 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_data_args(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate (default test)")
     p.add_argument("--out", help="folder for the report (default: <run>/eval-<split>, <run>/eval-<checkpoint>-<split> "
-                                         "for a run's checkpoint, else eval-<model>-<split>)")
+                                         "for a run's checkpoint, <run>/eval-<data>-<split> for other data than "
+                                         "the run's, else eval-<model>-<split>)")
     p.add_argument("--zero-shot-map", metavar="MAP",
                    help="map the data's classes to the pretrained head's: inline 'Sandal=774,Sneaker=770+630,Ankle boot=514', "
                         "a JSON or 'name = index' text file, or a shipped map (fashion-mnist-footwear-in1k)")
@@ -170,6 +171,14 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None):
     )
 
 
+def _is_runs_data(given: str | None, run_config: dict | None) -> bool:
+    """Whether `--data` (None: not given) is the data the run recorded."""
+    from vitlab.evaluate.loading import run_data_kwargs
+
+    recorded = run_data_kwargs(run_config).get("data")
+    return not given or (recorded is not None and _same_source(given, recorded))
+
+
 def _same_source(given: str, recorded: str) -> bool:
     from vitlab.data.load import absolute_source
 
@@ -221,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
     elif loaded.run is not None:  # RUN and RUN/model: RUN/eval-test; RUN/checkpoints/best.pt: RUN/eval-best-test
-        out = loaded.run / "-".join(filter(None, ("eval", loaded.checkpoint, args.split)))
+        # other data than the run's gets a folder of its own (it had replaced the run's own report)
+        other = None if _is_runs_data(args.data, loaded.run_config) else model_folder_name(args.data)
+        out = loaded.run / "-".join(filter(None, ("eval", loaded.checkpoint, other, args.split)))
     else:
         out = Path(f"eval-{model_folder_name(args.model)}-{args.split}")
     res.info["model_description"] = loaded.description
