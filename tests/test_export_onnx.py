@@ -117,3 +117,16 @@ def test_the_check_allows_fp32_rounding_of_large_logits():
 
     assert matches_pytorch(4.6e-3, 6.9e3) and matches_pytorch(9e-4, 1.0)
     assert not matches_pytorch(2e-3, 10.0) and not matches_pytorch(1.0, 6.9e3)
+
+
+def test_export_without_the_onnx_package_says_what_to_install(tmp_path, capsys, monkeypatch):
+    """torch's 'OnnxExporterError: Module onnx is not installed!' was reported as an unexpected vitlab failure."""
+    import importlib.util
+
+    from vitlab.weights import save_native
+
+    save_native(_random_tiny(), tmp_path / "native")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
+    assert main(["export", str(tmp_path / "native"), str(tmp_path / "m.onnx")]) == 2
+    assert "pip install 'vitlab[onnx]'" in capsys.readouterr().err

@@ -32,3 +32,13 @@ def test_pretrained_table_lists_every_checkpoint(capsys):
     assert [line.split(",")[0] for line in lines[1:]] == list(PRETRAINED)
     assert ("vit-b/16.orig-in21k,vit-b/16,224,imagenet21k,-,unverified,Apache-2.0,"
             "https://storage.googleapis.com/vit_models/imagenet21k/ViT-B_16.npz") in lines
+
+
+def test_a_size_some_strides_do_not_divide_lists_the_others_and_names_those(capsys):
+    """`vitlab models --image-size 384` (the paper's fine-tuning size) failed on the patch-14 models."""
+    from vitlab.cli import main as cli
+
+    assert cli(["models", "--image-size", "384"]) == 0
+    out, err = capsys.readouterr()
+    assert "vit-b/16" in out and "vit-b/14" not in out
+    assert "left out vit-ti/14" in err and "not a multiple of their stride" in err

@@ -322,3 +322,27 @@ def test_model_args_image_size_is_the_build_size_and_num_classes_is_refused(tmp_
     both.image_size = 12
     with pytest.raises(VitlabError, match="model_args image_size 10 and --image-size 12 differ"):
         train(both)
+
+
+def test_model_args_change_one_value_of_trainings_small_custom_vit(tmp_path):
+    """`vitlab train --data bundled --model-args depth=2` threw the small ViT away and built a ViT-B-based
+    'custom' (patch 16 on 28 px: refused); docs/training.md says --model-args change single values."""
+    from vitlab.train import train
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=["Sandal", "Sneaker"], per_class=4, steps=1, batch_size=4, out_dir=str(tmp_path),
+        model_args=dict(depth=2), precision="fp32", quiet=True))
+    config = train(cfg).model.config
+    assert (config.dim, config.depth, config.heads, config.patch_size) == (64, 2, 4, 4)
+    assert cfg.model_args["depth"] == 2 and cfg.model_args["dim"] == 64  # config.yaml names what was built
+
+
+def test_one_class_is_refused(tmp_path):
+    """A one-class run trained and reported accuracy 1.0000."""
+    from vitlab.train import train
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=["Sandal"], per_class=4, steps=1, batch_size=4, out_dir=str(tmp_path),
+        precision="fp32", quiet=True))
+    with pytest.raises(VitlabError, match=r"the data has 1 class \(Sandal\); training needs at least 2"):
+        train(cfg)

@@ -12,6 +12,7 @@ built models and checked against them by tests/test_models_table.py (regenerate 
 from __future__ import annotations
 
 import argparse
+import sys
 
 COLUMNS = ("family", "layers", "width", "mlp", "heads", "patch", "params", "macs")
 # name -> (family, layers, width, mlp, heads, stride, parameters, multiply-accumulates) at 224 px, 1000 classes
@@ -73,24 +74,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def rows(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
+def rows(image_size: int = 224, num_classes: int = 1000, skipped: list[str] | None = None) -> list[dict]:
     """One dict per registry model; the committed TABLE at the defaults, else built on the meta device."""
     if (image_size, num_classes) != (224, 1000):
-        return rows_built(image_size, num_classes)
+        return rows_built(image_size, num_classes, skipped)
     return [{"name": name, **dict(zip(COLUMNS, values)), "gmacs": values[-1] / 1e9, "gflops": 2 * values[-1] / 1e9}
             for name, values in TABLE.items()]
 
 
-def rows_built(image_size: int = 224, num_classes: int = 1000) -> list[dict]:
-    """The same rows computed from the models themselves (shapes only: built on the meta device)."""
+def rows_built(image_size: int = 224, num_classes: int = 1000, skipped: list[str] | None = None) -> list[dict]:
+    """The same rows computed from the models themselves (shapes only: built on the meta device). A model whose
+    stride does not divide `image_size` (the patch-14 ones at 384) is left out and named in `skipped`."""
     import torch
 
+    from vitlab.errors import VitlabError
     from vitlab.models.registry import analytic_macs, count_parameters, create_model, model_names
 
     out = []
     for name in model_names():
-        with torch.device("meta"):  # no memory, no init: only shapes
-            model = create_model(name, num_classes=num_classes, image_size=image_size)
+        try:
+            with torch.device("meta"):  # no memory, no init: only shapes
+                model = create_model(name, num_classes=num_classes, image_size=image_size)
+        except VitlabError:
+            if skipped is None:
+                raise
+            skipped.append(name)
+            continue
         cfg = model.config
         vit = cfg.arch == "vit"
         macs = analytic_macs(cfg)
@@ -151,7 +160,11 @@ def run_pretrained(fmt: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.pretrained:
         return run_pretrained(args.format)
-    table = rows(args.image_size, args.num_classes)
+    skipped: list[str] = []
+    table = rows(args.image_size, args.num_classes, skipped)
+    if skipped:  # on stderr, so that --format csv stays a table
+        print(f"vitlab models: at {args.image_size} px left out {', '.join(skipped)}: "
+              f"{args.image_size} is not a multiple of their stride", file=sys.stderr)
     cols = ["name", "family", "layers", "width", "mlp", "heads", "patch", "params", "gmacs", "gflops"]
     if args.format == "csv":
         print(",".join(cols))

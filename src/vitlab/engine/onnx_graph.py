@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from vitlab.errors import VitlabError
+
 
 class SplitQKVAttention(nn.Module):
     """Export-only attention: separate q, k, v projections and an explicit scaled softmax."""
@@ -62,6 +64,10 @@ def trace_to_onnx(module: nn.Module, example: torch.Tensor, path: str | Path, ou
                   opset: int = 17, dynamic_batch: bool = True) -> Path:
     """torch.onnx.export (TorchScript exporter: ORT's fusions are written for its graphs) with input `images`
     and a dynamic batch dimension on every input and output; the exporter's warnings are not for users."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is None:  # torch's own error read like a vitlab bug
+        raise VitlabError("writing ONNX needs the onnx package: pip install 'vitlab[onnx]' (onnx and onnxruntime)")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     names = ["images", *output_names]

@@ -280,6 +280,10 @@ class TrainingRun:
             data = load_splits(cfg, progress=self.show)
         if data.train is None or len(data.train) == 0:
             raise VitlabError("the data has no training images")
+        if data.num_classes < 2:  # one class: every prediction is right, and the run reports 100 %
+            raise VitlabError(f"the data has {data.num_classes} class{'' if data.num_classes == 1 else 'es'} "
+                              f"({', '.join(map(str, data.class_names)) or 'none'}); training needs at least 2 "
+                              "(--classes chooses them)")
         self.data = data
         self.class_names = list(data.class_names)
         preprocess = None

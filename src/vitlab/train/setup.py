@@ -75,9 +75,11 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
     from vitlab.models.registry import create_model
 
     args = dict(cfg.model_args)
-    if cfg.model == "custom" and not args:  # small-data.md 2.3's small ViT instead of a ViT-B-sized "custom"
-        args = dict(SMALL_VIT)
-        cfg.model_args = dict(SMALL_VIT)  # the saved config.yaml names the model that was built
+    if cfg.model == "custom":
+        # training's "custom" is small-data.md 2.3's small ViT, and --model-args change single values of it
+        # (`depth=2`); the registry's own "custom" starts from ViT-B, which no small image set takes
+        args = {**SMALL_VIT, **args}
+        cfg.model_args = dict(args)  # the saved config.yaml names the model that was built
     size = _build_size(cfg, args.pop("image_size", None)) or data.train.image_size[0]
     if "num_classes" in args:  # a second value crashed create_model with a TypeError
         raise VitlabError("model_args num_classes: the data decides the classes (use --classes to choose them); "
