@@ -346,3 +346,15 @@ def test_one_class_is_refused(tmp_path):
         precision="fp32", quiet=True))
     with pytest.raises(VitlabError, match=r"the data has 1 class \(Sandal\); training needs at least 2"):
         train(cfg)
+
+
+def test_a_model_whose_stride_does_not_divide_the_data_is_built_at_the_next_size(tmp_path, capsys):
+    """`vitlab train --model vit-ti/16` on 28 px data failed with 'image size (28, 28) is not a multiple of the
+    total stride 16', which said nothing of the data; evaluate and compare already built at the next size."""
+    from vitlab.train import train
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=["Sandal", "Sneaker"], per_class=4, steps=1, batch_size=4, out_dir=str(tmp_path),
+        model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=8), precision="fp32"))
+    assert train(cfg).model.config.image_size == (32, 32)
+    assert "custom built at 32 px: the data's 28 px is not a multiple of its stride" in capsys.readouterr().err

@@ -30,6 +30,28 @@ _MAX_MESSAGE = 300
 _ARGV: list[str] = []  # the command line `main` parses, for the hints of `_OneLineParser.error`
 
 
+class _ShowsDefaults:
+    """Help lines end in "(default: X)" where an option has a default its help does not already state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text.lower() or default in (None, False, argparse.SUPPRESS) or default == []
+                or action.option_strings == [] or isinstance(action, argparse._StoreConstAction)
+                or text == argparse.SUPPRESS):
+            return text
+        shown = str(",".join(map(str, default)) if isinstance(default, (list, tuple)) else default).replace("%", "%%")
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+class _DefaultsFormatter(_ShowsDefaults, argparse.HelpFormatter):
+    pass
+
+
+class _RawDefaultsFormatter(_ShowsDefaults, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints the whole usage (26 lines for `vitlab train`) before a usage error; one line
     naming the mistake and pointing at --help says the same. Sub-parsers inherit the class.
@@ -40,6 +62,9 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
+        given = kwargs.get("formatter_class", argparse.HelpFormatter)
+        kwargs["formatter_class"] = {argparse.HelpFormatter: _DefaultsFormatter,
+                                     argparse.RawDescriptionHelpFormatter: _RawDefaultsFormatter}.get(given, given)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):

@@ -22,9 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                   "('DIR/train-{000000..000009}.tar' or a folder of .tar), or hf:PATH")
     q.add_argument("--classes", help='keep these classes, in this order: "Sandal,Sneaker,Ankle boot"')
     q.add_argument("--per-class", type=int, help="keep N training images per class (seeded)")
-    q.add_argument("--val-fraction", type=float, default=0.1)
-    q.add_argument("--test-fraction", type=float, default=0.1)
-    q.add_argument("--seed", type=seed_value, default=0)
+    q.add_argument("--val-fraction", type=float, default=0.1, help="val share carved from train where the source has none")
+    q.add_argument("--test-fraction", type=float, default=0.1, help="test share carved where the source has none")
+    q.add_argument("--seed", type=seed_value, default=0, help="seed of the carved splits")
     q.add_argument("--samples", type=int, default=8, help="images per class in the grid (default 8)")
     q.add_argument("--out", help="folder for samples.png, summary.json and skipped_files.txt "
                                  "(default data-inspect/NAME)")

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("output", help="the .onnx file to write (.xml for --engine openvino)")
     p.add_argument("--image-size", type=int, nargs="+", default=None, metavar="S",
                    help="input size H [W] (default: the model's); resamples position embeddings")
-    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset of the portable graph (14 or later)")
     p.add_argument("--static-batch", action="store_true", help="fix the batch size to 1")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)

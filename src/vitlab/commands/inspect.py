@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "count attention to it as distance 'zero'")
     p.add_argument("--components", type=int, default=28, help="principal components of the embedding filters (default 28)")
     p.add_argument("--image-size", type=int, default=None, help="run at this input size (position embeddings resampled)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="images per model call")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     p.add_argument("--seed", type=seed_value, default=0, help="which images --data picks (default 0)")

@@ -69,8 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrained", action="store_true",
                    help="list the published checkpoints (name, model, resolution, labels, size, licence, source)")
     p.add_argument("--image-size", type=int, default=224, help="input size for the compute column (default 224)")
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--format", choices=["table", "csv"], default="table")
+    p.add_argument("--num-classes", type=int, default=1000, help="classes of the head, for the parameter column")
+    p.add_argument("--format", choices=["table", "csv"], default="table", help="a table for people or CSV for tools")
     p.set_defaults(func=run)
 
 

@@ -11,7 +11,8 @@ import sys
 
 # flag -> (TrainConfig field, type, help)
 _FLAGS: list[tuple[str, str, object, str]] = [
-    ("--data", "data", str, "data source: fashion-mnist, mnist, cifar10:PATH, digits, bundled, a folder, a CSV"),
+    ("--data", "data", str, "data source: fashion-mnist, mnist, cifar10:PATH, cifar100:PATH, digits, bundled, a "
+                            "folder, a CSV, tar shards, hf:PATH (docs/data.md; default: the recipe's, else bundled)"),
     ("--classes", "classes", str, "class subset, names or indices, comma-separated"),
     ("--per-class", "per_class", int, "keep N training images per class"),
     ("--model", "model", str, "registry name (vit-ti/16, vit-s/16, resnet-50, custom, ...)"),

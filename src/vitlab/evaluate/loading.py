@@ -114,12 +114,17 @@ def fit_image_size(spec: str, side: int | None) -> int | None:
     the spec builds, i.e. its token grid accepts it (vit-b/16 on 28 px -> 32, a custom patch_size=5 -> 30; a
     ResNet or a conv stem takes `side` itself). Where no size builds, the error is about another field (heads,
     dim ...): raised as said at `side`. The spec's own image_size= is left to the caller."""
-    from vitlab.models import get_config
-
     if side is None:
         return None
     name, overrides = parse_model_spec(spec)
     overrides.pop("image_size", None)
+    return fit_size(name, overrides, side)
+
+
+def fit_size(name: str, overrides: dict, side: int) -> int:
+    """`fit_image_size` for a registry name and its config overrides."""
+    from vitlab.models import get_config
+
     first: VitlabError | None = None
     for size in range(side, side + _MAX_SIZE_SEARCH):
         try:

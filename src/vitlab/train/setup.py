@@ -80,10 +80,18 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
         # (`depth=2`); the registry's own "custom" starts from ViT-B, which no small image set takes
         args = {**SMALL_VIT, **args}
         cfg.model_args = dict(args)  # the saved config.yaml names the model that was built
-    size = _build_size(cfg, args.pop("image_size", None)) or data.train.image_size[0]
+    size = _build_size(cfg, args.pop("image_size", None))
     if "num_classes" in args:  # a second value crashed create_model with a TypeError
         raise VitlabError("model_args num_classes: the data decides the classes (use --classes to choose them); "
                           "leave it out")
+    if size is None:  # the data's side, or the next size the model's stride takes (vit-ti/16 on 28 px: 32)
+        from vitlab.evaluate.loading import fit_size
+
+        side = data.train.image_size[0]
+        size = fit_size(cfg.model, {**args, "in_chans": args.get("in_chans", data.channels)}, side)
+        if size != side and not cfg.quiet:
+            print(f"vitlab: {cfg.model} built at {size} px: the data's {side} px is not a multiple of its stride "
+                  "(--image-size chooses)", file=sys.stderr)
     if cfg.drop_path is not None:
         args["drop_path"] = cfg.drop_path
     if cfg.dropout is not None:
