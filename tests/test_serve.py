@@ -397,7 +397,7 @@ def test_cli_serves_until_sigterm(weights):
         rest = proc.stderr.read()
         assert re.search(r'"POST /predict HTTP/1.1" 200 1 image \d+\.\d ms', rest), rest
         assert '"POST /predict HTTP/1.1" 400 not an image (Pillow cannot identify it): image' in rest, rest
-        assert "stopped after 1 images in 1 batches" in rest
+        assert "stopped after 1 image in 1 batch" in rest
     finally:
         proc.kill()
 

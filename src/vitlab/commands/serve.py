@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     server.close()
     if not args.quiet:
         health = server.health()
-        print(f"vitlab serve: stopped after {health['images']} images in {health['batches']} batches",
+        images, batches = health["images"], health["batches"]
+        print(f"vitlab serve: stopped after {images} image{'s' * (images != 1)} in {batches} "
+              f"batch{'es' * (batches != 1)}",
               file=sys.stderr)
     return 0
