@@ -416,8 +416,8 @@ def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
         raise VitlabError(f"--to hf writes ViTs and standard (torchvision-layout) ResNets; this {cfg.resnet.kind} ResNet "
                           "is written with --to timm (timm's resnetv2 names) or --to native")
     if cfg.is_hybrid:
-        raise VitlabError("Hugging Face has no ViT hybrid (transformers 5 dropped ViTHybrid); use --to native or "
-                          "--to timm")
+        raise VitlabError("--to hf writes only plain ViTs (a patch embedding; no CNN or conv stem: transformers 5 has "
+                          "no ViT hybrid); use --to native or --to timm")
     if cfg.classifier != "token":
         raise VitlabError(f"Hugging Face ViT pools the class token only; a '{cfg.classifier}' model cannot be exported; "
                           "use --to native or --to timm")
