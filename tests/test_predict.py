@@ -231,3 +231,20 @@ def test_the_python_predict_takes_the_engines(setup):
     assert len(q) == 2 and q[0].labels[0] in NAMES
     with pytest.raises(VitlabError, match="static int8 needs calibration images"):
         predict(tmp / "w", [imgs], int8="static", engine="onnxruntime")
+
+
+def test_colour_images_given_to_a_grey_model_are_said_once(tmp_path, capsys):
+    """A colour photo given to the grey 28 px Fashion-MNIST model was converted without a word."""
+    model = create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=4, image_size=16, in_chans=1,
+                         num_classes=3, seed=0).eval()
+    save_native(model, tmp_path / "grey", class_names=["a", "b", "c"],
+                preprocess=Preprocess(image_size=(16, 16), mean=(0.5,), std=(0.5,), channels=1))
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "photo.png")
+    grey = rng.integers(0, 256, (16, 16), dtype=np.uint8)
+    Image.fromarray(np.stack([grey] * 3, axis=-1)).save(tmp_path / "grey-as-rgb.png")  # an RGB file, grey inside
+    assert main(["predict", str(tmp_path / "grey"), str(tmp_path / "grey-as-rgb.png"), "--quiet"]) == 0
+    assert "colour image" not in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "grey"), str(tmp_path / "photo.png"), str(tmp_path / "grey-as-rgb.png"),
+                 "--quiet"]) == 0
+    assert "the model takes grey images: 1 colour image (photo.png) converted to grey" in capsys.readouterr().err

@@ -337,3 +337,12 @@ def test_a_warm_up_that_takes_the_whole_run_is_said(tmp_path, capsys, warmup, sa
         # the model line says the capped warm-up; where it was capped, this line names what was asked for
         asked = "the warm-up" if warmup == 6 else f"the warm-up asked for ({warmup} steps)"
         assert notice[0].startswith(f"vitlab: {asked} is as long as the run (6 steps)"), notice
+
+
+def test_resuming_a_finished_run_says_it_is_complete(tmp_path, capsys):
+    """`vitlab train --resume RUN` on a finished run redid its test pass and rewrote summary.json without a word."""
+    run = train(tiny_cfg(tmp_path, name="done"), data=tiny_data()).run_dir
+    capsys.readouterr()
+    train(resume_cfg(run), data=tiny_data())
+    out = capsys.readouterr().out
+    assert "vitlab: the run is complete" in out and "nothing left to train" in out

@@ -192,8 +192,14 @@ def predict_files(
         results.extend(top_predictions(logits, names, k, [path for path, _ in batch]))
         batch.clear()
 
+    colour: list[Path] = []  # colour images given to a grey model (appended from the reading threads)
+    grey_model = getattr(pre, "channels", 3) == 1
+
     def read(path: Path) -> torch.Tensor:
-        return pre(open_image(path))
+        image = open_image(path)
+        if grey_model and has_colour(image):
+            colour.append(path)
+        return pre(image)
 
     for path, tensor in tqdm(prefetched(files, read, ahead=2 * batch_size), total=len(files), desc="predict",
                              unit="img", disable=not progress, **bar_options()):
@@ -210,7 +216,22 @@ def predict_files(
     flush()
     if non_finite[0]:
         raise non_finite_error(non_finite[0], len(results))
+    if colour:  # a photo given to a grey 28 px model answers, but about an input far from what it learnt
+        first = colour[0].name
+        print(f"vitlab: the model takes grey images: {len(colour)} colour image{'s' * (len(colour) != 1)} "
+              f"({first}{', ...' if len(colour) > 1 else ''}) converted to grey", file=sys.stderr)
     return results, failed
+
+
+def has_colour(image) -> bool:
+    """Whether a decoded image (grey stays L, colour is RGB after open_image) has any pixel whose channels differ:
+    an RGB file of a grey picture is grey."""
+    if image.mode != "RGB":
+        return False
+    from PIL import ImageChops
+
+    r, g, b = image.split()
+    return ImageChops.difference(r, g).getbbox() is not None or ImageChops.difference(g, b).getbbox() is not None
 
 
 def format_predictions(preds: list[Prediction], fmt: str = "table") -> str:

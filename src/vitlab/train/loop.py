@@ -412,6 +412,9 @@ class TrainingRun:
             print(notice, file=sys.stderr)
         print(f"vitlab: run folder {self.run.path}" +
               (f" (resuming from step {self.progress.global_step})" if resumed else ""), flush=True)
+        if resumed and self.progress.global_step >= plan.total_steps:  # else it looked like a run redone
+            print(f"vitlab: the run is complete ({plan.total_steps} steps): nothing left to train; its final evaluation "
+                  "and files are written again (`vitlab evaluate RUN` evaluates it without touching them)", flush=True)
 
     # --------------------------------------------------------------------------- checkpoint
     def wall_time(self) -> float:
