@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-COLUMNS = ("family", "layers", "width", "mlp", "heads", "patch", "params", "macs")
+COLUMNS = ("family", "layers", "width", "mlp", "heads", "stride", "params", "macs")
 # name -> (family, layers, width, mlp, heads, stride, parameters, multiply-accumulates) at 224 px, 1000 classes
 TABLE: dict[str, tuple] = {
     "vit-ti/8": ("vit", 12, 192, 768, 3, 8, 5719720, 7035764736),
@@ -111,7 +111,7 @@ def rows_built(image_size: int = 224, num_classes: int = 1000, skipped: list[str
             "width": cfg.dim if vit else cfg.resnet.width,
             "mlp": cfg.mlp_dim if vit else "-",
             "heads": cfg.heads if vit else "-",
-            "patch": cfg.stride if vit else "-",
+            "stride": cfg.stride if vit else "-",
             "params": count_parameters(model),
             "macs": macs,
             "gmacs": macs / 1e9,
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if skipped:  # on stderr, so that --format csv stays a table
         print(f"vitlab models: at {args.image_size} px left out {', '.join(skipped)}: "
               f"{args.image_size} is not a multiple of their stride", file=sys.stderr)
-    cols = ["name", "family", "layers", "width", "mlp", "heads", "patch", "params", "gmacs", "gflops"]
+    cols = ["name", "family", "layers", "width", "mlp", "heads", "stride", "params", "gmacs", "gflops"]
     if args.format == "csv":
         print(",".join(cols))
         for r in table:
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     head = ["name", "family", "layers", "width", "MLP", "heads", "stride", "parameters", "GMACs",
             f"GFLOPs@{args.image_size}"]
-    cells = [[r["name"], r["family"], r["layers"], r["width"], r["mlp"], r["heads"], r["patch"], f"{r['params']:,}",
+    cells = [[r["name"], r["family"], r["layers"], r["width"], r["mlp"], r["heads"], r["stride"], f"{r['params']:,}",
               f"{r['gmacs']:.2f}", f"{r['gflops']:.2f}"] for r in table]
     _print_table(head, cells)
     print("GFLOPs = 2 x multiply-accumulates; torchvision and timm tables quote GMACs as 'GFLOPS'.")
