@@ -358,3 +358,43 @@ def test_a_model_whose_stride_does_not_divide_the_data_is_built_at_the_next_size
         model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=8), precision="fp32"))
     assert train(cfg).model.config.image_size == (32, 32)
     assert "custom built at 32 px: the data's 28 px is not a multiple of its stride" in capsys.readouterr().err
+
+
+def test_fine_tuning_applies_dropout_and_drop_path_flags(tmp_path, capsys):
+    """`vitlab finetune --dropout 0 --drop-path 0` trained with the checkpoint's 0.1 / 0.1, and 0.2 / 0.3 on a
+    model pre-trained without them trained with none: the loaded model kept the values it was built with, while
+    config.yaml recorded the flags."""
+    from vitlab.models.registry import create_model
+    from vitlab.models.vit import DropPath
+    from vitlab.train import train
+    from vitlab.weights import save_native
+
+    save_native(create_model("custom", dim=16, depth=2, heads=2, mlp_dim=32, patch_size=7, image_size=28,
+                             in_chans=1, num_classes=3, dropout=0.1, drop_path=0.1), tmp_path / "pre")
+
+    def finetune(name, **kw):
+        cfg = resolve_config("finetune", overrides=dict(
+            data="bundled", classes=["Sandal", "Sneaker"], per_class=4, steps=1, batch_size=4, warmup_steps=0,
+            weights=str(tmp_path / "pre"), out_dir=str(tmp_path), name=name, precision="fp32", quiet=True, **kw))
+        return train(cfg).model
+
+    for kw, (dropout, drop_path) in ((dict(dropout=0.0, drop_path=0.0), (0.0, 0.0)), ({}, (0.1, 0.1)),
+                                     (dict(dropout=0.2, drop_path=0.3), (0.2, 0.3))):
+        model = finetune(f"ft{len(kw)}{dropout}", **kw)
+        assert (model.config.dropout, model.config.drop_path) == (dropout, drop_path), kw
+        rates = [m.p for m in model.modules() if isinstance(m, DropPath)]
+        assert (max(rates) if rates else 0.0) == pytest.approx(drop_path), kw
+    capsys.readouterr()
+
+
+def test_settings_a_run_cannot_honour_are_said(tmp_path, capsys):
+    """--optimizer adam with weight decay applied none, silently; the head's bias init was zeroed by fine-tuning."""
+    from vitlab.train import train
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=["Sandal", "Sneaker"], per_class=4, steps=1, batch_size=4, out_dir=str(tmp_path),
+        optimizer="adam", weight_decay=0.1, decay="linear", lr=1e-6, lr_end=1e-5, precision="fp32", quiet=True))
+    train(cfg)
+    err = capsys.readouterr().err
+    assert "--optimizer adam applies no weight decay (weight_decay 0.1 is not used)" in err
+    assert "lr_end 1e-05 is above lr 1e-06" in err

@@ -24,7 +24,7 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--micro-batch", "micro_batch", int, "per-process batch of one forward pass; the rest is gradient accumulation"),
     ("--optimizer", "optimizer", str, "adamw | adam | sgd"),
     ("--lr", "lr", float, "base learning rate"),
-    ("--weight-decay", "weight_decay", float, "decoupled weight decay (weight matrices only)"),
+    ("--weight-decay", "weight_decay", float, "weight decay of the weight matrices only: decoupled (x lr) with adamw, L2 with sgd, none with adam"),
     ("--momentum", "momentum", float, "SGD momentum"),
     ("--warmup-steps", "warmup_steps", int, "linear warm-up steps"),
     ("--warmup-epochs", "warmup_epochs", float, "linear warm-up in epochs (when --warmup-steps is not given)"),

@@ -68,9 +68,11 @@ from vitlab.train.setup import (
     seed_everything,
     set_deterministic,
     set_train_mode,
+    setting_notes,
     split_batch,
     step_seed,
     warmup_notice,
+    with_regularisation,
 )
 from vitlab.train.signals import StopSignals
 from vitlab.train.state import (
@@ -291,7 +293,7 @@ class TrainingRun:
         if model is None:
             model, preprocess, given_classes = build_model_for(cfg, data)
         else:
-            model = prepare_given_model(model, len(self.class_names), cfg)
+            model = with_regularisation(prepare_given_model(model, len(self.class_names), cfg), cfg)
         init_head(model, cfg)
         self.head_note = new_head_note(model, cfg, given_classes, len(self.class_names))
         self.model_config = getattr(model, "config", None)
@@ -410,6 +412,8 @@ class TrainingRun:
         notice = warmup_notice(cfg, plan)
         if notice:
             print(notice, file=sys.stderr)
+        for note in setting_notes(cfg):
+            print(f"vitlab: {note}", file=sys.stderr)
         print(f"vitlab: run folder {self.run.path}" +
               (f" (resuming from step {self.progress.global_step})" if resumed else ""), flush=True)
         if resumed and self.progress.global_step >= plan.total_steps:  # else it looked like a run redone

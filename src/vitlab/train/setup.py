@@ -71,7 +71,7 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
 
             model, meta = load_with_meta(find_resume_checkpoint(cfg.resume), num_classes=num_classes,
                                          image_size=cfg.image_size)
-        return model, meta.get("preprocess"), meta.get("replaced_head_classes")
+        return with_regularisation(model, cfg), meta.get("preprocess"), meta.get("replaced_head_classes")
     from vitlab.models.registry import create_model
 
     args = dict(cfg.model_args)
@@ -99,6 +99,40 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
     args.setdefault("in_chans", data.channels)
     model = create_model(cfg.model, num_classes=num_classes, image_size=size, seed=cfg.seed, **args)
     return model, None, None
+
+
+def with_regularisation(model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    """The model with --dropout / --drop-path where they are given: a loaded checkpoint (or a given model) was
+    built with the values it was pre-trained with, and the flags were recorded in config.yaml but never applied.
+    Dropout layers hold no weights, so the model is rebuilt with the new values and its weights copied over."""
+    config = getattr(model, "config", None)
+    wanted = {k: v for k, v in (("dropout", cfg.dropout), ("drop_path", cfg.drop_path)) if v is not None}
+    if config is None or getattr(config, "arch", None) != "vit" or not wanted:
+        if wanted and config is not None and getattr(config, "arch", None) != "vit":
+            raise VitlabError(f"--{'/--'.join(k.replace('_', '-') for k in wanted)} apply to ViTs; this model is a "
+                              f"{config.arch}")
+        return model
+    if all(getattr(config, k) == v for k, v in wanted.items()):
+        return model
+    from vitlab.models.registry import build_model
+
+    rebuilt = build_model(config.replace(**wanted))
+    rebuilt.load_state_dict(model.state_dict())
+    return rebuilt.to(next(model.parameters()).device)
+
+
+def setting_notes(cfg: TrainConfig) -> list[str]:
+    """Settings the run records but cannot honour as written, each said in one line at the start."""
+    notes = []
+    if cfg.optimizer == "adam" and cfg.weight_decay > 0:
+        notes.append(f"--optimizer adam applies no weight decay (weight_decay {cfg.weight_decay:g} is not used); "
+                     "adamw is Adam with the paper's decoupled decay")
+    if cfg.weights and cfg.zero_head and cfg.head_bias_init is not None:
+        notes.append(f"head_bias_init {cfg.head_bias_init:g} is not used: fine-tuning zeroes the head (paper B.1.1); "
+                     "set zero_head false to keep it")
+    if cfg.decay == "linear" and cfg.lr_end > cfg.lr:
+        notes.append(f"lr_end {cfg.lr_end:g} is above lr {cfg.lr:g}: the linear decay rises to it (--lr-end sets it)")
+    return notes
 
 
 def _build_size(cfg: TrainConfig, from_args):
