@@ -279,3 +279,20 @@ def test_every_model_compiles_as_one_graph(name, kw):
     with torch.no_grad():
         explained = torch._dynamo.explain(model)(x)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons[:2]
+
+
+def test_a_folder_marked_read_only_keeps_no_engines_even_for_root(tmp_path, monkeypatch):
+    """As root os.access says every folder is writable: inspect wrote FILE.engines/ into a mode-555 folder of
+    shared weights. A folder nobody may write goes to the user cache instead."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    model = tiny()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "w.npz").write_bytes(b"")
+    shared.chmod(0o555)
+    try:
+        assert choose.artefact_folder(model, shared / "w.npz").parent == tmp_path / "cache" / "engines"
+        assert choose.artefact_folder(model, shared).parent == tmp_path / "cache" / "engines"
+    finally:
+        shared.chmod(0o755)
+    assert choose.artefact_folder(model, shared / "w.npz").parent == shared / "w.npz.engines"

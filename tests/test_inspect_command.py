@@ -265,3 +265,25 @@ def test_a_runs_own_data_keeps_its_class_subset(tmp_path, monkeypatch):
     assert asked and asked[-1]["classes"] in ("Sandal,Sneaker", ["Sandal", "Sneaker"]) and asked[-1]["per_class"] == 10
     settings = json.loads((tmp_path / "r" / "inspect" / "inspect.json").read_text())["settings"]
     assert settings["run_classes"] in ("Sandal,Sneaker", ["Sandal", "Sneaker"])
+
+
+def test_image_size_keeps_the_models_own_position_table(trained, tmp_path, capsys):
+    """With --image-size the similarity was computed on the table resampled for the images, where interpolation
+    alone makes neighbours similar: random embeddings read as the paper's learned 2-D structure."""
+    _, run, images = trained
+    out = tmp_path / "big"
+    assert main(["inspect", str(run / "model"), "--images", str(images), "--image-size", "16", "--out", str(out),
+                 "--quiet", "--engine", "torch"]) == 0
+    with np.load(out / "inspect.npz") as z:
+        assert z["posemb_similarity"].shape == (4, 4, 4, 4)  # the model's own 4x4 grid, not the 8x8 it ran at
+    assert "own 4x4 grid, not the one resampled to 8x8" in (out / "report.html").read_text()
+    capsys.readouterr()
+
+
+def test_a_map_models_rollout_says_it_is_not_weighted_by_the_probe(tmp_path, capsys):
+    from vitlab.inspect import inspect_model
+
+    model = create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=4, image_size=16,
+                         classifier="map", num_classes=3, seed=0).eval()
+    res = inspect_model(model, torch.randn(2, 3, 16, 16), tmp_path / "m", progress=False, rollout_images=1)
+    assert any("not weighted by its MAP probe" in n for n in res.notes)

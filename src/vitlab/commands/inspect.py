@@ -73,6 +73,16 @@ def load_model(path: str, image_size: int | None = None, **overrides):
     return model, meta.get("class_names"), meta.get("preprocess")
 
 
+def _own_position_table(args, model, image_size, overrides):
+    """(position table, grid) of the model at its own size when --image-size resampled the one it runs with."""
+    if args.image_size is None or getattr(model.config, "arch", "vit") != "vit" or model.config.posemb != "learn":
+        return None  # a fixed sin-cos table is the same function at any grid
+    own, _, _ = load_model(args.model, None, **overrides)
+    if tuple(own.config.grid_size) == tuple(model.config.grid_size):
+        return None
+    return own.pos_embed.detach(), tuple(own.config.grid_size)
+
+
 def make_preprocess(model, preprocess):
     """The weights' preprocessing, or the official fallback: plain resize to the model size, mean = std = 0.5."""
     from vitlab.data.preprocess import Preprocess
@@ -214,8 +224,8 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.inspect import check_inspectable, inspect_model
     from vitlab.runtime import device_for_engine, setup_runtime
 
-    if args.num_images < 0 or args.rollout_images < 0 or args.batch_size < 1:
-        raise VitlabError("--num-images and --rollout-images must be >= 0 and --batch-size >= 1")
+    if args.num_images < 0 or args.rollout_images < 0 or args.batch_size < 1 or args.components < 1:
+        raise VitlabError("--num-images and --rollout-images must be >= 0, --batch-size and --components >= 1")
     if not 0.0 <= args.discard_ratio < 1.0:
         raise VitlabError(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     runtime = setup_runtime(device_for_engine(args.device, args.engine), args.threads)
@@ -238,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, rollout_images=args.rollout_images, head_fusion=args.head_fusion,
         discard_ratio=args.discard_ratio, cls=args.cls, num_components=args.components,
         title=f"vitlab inspect: {args.model}", progress=not args.quiet, forward=forward,
-        settings=settings, notes=notes,
+        settings=settings, notes=notes, position_table=_own_position_table(args, model, image_size, overrides),
     )
     # Notes say what the report leaves out or changed (an analysis skipped, -n capped): one line each, printed
     # even with --quiet, since without them the report's content is a surprise.

@@ -52,7 +52,12 @@ def fingerprint(model: nn.Module) -> str:
 
 
 def _writable(folder: Path) -> bool:
-    return folder.is_dir() and os.access(folder, os.W_OK)
+    """A folder to write engines into: writable for this user, and not marked read-only for everyone (root passes
+    os.access everywhere, and wrote into a mode-555 folder of shared weights)."""
+    try:
+        return folder.is_dir() and os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+    except OSError:
+        return False
 
 
 def artefact_folder(model: nn.Module, source: str | Path | None = None) -> Path:

@@ -148,6 +148,7 @@ def inspect_model(
     forward=None,
     settings: dict | None = None,
     notes: Sequence[str] = (),
+    position_table: tuple[torch.Tensor, tuple[int, int]] | None = None,
 ) -> InspectResult:
     """Run the analyses that apply to `model` and write `out_dir/inspect_*.png`, `report.html`,
     `inspect.npz` and `inspect.json`.
@@ -183,6 +184,9 @@ def inspect_model(
         w = model.patch_embed.proj.weight
         res.filter_pca = embedding_filter_pca(w, num_components)
         k = len(res.filter_pca.components)
+        if num_components != 28 and k < num_components:  # asked for (not the paper's default 28) but capped
+            res.notes.append(f"embedding filters: {k} principal components, not {num_components}: the kernel has "
+                             f"{w.shape[0]} filters of {w.shape[1] * w.shape[2] * w.shape[3]} values")
         res.figures["filters"] = figures.plot_filters(
             res.filter_pca, out / FIGURE_NAMES["filters"],
             title=f"Embedding filters of {cfg.name} (first {k} principal components)",
@@ -200,8 +204,13 @@ def inspect_model(
     bar.update()
     # 2. Position-embedding similarity.
     step(steps[1])
-    grid0 = cfg.grid_size
-    res.posemb_similarity = posemb_similarity(model.pos_embed, grid0, prefix)
+    # the model's own table at its own grid: a table resampled for --image-size gets neighbour similarity from the
+    # interpolation itself, and random embeddings looked like the paper's learned 2-D structure
+    table, grid0 = position_table or (model.pos_embed, cfg.grid_size)
+    own_grid = "" if position_table is None or tuple(grid0) == tuple(cfg.grid_size) else (
+        f" It is the table at the model's own {grid0[0]}x{grid0[1]} grid, not the one resampled to "
+        f"{cfg.grid_size[0]}x{cfg.grid_size[1]} for the images (interpolation alone makes neighbours similar).")
+    res.posemb_similarity = posemb_similarity(table, grid0, prefix)
     res.figures["posemb"] = figures.plot_posemb_similarity(
         res.posemb_similarity, out / FIGURE_NAMES["posemb"],
         title=f"Position embedding similarity ({cfg.name}, {grid0[0]}x{grid0[1]} grid)",
@@ -213,7 +222,7 @@ def inspect_model(
         f"Tile (r, c) shows the cosine similarity between the {kind} position embedding of the patch at "
         f"row r, column c and those of all patches; the class-token slot is excluded. The colour scale is this "
         f"figure's own ({scale_text(res.posemb_similarity)}), not -1..1, so the structure shows even when all "
-        "similarities are high, as for a fixed sin-cos table; the colour bar gives the values.",
+        "similarities are high, as for a fixed sin-cos table; the colour bar gives the values." + own_grid,
         res.figures["posemb"],
     ))
     bar.update()
@@ -270,6 +279,11 @@ def inspect_model(
                       f"{f', discard {discard_ratio:g}' if discard_ratio else ''})",
             )
         source = "the class token's row R[0, 1:]" if prefix else "the mean over all query rows (no class token: the output is the mean of all tokens)"
+        if cfg.classifier == "map":  # its output is the probe's attention-weighted mix, which these maps leave out
+            source = ("the mean over all query rows. This model pools with a MAP head, whose learned probe weights "
+                      "the tokens unevenly: the map shows where the tokens look, not the head's own weighting")
+            res.notes.append("rollout and raw attention of a MAP model: the mean over all tokens, not weighted by "
+                             "its MAP probe's attention (read them as the tokens' view, not the head's)")
         sections.append(Section(
             "Attention rollout (paper Fig. 6, Fig. 14)",
             f"Abnar & Zuidema (2020): heads fused by {head_fusion}"
