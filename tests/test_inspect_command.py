@@ -287,3 +287,23 @@ def test_a_map_models_rollout_says_it_is_not_weighted_by_the_probe(tmp_path, cap
                          classifier="map", num_classes=3, seed=0).eval()
     res = inspect_model(model, torch.randn(2, 3, 16, 16), tmp_path / "m", progress=False, rollout_images=1)
     assert any("not weighted by its MAP probe" in n for n in res.notes)
+
+
+def test_what_n_and_rollout_images_leave_out_is_said(trained, tmp_path, capsys):
+    """-n above the --images given had no note although the docs promise one; -n 0 was blamed on missing images;
+    --rollout-images 0 left an empty rollout section."""
+    _, run, images = trained
+    assert main(["inspect", str(run / "model"), "--images", str(images), "-n", "50", "--out", str(tmp_path / "a"),
+                 "--quiet", "--engine", "torch"]) == 0
+    assert "-n 50: only 6 --images given, so 6 are used" in capsys.readouterr().out
+    assert main(["inspect", str(run / "model"), "--images", str(images), "--out", str(tmp_path / "b"), "--quiet",
+                 "--engine", "torch"]) == 0  # the default -n asks for nothing in particular: no note
+    assert "--images given" not in capsys.readouterr().out
+    assert main(["inspect", str(run / "model"), "--images", str(images), "-n", "0", "--out", str(tmp_path / "c"),
+                 "--quiet"]) == 0
+    assert "with -n above 0" in capsys.readouterr().out
+    assert main(["inspect", str(run / "model"), "--images", str(images), "--rollout-images", "0",
+                 "--out", str(tmp_path / "d"), "--quiet", "--engine", "torch"]) == 0
+    report = (tmp_path / "d" / "report.html").read_text()
+    assert "Abnar &amp; Zuidema" not in report and "--rollout-images 0" in report
+    capsys.readouterr()

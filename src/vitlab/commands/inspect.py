@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="output folder for the PNGs, report.html and arrays (default: "
                    "RUN/inspect for a run folder, RUN/inspect-<name> for RUN/checkpoints/<name>.pt, else "
                    "inspect-<model>)")
-    p.add_argument("-n", "--num-images", type=int, default=128,
+    p.add_argument("-n", "--num-images", type=int, default=None,
                    help="images the attention distance averages over (default 128, as the paper)")
     p.add_argument("--rollout-images", type=int, default=8, help="images shown with rollout overlays (default 8)")
     p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
@@ -145,6 +145,8 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
             continue
         labels.append(f.stem[:16])
     remaining = args.num_images - len(tensors)
+    if files and not args.data and remaining > 0 and getattr(args, "num_images_given", False):
+        notes.append(f"-n {args.num_images}: only {len(tensors)} --images given, so {len(tensors)} are used")
     if args.data and remaining > 0:
         from vitlab.data import load_data
 
@@ -224,6 +226,9 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.inspect import check_inspectable, inspect_model
     from vitlab.runtime import device_for_engine, setup_runtime
 
+    # None: not given, the paper's 128 (a note says when fewer images are at hand only where -n was asked for)
+    args.num_images_given = args.num_images is not None
+    args.num_images = 128 if args.num_images is None else args.num_images
     if args.num_images < 0 or args.rollout_images < 0 or args.batch_size < 1 or args.components < 1:
         raise VitlabError("--num-images and --rollout-images must be >= 0, --batch-size and --components >= 1")
     if not 0.0 <= args.discard_ratio < 1.0:

@@ -284,15 +284,18 @@ def inspect_model(
                       "the tokens unevenly: the map shows where the tokens look, not the head's own weighting")
             res.notes.append("rollout and raw attention of a MAP model: the mean over all tokens, not weighted by "
                              "its MAP probe's attention (read them as the tokens' view, not the head's)")
-        sections.append(Section(
-            "Attention rollout (paper Fig. 6, Fig. 14)",
-            f"Abnar & Zuidema (2020): heads fused by {head_fusion}"
-            f"{f' with the lowest {discard_ratio:g} of entries discarded' if discard_ratio else ''}, the identity "
-            f"added for the residual connection and every row renormalised to sum to one, then the product over "
-            f"layers R = A_L ... A_1. The map is {source} on the {grid[0]}x{grid[1]} patch grid, divided by its "
-            f"maximum and overlaid on the input.",
-            res.figures.get("rollout"),
-        ))
+        if not k:  # --rollout-images 0: no section with a heading and no figure
+            res.skipped.append(("Attention rollout", "--rollout-images 0"))
+        else:
+            sections.append(Section(
+                "Attention rollout (paper Fig. 6, Fig. 14)",
+                f"Abnar & Zuidema (2020): heads fused by {head_fusion}"
+                f"{f' with the lowest {discard_ratio:g} of entries discarded' if discard_ratio else ''}, the identity "
+                f"added for the residual connection and every row renormalised to sum to one, then the product over "
+                f"layers R = A_L ... A_1. The map is {source} on the {grid[0]}x{grid[1]} patch grid, divided by its "
+                f"maximum and overlaid on the input.",
+                res.figures.get("rollout"),
+            ))
         res.figures["attention"] = figures.plot_attention_maps(
             res.attention_maps, out / FIGURE_NAMES["attention"], image=disp[0],
             title=f"Raw attention of image 1 per layer and head ({'class-token row' if prefix else 'mean over queries'})",
@@ -305,7 +308,7 @@ def inspect_model(
         ))
         bar.update()
     else:
-        why = "no images given (pass --images or --data)"
+        why = "no images (pass --images or --data, with -n above 0)"
         res.skipped.append(("Mean attention distance, attention rollout, raw attention", why))
         res.notes.append(f"attention distance and rollout: skipped, {why}")
 
