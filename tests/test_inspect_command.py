@@ -205,7 +205,7 @@ def test_quiet_still_prints_what_the_report_leaves_out(trained, tmp_path, capsys
     out = tmp_path / "out"
     assert main(["inspect", str(run / "model"), "--out", str(out), "--quiet"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines == ["attention distance and rollout: skipped, no images given (pass --images or --data)",
+    assert lines == ["attention distance and rollout: skipped, no images (pass --images or --data, with -n above 0)",
                      f"report    {out / 'report.html'}"]
 
 
