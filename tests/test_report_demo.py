@@ -61,7 +61,7 @@ def test_report_without_images_lists_the_attention_analyses_as_skipped(tmp_path)
                          num_classes=3, seed=0)
     res = inspect_model(model, None, tmp_path, progress=False)
     html = res.report.read_text()
-    assert "Skipped analyses" in html and "no images given" in html
+    assert "Skipped analyses" in html and "no images (pass --images or --data" in html
     assert [a for a, _ in res.skipped] == ["Mean attention distance, attention rollout, raw attention"]
 
 
