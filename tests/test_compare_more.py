@@ -68,9 +68,9 @@ def test_the_report_shows_the_resolved_settings_and_the_one_thread_count(tmp_pat
 def test_a_resume_without_threads_takes_the_recorded_count(tmp_path, monkeypatch, capsys):
     out = tmp_path / "cmp"
     assert _compare(out, TINY, "--threads", "1") == 0
-    monkeypatch.setattr(cmp, "_auto_threads", lambda: 3)  # a machine that would now pick another count
     import vitlab.runtime
 
+    # a machine that would now pick another count (the CLI's runtime and the study's own decision both ask it)
     monkeypatch.setattr(vitlab.runtime, "choose_threads", lambda requested: (requested or 3, "test"))
     capsys.readouterr()
     assert main(["compare", *DATA, "--models", TINY, *BUDGET[:-1], "--resume", str(out)]) == 0

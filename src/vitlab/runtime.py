@@ -110,6 +110,19 @@ def auto_threads() -> int | None:
     return 1 if load >= (os.cpu_count() or 1) else None
 
 
+def study_threads(given: int | None, recorded: object = None) -> tuple[int, str]:
+    """(thread count, why) of every run of a study (compare, study scaling|transfer), decided once: other counts
+    give other bits, and an automatic choice per run followed the machine's load. Given, else the count the
+    study recorded when it started (a resume), else automatic now."""
+    if given is not None:
+        if int(given) < 1:
+            raise VitlabError(f"--threads must be >= 1, got {given}")
+        return int(given), "--threads"
+    if isinstance(recorded, int) and recorded >= 1:
+        return recorded, "recorded by the study's first run"
+    return choose_threads(None)
+
+
 def choose_threads(requested: int | None) -> tuple[int, str]:
     """(thread count, why) for `--threads requested` (None: automatic)."""
     if requested:

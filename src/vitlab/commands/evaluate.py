@@ -151,7 +151,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None):
         raise VitlabError("no data given; add --data (e.g. --data bundled, --data fashion-mnist, --data PATH)")
     # the run's split settings (seed, fractions, classes) whenever its own data is evaluated, named or not: with
     # another seed the carved test split would hold the run's training images
-    same_source = bool(from_run.get("data")) and (not args.data or _same_source(args.data, from_run["data"]))
+    same_source = bool(from_run.get("data")) and _is_runs_data(args.data, run_config)
     if args.data and same_source and not getattr(args, "quiet", False):
         print(f"data: {args.data} is the run's own data: its split settings (seed, fractions, classes) apply; "
               "flags given here win", file=sys.stderr)

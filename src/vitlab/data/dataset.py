@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -242,6 +243,12 @@ class DataSplits:
         """The splits that exist, by name."""
         return {k: v for k, v in (("train", self.train), ("val", self.val), ("test", self.test)) if v is not None}
 
+    def identity(self) -> dict[str, Any]:
+        """What tells this data apart when the same source string may name other data (a relative path read from
+        another folder, files changed on disk): the classes and each split's size. Training checkpoints and the
+        studies record it, and a resume compares it (`identity_difference`)."""
+        return {"classes": list(self.class_names), "images": {k: len(v) for k, v in self.splits().items()}}
+
     def all_skipped(self) -> list[tuple[str, str]]:
         """Files skipped while loading plus those that failed later while streaming."""
         seen, out = set(), []
@@ -257,6 +264,18 @@ class DataSplits:
         parts = [f"{k} {len(v)}" for k, v in self.splits().items()]
         return (f"{self.name}: {self.num_classes} classes, {', '.join(parts)} images, "
                 f"{self.channels} channel{'s' if self.channels != 1 else ''}")
+
+
+def identity_difference(before: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """How two `DataSplits.identity()` records differ, in words (`classes [..] -> [..]`, `train 90 -> 95 images`);
+    None when they do not."""
+    if before == now:
+        return None
+    if before.get("classes") != now.get("classes"):
+        return f"classes {before.get('classes')} -> {now.get('classes')}"
+    was, new = before.get("images") or {}, now.get("images") or {}
+    return ", ".join(f"{k} {was.get(k, 0)} -> {new.get(k, 0)} images"
+                     for k in ("train", "val", "test") if was.get(k, 0) != new.get(k, 0)) or "splits differ"
 
 
 def skipped_summary(skipped: Sequence[tuple[str, str]], listing: str | os.PathLike | None = None) -> str:

@@ -213,7 +213,9 @@ def run_compare(
         check_map_fits_data(settings.zero_shot_map, data.class_names)
     training = training_config(settings)  # also refuses --set of what compare owns, before any folder exists
     if settings.threads is None:  # decided once: every model of the study computes with the same count
-        settings = dataclasses.replace(settings, threads=recorded_threads(out, models) or _auto_threads())
+        from vitlab.runtime import study_threads
+
+        settings = dataclasses.replace(settings, threads=study_threads(None, recorded_threads(out, models))[0])
     torch.set_num_threads(settings.threads)  # the evaluations too, not only the fine-tuning runs
     training["threads"] = settings.threads
     out.mkdir(parents=True, exist_ok=True)
@@ -281,12 +283,6 @@ def check_train_overrides(overrides: dict[str, Any]) -> None:
         if key in OWNED_KEYS:
             raise VitlabError(f"--set {key}=... is compare's own setting (the same for every model and its "
                               f"data); use {OWNED_KEYS[key]} instead")
-
-
-def _auto_threads() -> int:
-    from vitlab.runtime import choose_threads
-
-    return choose_threads(None)[0]
 
 
 def recorded_threads(out: Path, models: list[ModelSpec]) -> int | None:
@@ -508,6 +504,13 @@ def _start_head(model, lm, data, st: CompareSettings, source: str) -> bool:
     return False
 
 
+def _start_label(zs, keep_head: bool, source: str) -> str:
+    """The name of the head fine-tuning starts from: the zero-shot row's own when kept, else the new zero head."""
+    if keep_head:
+        return zs.rows[0]["label"]
+    return LABEL_START_UNTRAINED if source == "from scratch" else LABEL_START_ZERO_HEAD
+
+
 def _epoch_zero(model, lm, data, pre, st: CompareSettings, name: str, source: str, zs) -> tuple[dict | None, bool]:
     """Give `model` its fine-tuning's starting head (`_start_head`) and return (the curves' epoch-0 point, whether
     that head is the zero-shot row's), on the validation split with the preprocessing of the training loop's
@@ -530,8 +533,7 @@ def _epoch_zero(model, lm, data, pre, st: CompareSettings, name: str, source: st
         m = evaluate_model(model, data, pre, split="val", model_classes=list(data.class_names), head="trained",
                            batch_size=st.eval_batch_size, device=st.device, seed=st.seed, progress=not st.quiet,
                            name=name).head_metrics
-        label = (zs.rows[0]["label"] if keep_head
-                 else LABEL_START_UNTRAINED if source == "from scratch" else LABEL_START_ZERO_HEAD)
+        label = _start_label(zs, keep_head, source)
     return {"epoch": 0, "step": 0, "train_loss": None, "train_acc": None, "lr": None, "time_s": 0.0,
             "val_loss": m["loss"], "val_acc": m["accuracy"], "val_macro_f1": m["macro_f1"], "evaluation": label,
             }, keep_head
@@ -579,8 +581,7 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
     zs.info["model_description"] = lm.description
     write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning ({zs.rows[0]['label']})")
     start, keep_head = _epoch_zero(model, lm, data, pre, st, ms.name, source, zs)
-    start_head = (zs.rows[0]["label"] if keep_head
-                  else LABEL_START_UNTRAINED if source == "from scratch" else LABEL_START_ZERO_HEAD)
+    start_head = _start_label(zs, keep_head, source)
     stage[0] = "fine-tuning"
     tr, train_wall = _finetune(model, lm, zs, ms, data, st, pre, source, path, mdir, data_args, keep_head=keep_head)
     stage[0] = "evaluating the fine-tuned model"

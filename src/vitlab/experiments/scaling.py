@@ -39,8 +39,6 @@ from vitlab.experiments.transfer import (
     STUDY_MODELS,
     check_models,
     check_same_data,
-    data_identity,
-    decide_threads,
     model_config,
     read_settings,
     study_model,
@@ -122,7 +120,9 @@ def _check(st: ScalingSettings, out: Path) -> tuple[ScalingSettings, dict, dict,
     if not 0 < st.val_fraction < 1:
         raise VitlabError(f"--val-fraction must be between 0 and 1, got {st.val_fraction}")
     before = read_settings(out)
-    threads, why = decide_threads(st.threads, before)
+    from vitlab.runtime import study_threads
+
+    threads, why = study_threads(st.threads, before.get("threads"))
     st = replace(st, threads=threads)
     now = {k: v for k, v in asdict(st).items() if k != "quiet"}
     changed = sorted(k for k in now if k in before and before[k] != now[k] and k not in _SELECTION)
@@ -403,7 +403,7 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     if data.num_classes < 2:  # one class: every prediction is right, 100 % says nothing
         raise VitlabError(f"{st.data} has one class ({data.class_names[0]}); the study needs at least 2")
     # runs finished on other data must not stand beside new ones (nor the test-set size be misreported)
-    now["data_identity"] = data_identity(data)
+    now["data_identity"] = data.identity()
     check_same_data(before, now["data_identity"], out)
     entries = plan(st, len(data.train))
     if entries[0]["size"] < st.batch_size:

@@ -132,39 +132,17 @@ def check_models(models: list[str], example: str, *, compare_folders: bool = Fal
         check_distinct(models, collapse=True)
 
 
-def data_identity(data) -> dict[str, Any]:
-    """What tells the data on disk apart (as a training checkpoint's `data`): the classes and each split's size."""
-    return {"classes": list(data.class_names),
-            "images": {name: len(split) for name, split in data.splits().items() if split is not None}}
-
-
 def check_same_data(before: dict, identity: dict, out: Path) -> None:
-    """Refuse to add runs on other data to a study whose finished runs were made on the data recorded."""
+    """Refuse to add runs on other data to a study whose finished runs were made on the data recorded
+    (`DataSplits.identity`, as training checkpoints record it)."""
+    from vitlab.data.dataset import identity_difference
+
     old = before.get("data_identity")
-    if old is None or old == identity:
+    what = identity_difference(old, identity) if old is not None else None
+    if what is None:
         return
-    if old.get("classes") != identity["classes"]:
-        what = f"classes {', '.join(old.get('classes') or [])} -> {', '.join(identity['classes'])}"
-    else:
-        was = old.get("images") or {}
-        what = ", ".join(f"{k} {was.get(k)} -> {n}" for k, n in identity["images"].items() if was.get(k) != n)
-        what = f"images {what or 'splits differ'}"
     raise VitlabError(f"{out} holds a study made on other data ({what}); use another --out, or the data it was "
                       "made with to resume it")
-
-
-def decide_threads(given: int | None, before: dict) -> tuple[int, str]:
-    """The CPU thread count of every run of the study, decided once: different counts give different bits, and
-    an automatic choice per run followed the machine's load. (count, why): given, else recorded, else auto now."""
-    if given is not None:
-        if int(given) < 1:
-            raise VitlabError(f"--threads must be >= 1, got {given}")
-        return int(given), "--threads"
-    if isinstance(before.get("threads"), int) and before["threads"] >= 1:
-        return before["threads"], "recorded by the study's first run"
-    from vitlab.runtime import choose_threads
-
-    return choose_threads(None)
 
 
 def read_settings(out: Path) -> dict:
@@ -476,10 +454,12 @@ def _start(st: TransferSettings, out: Path) -> tuple[TransferSettings, dict, str
     for name in st.models:
         model_config(name, len(up), int(source.train.image_size[0]), source.channels)
     before = read_settings(out)
-    threads, why = decide_threads(st.threads, before)
+    from vitlab.runtime import study_threads
+
+    threads, why = study_threads(st.threads, before.get("threads"))
     st = replace(st, threads=threads)
     now = {k: v for k, v in asdict(st).items() if k != "quiet"}
-    now["data_identity"] = data_identity(source)
+    now["data_identity"] = source.identity()
     _check_settings(before, now, names, out)
     shown = replace(st, upstream_classes=[names[i] for i in up], downstream_classes=[names[i] for i in down])
     return st, now, why, shown

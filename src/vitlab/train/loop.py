@@ -442,9 +442,8 @@ class TrainingRun:
                 "data": self.data_identity()}
 
     def data_identity(self) -> dict[str, Any]:
-        """What a resume checks it trains on the same data with: the classes and each split's size."""
-        return {"classes": list(self.class_names),
-                "images": {name: len(split) for name, split in self.data.splits().items()}}
+        """What a resume checks it trains on the same data with (`DataSplits.identity`)."""
+        return self.data.identity()
 
     def model_meta(self) -> dict[str, Any] | None:
         """What RUN/model/config.json will hold, so that a checkpoint loads as weights on its own."""

@@ -134,14 +134,11 @@ def check_same_data(recorded: dict[str, Any] | None, now: dict[str, Any], cfg: T
     """A resume must train on the data the run started on: the same source string can name other data (a
     relative path read from another folder, a folder whose files changed). Compared: classes and split sizes,
     as the checkpoint recorded them (checkpoints from before the record: nothing to compare)."""
-    if not recorded or recorded == now or "data" in allow_change:
+    from vitlab.data.dataset import identity_difference
+
+    what = identity_difference(recorded, now) if recorded and "data" not in allow_change else None
+    if what is None:
         return
-    if recorded.get("classes") != now.get("classes"):
-        what = f"classes {recorded.get('classes')} -> {now.get('classes')}"
-    else:
-        before, after = recorded.get("images", {}), now.get("images", {})
-        what = ", ".join(f"{k} {before.get(k, 0)} -> {after.get(k, 0)} images"
-                         for k in ("train", "val", "test") if before.get(k, 0) != after.get(k, 0))
     raise VitlabError(f"cannot resume {run_folder_of(cfg.resume)}: its data {cfg.data!r} is not what the run "
                       f"trained on ({what}); resume with the run's data (a relative path is read from the folder "
                       "you run in), or add --allow-change data to go on with this data")
