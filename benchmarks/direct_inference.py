@@ -9,7 +9,8 @@ logit difference between the two (0: the same operators on the same values).
 
 `--attempts` times two variants of the direct route that were tried and not kept (docs/benchmarks.md, "Tried and
 not adopted"): the residual adds fused into the proj and fc2 products (oneDNN's binary post-op), and the attention
-core of 197-token blocks as two batched products and a softmax instead of torch's fused kernel.
+core of 197-token blocks as two batched products and a softmax instead of torch's fused kernel, and each block's
+attention as one call of torch's private `_native_multi_head_attention` (fewer operator calls at batch 1).
 """
 
 from __future__ import annotations
@@ -97,6 +98,20 @@ def _explicit_core_block(x, p, queries, fused_gelu):
         attention_core.EXPLICIT_MAX_TOKENS = limit
 
 
+def _native_attention_block(x, p, queries, fused_gelu):
+    """`vit_direct._block` with LayerNorm-free attention as one call of torch's private fused
+    `_native_multi_head_attention` (qkv projection, core and output projection; nn.MultiheadAttention's inference
+    fast path), and fc1 + GELU, fc2 as F.linear: fewer operator calls, the same function up to fp32 rounding. The
+    class-token-only last block and blocks without a qkv bias run as kept."""
+    if queries is not None or p.qkv_bias is None or p.proj_bias is None:
+        return KEPT_BLOCK(x, p, queries, fused_gelu)
+    h = F.layer_norm(x, *p.norm1)
+    x = x + torch._native_multi_head_attention(h, h, h, x.shape[-1], p.heads, p.qkv_weight[1], p.qkv_bias,
+                                               p.proj_weight[1], p.proj_bias, None, False)[0]
+    h = F.gelu(F.linear(F.layer_norm(x, *p.norm2), p.fc1_weight[1], p.fc1_bias), approximate=p.gelu)
+    return x + F.linear(h, p.fc2_weight[1], p.fc2_bias)
+
+
 def attempts(name: str, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
     """images/s at batch 1 of the direct route as kept and of each variant tried, with max |logit difference|."""
     model, x = model_and_images(name, 1)
@@ -113,7 +128,8 @@ def attempts(name: str, rounds: int) -> tuple[dict[str, float], dict[str, float]
         return run
 
     runs = {"direct": variant(kept), "fused residual add": variant(_fused_add_block),
-            "explicit core at 197 tokens": variant(_explicit_core_block)}
+            "explicit core at 197 tokens": variant(_explicit_core_block),
+            "native fused attention": variant(_native_attention_block)}
     reference = engine(x)
     diffs = {label: float((run(x) - reference).abs().max()) for label, run in runs.items()}
     return choose.interleaved_speeds(runs, x, rounds), diffs
