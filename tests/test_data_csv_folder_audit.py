@@ -66,6 +66,18 @@ def test_csv_integral_floats_are_class_numbers(tmp_path):
     assert d.train.class_counts() == [2, 1, 1]
 
 
+def test_csv_negative_label_is_no_label_as_in_hugging_face(tmp_path):
+    """A CSV row labelled -1 made a class "-1", while the Hugging Face reader skips -1 as "no label"."""
+    labels = ["0", "1", "-1", "1", "-1.0", "0"]
+    src = csv_of(tmp_path, "path,label\n" + "".join(f"{img(k)},{lab}\n" for k, lab in enumerate(labels)))
+    d = load_data(src, **KW)
+    assert d.class_names == ["0", "1"]
+    assert d.train.class_counts() == [2, 2]
+    reasons = {where.rsplit(":", 1)[-1]: why for where, why in d.skipped}
+    assert set(reasons) == {"line 4", "line 6"}
+    assert all("no label" in why for why in reasons.values())
+
+
 def test_csv_numbers_and_names_mixed_never_repeat_a_class(tmp_path):
     """`01` and `1` merged only when every label was an integer."""
     labels = ["1", "01", "cat", "10"]

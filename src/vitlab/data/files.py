@@ -528,6 +528,10 @@ def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress:
         if not file or not label:
             skipped.append((where, f"bad row {repr(row[:3])[:80]} (expected path,label)"))
             continue
+        number = number_label(label)
+        if number is not None and number < 0:  # -1 is "no label" in Hugging Face datasets and most label files
+            skipped.append((where, f"no label ({label}: a negative class number marks an unlabelled image)"))
+            continue
         p = Path(file).expanduser()
         p = p if p.is_absolute() else base / p
         split = next((s for s, names in SPLIT_FOLDERS.items() if (split_text or "train").lower() in names), None)
