@@ -78,6 +78,22 @@ def test_a_resume_without_threads_takes_the_recorded_count(tmp_path, monkeypatch
     assert "finished earlier, reusing" in printed.out and "threads 1 (recorded by the study in" in printed.err
 
 
+def test_a_result_from_before_threads_were_recorded_is_kept_and_said(tmp_path, capsys):
+    """Studies made before compare recorded one thread count (settings.threads None) were refused on every rerun
+    as 'made with other settings (threads None -> 2)'."""
+    out = tmp_path / "cmp"
+    assert _compare(out, TINY, "--threads", "1") == 0
+    result = out / cmp._safe(TINY) / "result.json"
+    record = json.loads(result.read_text())
+    record["settings_used"]["settings"]["threads"] = None  # as an older vitlab wrote it
+    result.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert _compare(out, TINY, "--threads", "2", budget=BUDGET[:-1]) == 0  # not --quiet: says it reuses
+    printed = capsys.readouterr()
+    assert "finished earlier, reusing" in printed.out
+    assert "does not record its CPU thread count" in printed.err and "runs at 2 threads" in printed.err
+
+
 @pytest.mark.parametrize("setting, flag", [
     ("data=digits", "--data"), ("classes=Sandal", "--classes"), ("per_class=3", "--per-class"),
     ("val_fraction=0.2", "--val-fraction"), ("seed=3", "--seed"), ("threads=2", "--threads"),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -380,11 +381,26 @@ def finished_result(mdir: Path, wanted: dict) -> dict | None:
     if not isinstance(stored.get("settings_used"), dict):
         raise VitlabError(f"{f} does not record the settings it was made with; use another --out (or delete "
                           "that folder to redo the model)")
-    diff = _differences(stored["settings_used"], wanted)
+    used = _threads_unrecorded_as_wanted(stored["settings_used"], wanted, mdir)
+    diff = _differences(used, wanted)
     if diff:
         raise VitlabError(f"{f} was made with other settings or data ({'; '.join(diff[:3])}); rerun with the same "
                           "settings to resume, or use another --out (or delete that folder to redo the model)")
     return stored
+
+
+def _threads_unrecorded_as_wanted(used: dict, wanted: dict, mdir: Path) -> dict:
+    """`used` with the thread count wanted now where it recorded none: studies made before compare decided and
+    recorded one count (--threads None, automatic per run) stay usable, and it is said, since another count can
+    change the last bits of their numbers."""
+    settings, now = used.get("settings"), wanted.get("settings")
+    if not (isinstance(settings, dict) and isinstance(now, dict)) or settings.get("threads") is not None:
+        return used
+    if now.get("threads") is None:
+        return used
+    print(f"{mdir.name}: its stored result does not record its CPU thread count (made before compare recorded "
+          f"one); kept, and this study now runs at {now['threads']} threads", file=sys.stderr, flush=True)
+    return {**used, "settings": {**settings, "threads": now["threads"]}}
 
 
 def compare_one(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, data_args: dict | None,
@@ -437,7 +453,7 @@ def _resumable_finetune(mdir: Path, wanted: dict) -> Path | None:
         earlier = json.loads((mdir / ATTEMPT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return run if earlier == wanted else None
+    return run if _threads_unrecorded_as_wanted(earlier, wanted, mdir) == wanted else None
 
 
 def _failure(ms: ModelSpec, mdir: Path, stage: str, exc: BaseException) -> dict:
