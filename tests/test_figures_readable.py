@@ -115,3 +115,19 @@ def test_constant_similarity_gets_a_band_not_an_error():
     sim = np.ones((2, 2, 2, 2))
     lo, hi = similarity_limits(sim)
     assert lo < 1.0 <= hi
+
+
+@pytest.mark.parametrize("grid", [(3, 9), (9, 3), (5, 5)])
+def test_similarity_colour_bar_is_as_tall_as_the_grid(kept, tmp_path, grid):
+    """On a wide grid (a 224 x 672 input) the colour bar ran the axes' full height, far above and below the tiles."""
+    h, w = grid
+    e = torch.randn(1, 1 + h * w, 16, generator=torch.Generator().manual_seed(0))
+    figures.plot_posemb_similarity(posemb_similarity(e, grid, 1), tmp_path / "p.png")
+    fig = kept[-1]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    tiles = fig.axes[0].get_images()[0].get_window_extent(renderer)  # pixels, where the tiles are drawn
+    bar = fig.axes[1].get_window_extent(renderer)
+    # the bar's scale (without its extension triangles, up to 5 % of its length at each end) within the tiles' rows
+    assert tiles.y0 - 1 <= bar.y0 and bar.y1 <= tiles.y1 + 1
+    assert bar.height >= 0.85 * tiles.height

@@ -68,8 +68,13 @@ def plot_posemb_similarity(sim: np.ndarray, path: str | Path, title: str | None 
     ax.set_ylabel("Input patch row")
     extend = {(False, False): "neither", (True, False): "min", (False, True): "max", (True, True): "both"}[
         (bool(np.nanmin(mosaic) < lo), bool(np.nanmax(mosaic) > hi))]
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, extend=extend,
-                 label="Cosine similarity" + ("" if scale == "paper" else f" (scale {lo:.2f}..{hi:.2f}, this figure's)"))
+    # a colour bar axis cut from the image's own (aspect-fixed) box is exactly as tall as the tiles; colorbar(ax=)
+    # took a share of the axes' box, which on a wide or tall grid ran far above or below them
+    from mpl_toolkits.axes_grid1 import make_axes_locatable
+
+    bar = make_axes_locatable(ax).append_axes("right", size=0.18, pad=0.12)
+    fig.colorbar(im, cax=bar, extend=extend,
+                 label="Cosine similarity" + ("" if scale == "paper" else "\n(this figure's own scale)"))
     ax.set_title(title or "Position embedding similarity", fontsize=10)
     return _save(fig, path)
 
