@@ -280,13 +280,57 @@ def test_image_size_keeps_the_models_own_position_table(trained, tmp_path, capsy
     capsys.readouterr()
 
 
-def test_a_map_models_rollout_says_it_is_not_weighted_by_the_probe(tmp_path, capsys):
+def _numpy_map_rollout(model, x: torch.Tensor) -> np.ndarray:
+    """A MAP model's rollout map written out in numpy from its weights: the probe's softmax attention over the
+    output tokens (mean over heads) times R = A_L ... A_1, A_l = rownorm(mean_heads(attn_l) + I), max-scaled."""
+    with torch.no_grad():
+        _, attn = model(x, return_attention=True)
+        tokens = model.forward_features(x).double().numpy()
+    pool, d, heads = model.attn_pool, model.config.dim, model.config.heads
+    hd = d // heads
+    w = {k: v.detach().double().numpy() for k, v in pool.state_dict().items()}
+    q = (w["latent"][0] @ w["q.weight"].T + w["q.bias"]).reshape(heads, hd)  # (heads, hd)
+    k = (tokens @ w["kv.weight"][:d].T + w["kv.bias"][:d]).reshape(len(x), -1, heads, hd)  # keys: kv's first half
+    logits = np.einsum("hc,bnhc->bhn", q, k) / np.sqrt(hd)
+    probe = np.exp(logits - logits.max(-1, keepdims=True))
+    probe = (probe / probe.sum(-1, keepdims=True)).mean(1)  # (B, N)
+    n = tokens.shape[1]
+    r = np.broadcast_to(np.eye(n), (len(x), n, n))
+    for a in attn:
+        aug = a.double().numpy().mean(1) + np.eye(n)
+        r = (aug / aug.sum(-1, keepdims=True)) @ r
+    maps = np.einsum("bn,bnm->bm", probe, r).reshape(len(x), *model.config.grid_size)
+    return maps / maps.reshape(len(x), -1).max(-1)[:, None, None]
+
+
+def test_a_map_models_rollout_is_weighted_by_its_probe(tmp_path, capsys):
+    """A MAP model's rollout was the mean over all query rows, not the mix of tokens its head reads."""
     from vitlab.inspect import inspect_model
 
-    model = create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=4, image_size=16,
+    model = create_model("custom", dim=32, depth=2, heads=2, mlp_dim=64, patch_size=4, image_size=16,
                          classifier="map", num_classes=3, seed=0).eval()
-    res = inspect_model(model, torch.randn(2, 3, 16, 16), tmp_path / "m", progress=False, rollout_images=1)
-    assert any("not weighted by its MAP probe" in n for n in res.notes)
+    with torch.no_grad():
+        model.attn_pool.latent.normal_(0, 3.0)  # a probe that favours some tokens strongly
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    res = inspect_model(model, x, tmp_path / "m", progress=False, rollout_images=3)
+    expected = _numpy_map_rollout(model, x)
+    np.testing.assert_allclose(res.rollout_maps, expected, rtol=1e-5, atol=1e-6)
+    unweighted = np.array([m / m.max() for m in res.rollout_maps])  # the old map differs: the weighting shows
+    from vitlab.inspect.rollout import rollout_maps
+
+    with torch.no_grad():
+        _, attn = model(x, return_attention=True)
+    assert np.abs(rollout_maps(attn, (4, 4), 0) - unweighted).max() > 1e-3
+    assert "probe attention over the output tokens" in (tmp_path / "m" / "report.html").read_text()
+    # the probe's weights are those the head mixes the values with
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        p = model.attn_pool.probe_attention(tokens)  # (B, heads, N)
+        _, _, v = model.attn_pool._query_keys_values(tokens)
+        mixed = (p.unsqueeze(-1) * v).sum(-2).reshape(len(x), 1, -1)
+        out = model.attn_pool.proj(mixed)
+        out = (out + model.attn_pool.mlp(model.attn_pool.norm(out)))[:, 0]
+        torch.testing.assert_close(out, model.attn_pool(tokens), rtol=1e-5, atol=1e-6)
 
 
 def test_what_n_and_rollout_images_leave_out_is_said(trained, tmp_path, capsys):

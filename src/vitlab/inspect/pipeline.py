@@ -21,7 +21,7 @@ from vitlab.inspect.distance import attention_distance, uniform_attention_distan
 from vitlab.inspect.filters import FilterPCA, embedding_filter_pca
 from vitlab.inspect.posemb import posemb_similarity, scale_text
 from vitlab.inspect.report import Section, write_report
-from vitlab.inspect.rollout import attention_maps, rollout_maps
+from vitlab.inspect.rollout import attention_maps, probe_weights, rollout_maps
 from vitlab.inspect.summary import distance_summary, filter_summary, posemb_summary, summary_lines
 from vitlab.progress import progress_bar
 
@@ -103,7 +103,8 @@ def collect(
         dists.append(attention_distance(attn, grid, stride, prefix, cls))
         keep = max(0, min(rollout_images - start, len(x)))
         if keep:
-            rolls.append(rollout_maps([a[:keep] for a in attn], grid, prefix, head_fusion, discard_ratio))
+            rolls.append(rollout_maps([a[:keep] for a in attn], grid, prefix, head_fusion, discard_ratio,
+                                      _map_probe(model, x[:keep], head_fusion)))
         if raw is None:
             raw = attention_maps([a[:1] for a in attn], grid, prefix, index=0)
     model.train(was_training)
@@ -114,6 +115,15 @@ def collect(
         "predictions": torch.cat(preds).numpy(),
         "grid": np.array(grid),
     }
+
+
+def _map_probe(model: nn.Module, x: torch.Tensor, head_fusion: str) -> torch.Tensor | None:
+    """A MAP model's probe attention over its output tokens (B, N), heads fused; None for other heads. Computed
+    by the model itself, also where `forward` runs another engine: the engines return the blocks' attention only."""
+    pool = getattr(model, "attn_pool", None)
+    if pool is None:
+        return None
+    return probe_weights(pool.probe_attention(model.forward_features(x)), head_fusion)
 
 
 def _to_display(images: torch.Tensor, mean, std) -> np.ndarray:
@@ -279,11 +289,11 @@ def inspect_model(
                       f"{f', discard {discard_ratio:g}' if discard_ratio else ''})",
             )
         source = "the class token's row R[0, 1:]" if prefix else "the mean over all query rows (no class token: the output is the mean of all tokens)"
-        if cfg.classifier == "map":  # its output is the probe's attention-weighted mix, which these maps leave out
-            source = ("the mean over all query rows. This model pools with a MAP head, whose learned probe weights "
-                      "the tokens unevenly: the map shows where the tokens look, not the head's own weighting")
-            res.notes.append("rollout and raw attention of a MAP model: the mean over all tokens, not weighted by "
-                             "its MAP probe's attention (read them as the tokens' view, not the head's)")
+        if cfg.classifier == "map":  # its output is the probe's attention-weighted mix of the tokens
+            source = (f"the MAP head's probe attention over the output tokens (heads fused by {head_fusion}) times R: "
+                      "the output is that mix of the tokens, so the map traces it back to the input patches")
+            res.notes.append("raw attention of a MAP model: the mean over all query rows (its probe's own weighting "
+                             "is in the rollout, not in the per-layer tiles)")
         if not k:  # --rollout-images 0: no section with a heading and no figure
             res.skipped.append(("Attention rollout", "--rollout-images 0"))
         else:

@@ -98,12 +98,14 @@ def token_map(
     matrix: np.ndarray | torch.Tensor,
     grid: tuple[int, int],
     num_prefix_tokens: int = 1,
+    query_weights: np.ndarray | torch.Tensor | None = None,
 ) -> np.ndarray:
     """What the output attends to, on the patch grid: (..., N, N) -> (..., h, w).
 
     With a class token it is the class token's row over the patch columns, R[0, prefix:]. Without
     one (global average pooling) the output is the mean of all tokens, so it is the mean over the
-    query rows, R.mean(rows)[patches].
+    query rows, R.mean(rows)[patches]. `query_weights` (..., N), e.g. a MAP head's probe attention,
+    weights the rows instead: the output is that mix of the tokens, so the map is weights @ R.
     """
     m = _as_tensor(matrix)
     h, w = grid
@@ -112,7 +114,9 @@ def token_map(
         raise VitlabError(
             f"attention over {n} tokens does not match a {h}x{w} grid with {num_prefix_tokens} prefix token(s)"
         )
-    if num_prefix_tokens:
+    if query_weights is not None:
+        row = (_as_tensor(query_weights).unsqueeze(-2) @ m).squeeze(-2)[..., num_prefix_tokens:]
+    elif num_prefix_tokens:
         row = m[..., 0, num_prefix_tokens:]
     else:
         row = m.mean(dim=-2)
@@ -125,12 +129,20 @@ def rollout_maps(
     num_prefix_tokens: int = 1,
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
+    query_weights: np.ndarray | torch.Tensor | None = None,
 ) -> np.ndarray:
-    """Per image, the rollout map on the patch grid (B, h, w), divided by its maximum (the paper's display)."""
+    """Per image, the rollout map on the patch grid (B, h, w), divided by its maximum (the paper's display);
+    `query_weights` (B, N) as in `token_map`."""
     r = attention_rollout(attentions, head_fusion, discard_ratio, num_prefix_tokens)
-    maps = token_map(r, grid, num_prefix_tokens)
+    maps = token_map(r, grid, num_prefix_tokens, query_weights)
     peak = maps.reshape(*maps.shape[:-2], -1).max(axis=-1)[..., None, None]
     return maps / np.where(peak > 0, peak, 1.0)
+
+
+def probe_weights(probe_attention: torch.Tensor, head_fusion: str = "mean") -> torch.Tensor:
+    """A MAP probe's attention (B, heads, N) -> (B, N): heads fused as the layers' are, rows summing to one."""
+    fused = fuse_heads(_as_tensor(probe_attention).unsqueeze(-2), head_fusion).squeeze(-2)
+    return fused / fused.sum(dim=-1, keepdim=True)
 
 
 def attention_maps(

@@ -223,15 +223,27 @@ class AttentionPool(nn.Module):
         self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.mlp = Mlp(d, config.mlp_dim, config.gelu)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _query_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The probe's query (B, heads, 1, hd) and the tokens' keys and values (B, heads, N, hd)."""
         b, n, d = x.shape
         hd = d // self.heads
         q = self.q(self.latent.expand(b, -1, -1)).reshape(b, 1, self.heads, hd).transpose(1, 2)
         k, v = self.kv(x).reshape(b, n, 2, self.heads, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, d = x.shape
+        q, k, v = self._query_keys_values(x)
         out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, d)
         out = self.proj(out)
         out = out + self.mlp(self.norm(out))
         return out[:, 0]
+
+    def probe_attention(self, x: torch.Tensor) -> torch.Tensor:
+        """The probe's attention over the tokens x (B, N, D) -> (B, heads, N): the weights `forward` mixes their
+        values with (softmax(q k^T / sqrt(hd)), as the fused kernel computes it), for inspection."""
+        q, k, _ = self._query_keys_values(x)
+        return (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(dim=-1)[:, :, 0]
 
 
 class RepresentationLayer(nn.Module):
