@@ -87,13 +87,18 @@ def test_another_number_of_processes_is_refused(interrupted):
 
 
 def test_a_checkpoint_file_that_does_not_fit_the_model_is_one_line(tmp_path, interrupted):
-    # a checkpoint copied out of its run folder: no config.yaml to compare with, the weights still must fit
+    # a checkpoint copied out of its run folder: no config.yaml, so the settings the checkpoint recorded are the
+    # record the command is compared with (audit: without config.yaml nothing was compared)
     lone = tmp_path / "copy" / "checkpoints" / "step-0000004.pt"
     lone.parent.mkdir(parents=True)
     lone.write_bytes((interrupted / "checkpoints" / "step-0000004.pt").read_bytes())
     cfg = tiny_cfg(tmp_path, model_args=dict(dim=48, depth=1, heads=2, mlp_dim=64, patch_size=2), resume=str(lone))
-    with pytest.raises(VitlabError, match=r"checkpoint .*step-0000004.pt does not fit the model this command builds"):
+    with pytest.raises(VitlabError, match=r"changes the run's model_args.dim 32 -> 48;"):
         train(cfg, data=tiny_data())
+    # the change allowed, the weights still must fit: one line, not torch's list of mismatched tensors
+    cfg = tiny_cfg(tmp_path, model_args=dict(dim=48, depth=1, heads=2, mlp_dim=64, patch_size=2), resume=str(lone))
+    with pytest.raises(VitlabError, match=r"checkpoint .*step-0000004.pt does not fit the model this command builds"):
+        train(cfg, data=tiny_data(), allow_change=("model_args",))
 
 
 CLI_ARGS = [*ARGS[: ARGS.index("--epochs")], "--steps", "2", *ARGS[ARGS.index("--epochs") + 2:]]

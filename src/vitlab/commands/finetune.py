@@ -30,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
     extra = {"weights": args.weights} if args.weights else {}
     cfg = config_from_args(args, "finetune", extra)
+    if not cfg.weights and args.resume:  # a run from scratch, resumed with the wrong command
+        raise VitlabError(f"{args.resume} is a run from scratch, not a fine-tuning run; resume it with `vitlab train "
+                          f"--resume {args.resume}`")
     if not cfg.weights:
         raise VitlabError("vitlab finetune needs --weights (a run folder, a weights file or folder, or a pretrained "
                           "name such as vit-b/16.augreg-in21k-ft-in1k-224: `vitlab models --pretrained`)")

@@ -124,19 +124,21 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace, default_recipe: str, extra: dict | None = None):
-    """Resolve the run's TrainConfig; `--resume RUN` starts from RUN/config.yaml."""
-    from pathlib import Path
-
+    """Resolve the run's TrainConfig; `--resume RUN` starts from RUN/config.yaml (without one: from the settings
+    its checkpoint recorded)."""
     from vitlab.train.config import resolve_config
 
     overrides = dict(extra or {})
     overrides.update(overrides_from_args(args))
     yaml_path = args.config
     if args.resume:
-        run = Path(args.resume)
-        folder = run if run.is_dir() else run.parent.parent
+        from vitlab.train.resume import checkpoint_config, run_folder_of
+
+        folder = run_folder_of(args.resume)
         if yaml_path is None and (folder / "config.yaml").is_file():
             yaml_path = folder / "config.yaml"
+        elif yaml_path is None:  # config.yaml lost: the checkpoint records the same settings (else: the defaults)
+            yaml_path = checkpoint_config(args.resume) or None
         overrides["resume"] = str(args.resume)
     recipe = args.recipe or (None if yaml_path else default_recipe)
     return resolve_config(recipe, yaml_path, overrides)

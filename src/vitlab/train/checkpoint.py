@@ -186,41 +186,90 @@ class CheckpointManager:
             old.unlink(missing_ok=True)
         return path
 
+    def set_aside_after(self, step: int) -> list[Path]:
+        """Move the step checkpoints after `step` into checkpoints/abandoned/: a resume from an older checkpoint
+        drops the later part of metrics.jsonl, and left in place the later checkpoints were what the next
+        `--resume RUN` continued (the abandoned run's weights under the new run's records). Moved, not deleted:
+        they may be all a user has of that part of the run."""
+        later = [p for p in self.step_files() if int(_STEP_RE.match(p.name).group(1)) > step]
+        if later:
+            aside = self.folder / "abandoned"
+            aside.mkdir(exist_ok=True)
+            for p in later:
+                os.replace(p, aside / p.name)
+        return later
+
     def save_best(self, state: dict[str, Any], metric: float) -> Path:
         state = dict(state, best_metric=float(metric))
         return atomic_save(state, self.folder / "best.pt")
 
 
+def checkpoint_folder(run: str | Path) -> Path:
+    """The checkpoints of `--resume RUN`: RUN/checkpoints, or the folder itself when it is RUN/checkpoints."""
+    p = Path(run)
+    return p if p.name == "checkpoints" and not (p / "checkpoints").is_dir() else p / "checkpoints"
+
+
 def find_resume_checkpoint(run: str | Path) -> Path:
-    """`--resume RUN` accepts a run folder (its latest step checkpoint) or a checkpoint file."""
+    """`--resume RUN` accepts a run folder (its latest step checkpoint), its checkpoints/ folder, or a checkpoint
+    file in a checkpoints/ folder."""
     p = Path(run)
     if p.is_file():
+        if p.parent.name != "checkpoints":  # the run folder is the checkpoint's grandparent: here there is none
+            raise VitlabError(f"cannot resume from {p}: --resume takes a run folder, its checkpoints/ folder or a "
+                              "checkpoint in it (RUN/checkpoints/step-N.pt); put a copied checkpoint in a folder named "
+                              "checkpoints/ (the folder above it becomes the run folder)")
         return p
     if not p.exists():
         raise VitlabError(f"cannot resume: {p} does not exist; give a run folder or a checkpoint file")
-    latest = CheckpointManager(p / "checkpoints").latest()
+    folder = checkpoint_folder(p)
+    latest = CheckpointManager(folder).latest()
     if latest is None:
-        raise VitlabError(f"cannot resume: no checkpoints in {p / 'checkpoints'} (the run stopped before its first one)")
+        raise VitlabError(f"cannot resume: no checkpoints in {folder} (the run stopped before its first one)")
     return latest
+
+
+# What a training checkpoint holds beyond the weights; without them a file cannot continue a run (a state dict
+# saved by hand, a weights-only file, another program's checkpoint).
+TRAINING_KEYS = ("model", "optimizer", "scheduler", "rng", "global_step", "epoch", "step_in_epoch")
+
+
+def missing_training_keys(state: Any) -> list[str]:
+    """What a loaded file lacks to be a training checkpoint (all of it for something that is no dict)."""
+    if not isinstance(state, dict):
+        return list(TRAINING_KEYS)
+    return [k for k in TRAINING_KEYS if k not in state]
 
 
 def load_resume_state(run: str | Path) -> tuple[dict[str, Any], Path]:
     """The state to resume `run` from, and its file. A run folder falls back from an unreadable
-    (truncated) latest checkpoint to the newest one that reads, with a note; a file given by name must read."""
+    (truncated) latest checkpoint, or one that is no training checkpoint, to the newest one that reads, with a
+    note; a file given by name must read."""
     p = Path(run)
     if p.is_file():
-        return load_checkpoint(p), p
-    candidates = CheckpointManager(p / "checkpoints").step_files()[::-1]
+        state = load_checkpoint(p)
+        missing = missing_training_keys(state)
+        if missing:  # else a KeyError later ("an unexpected failure")
+            raise VitlabError(f"cannot resume from {p}: it is not a training checkpoint (it lacks "
+                              f"{', '.join(missing)}); give the run folder or one of its checkpoints/step-N.pt "
+                              "(to start from weights alone: vitlab finetune --weights)")
+        return state, p
+    candidates = CheckpointManager(checkpoint_folder(p)).step_files()[::-1]
     for i, path in enumerate(candidates):
+        then = f"; trying {candidates[i + 1].name}" if i + 1 < len(candidates) else ""
         try:
             state = load_checkpoint(path)
         except VitlabError:
-            if i + 1 < len(candidates):
-                print(f"vitlab: checkpoint {path} is unreadable (truncated or damaged); trying {candidates[i + 1].name}",
-                      file=sys.stderr, flush=True)
+            if then:
+                print(f"vitlab: checkpoint {path} is unreadable (truncated or damaged){then}", file=sys.stderr,
+                      flush=True)
+            continue
+        if missing_training_keys(state):
+            print(f"vitlab: {path} is not a training checkpoint (it lacks "
+                  f"{', '.join(missing_training_keys(state))}){then}", file=sys.stderr, flush=True)
             continue
         return state, path
-    raise VitlabError(f"cannot resume: no readable checkpoint in {p / 'checkpoints'}; start the run again")
+    raise VitlabError(f"cannot resume: no readable checkpoint in {checkpoint_folder(p)}; start the run again")
 
 
 def state_is_finite(state: dict[str, Any]) -> bool:

@@ -311,13 +311,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def resolve_config(recipe: str | None = None, yaml_path: str | Path | None = None,
+def resolve_config(recipe: str | None = None, yaml_path: str | Path | dict[str, Any] | None = None,
                    overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults < recipe (or preset) < YAML file < explicit overrides; the result is what the run saves."""
-    file_values = load_yaml(yaml_path) if yaml_path else {}
+    """Defaults < recipe (or preset) < YAML file < explicit overrides; the result is what the run saves.
+    `yaml_path` may also be the file's settings as a dict (a checkpoint's record of a run without config.yaml)."""
+    if isinstance(yaml_path, dict):
+        file_values, file_source = dict(yaml_path), "from the checkpoint's record of the run's settings"
+    else:
+        file_values, file_source = (load_yaml(yaml_path) if yaml_path else {}), f"from {yaml_path}"
     name = recipe or file_values.get("recipe") or "small-data"
     cfg = apply_overrides(TrainConfig(), recipe_overrides(str(name)), source=f"from recipe {name}")
-    for values, source in ((file_values, f"from {yaml_path}"), (overrides or {}, "from the command line")):
+    for values, source in ((file_values, file_source), (overrides or {}, "from the command line")):
         cfg = apply_overrides(cfg, values, source=source)
         epochs_win_over_earlier_steps(cfg, values, source)
     validate(cfg)
@@ -437,4 +441,9 @@ def _check_budget(cfg: TrainConfig) -> None:
 
 
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Written whole or not at all (temporary file, then rename): a resume with an allowed change rewrites the
+    run's config.yaml, and half a file (a full disk, a kill) stopped every later --resume on invalid YAML."""
+    # imported here: checkpoint.py imports torch, which `vitlab --help` and the config checks do without
+    from vitlab.train.checkpoint import atomic_write_text
+
+    atomic_write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), path)

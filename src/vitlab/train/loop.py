@@ -12,6 +12,7 @@ result and the run folder's files)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -127,7 +128,11 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
         run = TrainingRun(cfg, device, info, t_start, stop, allow_change, changes)
         run.setup(model, data, lock, force_unlock)
         run.run_epochs()
-        result = run.finish()
+        try:
+            result = run.finish()
+        except KeyboardInterrupt:  # Ctrl-C stops the final evaluation at once: say that every step is kept
+            run.finish_interrupted()
+            raise
         run.trackers.close(ok=True)
         # every process finishes its last collective before any tears its process group down: a rank that left
         # while rank 0 was still writing the run's outputs once aborted at exit in gloo's teardown
@@ -384,8 +389,20 @@ class TrainingRun:
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_state(state)
         restore_rng(state["rng"], self.info.rank)
-        self.run.truncate_metrics(self.progress.global_step)
-        record_changes(self.run, self.cfg, self.changes, self.progress.global_step)
+        step = self.progress.global_step
+        self.run.truncate_metrics(step)
+        if self.main:  # the run goes on from `step`: checkpoints after it belong to an abandoned continuation
+            later = self.ckpts.set_aside_after(step)
+            if later:
+                print(f"vitlab: resuming from step {step}: moved the later checkpoint(s) "
+                      f"{', '.join(p.name for p in later)} to {self.ckpts.folder / 'abandoned'} (the run goes on "
+                      "from here, as metrics.jsonl does; delete them when they are not needed)",
+                      file=sys.stderr, flush=True)
+        if self.main and not (self.run.path / "config.yaml").is_file():
+            print(f"vitlab: {self.run.path} has no config.yaml: the run's settings were taken from its checkpoint; "
+                  "config.yaml is written again", file=sys.stderr, flush=True)
+            self.run.save_config(dataclasses.replace(self.cfg, resume=None))
+        record_changes(self.run, self.cfg, self.changes, step)
 
     def announce(self, resumed: bool) -> None:
         if not self.main:
@@ -457,9 +474,12 @@ class TrainingRun:
         self.progress.last_saved_step = self.progress.global_step
         state = self.checkpoint_state()
         if self.main:
-            self.ckpts.save(state, self.progress.global_step)
+            # best.pt before the step checkpoint: a kill between the two then resumes from the previous checkpoint
+            # and redoes the epoch, writing best.pt again. The other order lost it for good: the resume started
+            # after the epoch, its accuracy already counted as the best, and no later epoch rewrote best.pt.
             if best_metric is not None:
                 self.ckpts.save_best(state, best_metric)
+            self.ckpts.save(state, self.progress.global_step)
         D.barrier(self.info)
 
     def interrupt(self) -> None:
@@ -468,6 +488,14 @@ class TrainingRun:
             self.save_checkpoint()
         stop_interrupted(self.cfg, self.run, self.ckpts, self.stop.received or "a signal on another process",
                          self.progress.global_step, self.bar, self.info.world_size)
+
+    def finish_interrupted(self) -> None:
+        """Ctrl-C in the final evaluation (after run_epochs, signals stop at once again): every step is checkpointed,
+        and a resume writes what is missing (else the run ended on the command's bare "interrupted")."""
+        if self.main:
+            print(f"vitlab: interrupted in the final evaluation after all {self.progress.global_step} steps (checkpoint "
+                  f"{self.ckpts.latest()}); to write the evaluation and the run's files, resume with: "
+                  f"{resume_command(self.cfg, self.run.path, self.info.world_size)}", file=sys.stderr, flush=True)
 
     def diverged(self, what: str, value: Any) -> None:
         stop_diverged(what, value, self.progress.global_step, self.progress.epoch, self.ckpts, self.main, self.bar)

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from vitlab.errors import VitlabError
 from vitlab.runtime import auto_threads
+from vitlab.train.checkpoint import checkpoint_folder, load_resume_state
 from vitlab.train.config import TrainConfig, load_yaml, recorded_values
 from vitlab.train.run_dir import RunDir
 
@@ -39,18 +40,34 @@ def resolve_threads(cfg: TrainConfig) -> int:
 
 
 def run_folder_of(resume: str | Path) -> Path:
-    """`--resume` names a run folder or one of its checkpoint files."""
+    """`--resume` names a run folder, its checkpoints/ folder or one of its checkpoint files."""
     p = Path(resume)
-    return p.parent.parent if p.is_file() and p.parent.name == "checkpoints" else p
+    if p.is_file() and p.parent.name == "checkpoints":
+        return p.parent.parent
+    if p.is_dir() and checkpoint_folder(p) == p:  # RUN/checkpoints: its run is the folder above
+        return p.parent
+    return p
 
 
 def recorded_config(resume: str | Path) -> dict[str, Any]:
-    """The run's config.yaml as written when it started ({} when there is none to read)."""
+    """The run's config.yaml as written when it started; without one (deleted, lost), the settings its checkpoint
+    recorded, which are the same ({} when there is neither to read)."""
     path = run_folder_of(resume) / "config.yaml"
     try:
-        return load_yaml(path) if path.is_file() else {}
+        return load_yaml(path) if path.is_file() else checkpoint_config(resume)
     except VitlabError:
         return {}
+
+
+def checkpoint_config(resume: str | Path) -> dict[str, Any]:
+    """The settings the checkpoint that `resume` continues from recorded ({} when none reads): without them a run
+    folder that lost its config.yaml was resumed with the default recipe's settings."""
+    try:
+        state, _ = load_resume_state(resume)
+    except VitlabError:
+        return {}
+    config = state.get("config")
+    return {k: v for k, v in config.items() if k != "resume"} if isinstance(config, dict) else {}
 
 
 def check_resume(cfg: TrainConfig, allow_change: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
