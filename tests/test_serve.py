@@ -642,14 +642,14 @@ def test_requests_decoding_at_once_are_bounded(weights):
     lock, busy, peak = threading.Lock(), [0], [0]
 
     class Counting(ImageClassifier):
-        def tensor(self, data, name, max_pixels=None):
+        def read(self, data, name, max_pixels=None):  # what the server decodes each image with
             with lock:
                 busy[0] += 1
                 peak[0] = max(peak[0], busy[0])
             time.sleep(0.3)
             with lock:
                 busy[0] -= 1
-            return super().tensor(data, name, max_pixels)
+            return super().read(data, name, max_pixels)
 
     srv = Running(InferenceServer(Counting(loaded, meta), loaded, {}, ServeOptions(max_decoding=2, max_wait_ms=0),
                                   port=0, log=False))

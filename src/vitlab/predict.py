@@ -60,9 +60,11 @@ def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and is_image_file(f))
-            skipped += [(str(f), "not an image file name") for f in sorted(p.rglob("*"))
-                        if f.is_file() and not is_image_file(f) and not f.name.startswith(".")]
+            # hidden entries are left out, as the data loader leaves them out (data/files.py): macOS's `._x.jpg`
+            # files are metadata, not images, and `.ipynb_checkpoints/` holds copies
+            entries = sorted(f for f in p.rglob("*") if f.is_file() and not _hidden(f, p))
+            found = [f for f in entries if is_image_file(f)]
+            skipped += [(str(f), "not an image file name") for f in entries if not is_image_file(f)]
             if not found:
                 raise VitlabError(f"no image files in {p} (looked for {', '.join(_extensions())})")
             files += found
@@ -77,6 +79,11 @@ def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple
         else:
             raise VitlabError(f"no such image file or folder: {p}")
     return files, skipped
+
+
+def _hidden(path: Path, top: Path) -> bool:
+    """Whether `path` or a folder between `top` and it has a hidden name (a leading dot)."""
+    return any(part.startswith(".") for part in path.relative_to(top).parts)
 
 
 def _extensions() -> tuple[str, ...]:
@@ -192,17 +199,17 @@ def predict_files(
         results.extend(top_predictions(logits, names, k, [path for path, _ in batch]))
         batch.clear()
 
-    colour: list[Path] = []  # colour images given to a grey model (appended from the reading threads)
+    colour: list[tuple[int, Path]] = []  # colour images given to a grey model (appended from the reading threads)
     grey_model = getattr(pre, "channels", 3) == 1
 
-    def read(path: Path) -> torch.Tensor:
-        image = open_image(path)
+    def read(item: tuple[int, Path]) -> torch.Tensor:
+        image = open_image(item[1])
         if grey_model and has_colour(image):
-            colour.append(path)
+            colour.append(item)  # with its position: the threads finish in any order
         return pre(image)
 
-    for path, tensor in tqdm(prefetched(files, read, ahead=2 * batch_size), total=len(files), desc="predict",
-                             unit="img", disable=not progress, **bar_options()):
+    for (_, path), tensor in tqdm(prefetched(list(enumerate(files)), read, ahead=2 * batch_size), total=len(files),
+                                  desc="predict", unit="img", disable=not progress, **bar_options()):
         try:
             x = tensor.result()
         except VitlabError as exc:
@@ -217,7 +224,7 @@ def predict_files(
     if non_finite[0]:
         raise non_finite_error(non_finite[0], len(results))
     if colour:  # a photo given to a grey 28 px model answers, but about an input far from what it learnt
-        first = colour[0].name
+        first = min(colour)[1].name  # the first in the order given, whichever thread finished first
         print(f"vitlab: the model takes grey images: {len(colour)} colour image{'s' * (len(colour) != 1)} "
               f"({first}{', ...' if len(colour) > 1 else ''}) converted to grey", file=sys.stderr)
     return results, failed

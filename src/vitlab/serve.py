@@ -182,6 +182,9 @@ class MicroBatcher:
                     self._waiting -= len(batch)
 
 
+COLOUR_TO_GREY = "colour image converted to grey: the model takes grey images"  # a result's "note"
+
+
 class ImageClassifier:
     """Image bytes -> the model's input tensor -> top-k classes: `vitlab predict`'s preprocessing and names.
 
@@ -197,17 +200,28 @@ class ImageClassifier:
         self.names = class_names_for(meta, classes_of(model))
         side = 2 * max(*self.preprocess.image_size, self.preprocess.effective_resize or 0)
         self.draft = (side, side) if fast_jpeg else None
+        self.grey = getattr(self.preprocess, "channels", 3) == 1
 
     def tensor(self, data: bytes, name: str, max_pixels: int | None = None) -> torch.Tensor:
         """The model's input for one image; one of more than `max_pixels` pixels is refused (413) from its header."""
+        return self.read(data, name, max_pixels)[0]
+
+    def read(self, data: bytes, name: str, max_pixels: int | None = None) -> tuple[torch.Tensor, str | None]:
+        """(the model's input for one image, a note for the client or None). The note says what the client should
+        know of the conversion: a colour image given to a grey model answers about its grey version (a photo given
+        to the 28 px Fashion-MNIST model), which `vitlab predict` says too; an RGB file of a grey picture is not
+        colour."""
         from vitlab.data.images import decode_image
+        from vitlab.predict import has_colour
 
         if not data:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"empty image: {name}")
         if max_pixels is not None:
             _check_pixels(data, name, max_pixels, self.draft)
         try:
-            return self.preprocess(decode_image(io.BytesIO(data), name, max_pixels=max_pixels, draft=self.draft))
+            image = decode_image(io.BytesIO(data), name, max_pixels=max_pixels, draft=self.draft)
+            note = COLOUR_TO_GREY if self.grey and has_colour(image) else None
+            return self.preprocess(image), note
         except VitlabError as exc:
             raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
 
@@ -400,13 +414,18 @@ class InferenceServer(ThreadingHTTPServer):
         with self._decoding:  # expected only once decoding starts: the worker should not wait for requests in line
             self.batcher.expect(len(images))
             try:
-                tensors = [self.classifier.tensor(data, name, self.options.max_pixels) for name, data in images]
+                decoded = [self.classifier.read(data, name, self.options.max_pixels) for name, data in images]
             except BaseException:
                 self.batcher.expect(-len(images))
                 raise
-            futures = self.batcher.submit(tensors, expected=len(images))
-        return [{"name": name, "top": self.classifier.top(future.result(), top_k)}
-                for (name, _), future in zip(images, futures)]
+            futures = self.batcher.submit([tensor for tensor, _ in decoded], expected=len(images))
+        results = []
+        for (name, _), (_, note), future in zip(images, decoded, futures):
+            result = {"name": name, "top": self.classifier.top(future.result(), top_k)}
+            if note:  # only where there is something to say: the answer of an ordinary image is unchanged
+                result["note"] = note
+            results.append(result)
+        return results
 
     def health(self) -> dict:
         b = self.batcher
@@ -476,6 +495,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.reader.clear()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if "Transfer-Encoding" in self.headers or self.headers.get("Content-Length", "0").strip() != "0":
+            # a body is not read here: its bytes would be parsed as the connection's next request (one a proxy in
+            # front never saw as one), so the connection ends with this answer
+            self.close_connection = True
         path = urlsplit(self.path).path.rstrip("/") or "/"
         if path == "/health":
             self._reply(HTTPStatus.OK, self.server.health())
@@ -526,6 +549,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.release_body(size)
             ms = round(1e3 * (time.perf_counter() - started), 2)
             self.log_detail = f"{len(results)} image{'s' if len(results) != 1 else ''} {ms:.1f} ms"
+            colour = sum(result.get("note") == COLOUR_TO_GREY for result in results)
+            if colour:  # the server's operator sees it too, as `vitlab predict` says it on stderr
+                self.log_detail += (f"; the model takes grey images: {colour} colour image{'s' * (colour != 1)} "
+                                    "converted to grey")
             self._reply(HTTPStatus.OK, {"results": results, "ms": ms})
         except RequestError as exc:
             self._error(exc.status, str(exc))
@@ -548,18 +575,26 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body_size(self) -> int:
         """The request body's declared size; refused (and the connection closed) when it has none or is too big."""
-        length = self.headers.get("Content-Length")
-        if length is None:
+        if "Transfer-Encoding" in self.headers:
+            # chunked bodies are not read; and a Content-Length beside it (which a proxy ignores, RFC 9112 6.3) must not
+            # be used either: the proxy and this server would cut the stream at different places (request smuggling)
+            self.close_connection = True
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "Transfer-Encoding (chunked uploads) is not supported; "
+                                                           "send the image with a Content-Length "
+                                                           "(curl --data-binary @photo.jpg URL/predict)")
+        lengths = self.headers.get_all("Content-Length") or []
+        if not lengths:
             self.close_connection = True
             raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send the image with a Content-Length "
                                                            "(curl --data-binary @photo.jpg URL/predict)")
-        try:
-            size = int(length)
-        except ValueError:
-            size = -1
-        if size < 0:
+        length = lengths[0].strip()
+        # digits only (RFC 9112: 1*DIGIT), and one value: int() also took "+4" and "0_4", and a second,
+        # different Content-Length was ignored, where a proxy in front may have used it
+        if not (length.isascii() and length.isdigit()) or any(other.strip() != length for other in lengths[1:]):
             self.close_connection = True
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}")
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {', '.join(lengths)!r}: one number of "
+                                                       "bytes expected")
+        size = int(length)
         limit = int(self.server.options.max_body_mb * 2**20)
         if size > limit:
             self.close_connection = True  # the body is not read: this connection cannot carry another request
@@ -654,6 +689,11 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
             from vitlab.engine.calibration import calibration_from_source
 
             batches = calibration_from_source(calibration, classifier.preprocess)
+        elif int8:  # as `vitlab predict`: a training run's static int8 calibrates on its own training images (else
+            # the server ran dynamic int8, whose answers move with the batch, where predict ran static)
+            from vitlab.commands._engine_args import run_calibration
+
+            batches = run_calibration(weights, classifier.preprocess)
         runner = prepare_engine(model, engine, int8=int8, calibration=batches, batch_size=options.max_batch,
                                 source=resolve_model(weights), command="serve", quiet=quiet)
         note = runner.note

@@ -27,8 +27,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
                             "measurably below 99%%; dynamic without calibration images)")
         p.add_argument("--calibration", metavar="DATA",
                        help="images for static int8: a folder of images or any --data source (default: evaluate "
-                            "takes its data's training split, predict a training run's own training images; other "
-                            "models need it for static int8, and --int8 auto without it is dynamic)")
+                            "takes its data's training split, predict and serve a training run's own training "
+                            "images; other models need it for static int8, and --int8 auto without it is dynamic)")
 
 
 def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_size: int, device, command: str,

@@ -44,7 +44,12 @@ def calibration_from_dataset(dataset, preprocess, limit: int = CALIBRATION_IMAGE
 def calibration_from_source(source: str, preprocess, limit: int = CALIBRATION_IMAGES) -> list[np.ndarray]:
     """`--calibration DATA`: a folder or list of image files, or any `--data` source (its training split)."""
     p = Path(source)
-    if p.is_dir() and not any(child.is_dir() for child in p.iterdir()):
+    # a folder holding images itself is a folder of images (subfolders included: no labels are needed); a folder
+    # of class folders, or of data files (an IDX folder such as /usr/share/datasets/fashion-mnist), is a --data
+    # source. Hidden entries decide nothing: a `.thumbnails/` folder made a folder of images a "data set"
+    from vitlab.data.images import is_image_file
+
+    if p.is_dir() and any(not c.name.startswith(".") and is_image_file(c) and c.is_file() for c in p.iterdir()):
         from vitlab.predict import collect_images
 
         return calibration_from_files(collect_images([p])[0], preprocess, limit)

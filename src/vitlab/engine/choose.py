@@ -127,14 +127,23 @@ class _Choices:
             self.data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             self.data = {}
+        if not isinstance(self.data, dict):  # a list or null (edited by hand, another tool): timed again
+            self.data = {}
 
     def get(self, key: str) -> dict | None:
         """The choice made before for `key`; None where there is none, or with VITLAB_RETIME=1 (time again: a
-        choice measured while the machine was busy is not kept forever)."""
+        choice measured while the machine was busy is not kept forever). An entry that is not what `put` writes
+        (no speeds, speeds that are not numbers) counts as none: the notes format its speeds, and a damaged
+        cache failed the command with a KeyError or TypeError instead of being timed again."""
         if os.environ.get("VITLAB_RETIME", "").strip() not in ("", "0"):
             return None
         entry = self.data.get(key)
-        return entry if isinstance(entry, dict) and isinstance(entry.get("picked"), str) else None
+        if not (isinstance(entry, dict) and isinstance(entry.get("picked"), str)):
+            return None
+        speeds = entry.get("images_per_s")
+        if not (isinstance(speeds, dict) and all(type(v) in (int, float) for v in speeds.values())):
+            return None
+        return entry
 
     def put(self, key: str, entry: dict) -> None:
         self.data[key] = entry
@@ -347,7 +356,10 @@ def prepare_engine(
         try:
             chosen = getattr(builder, engine)()
             if engine != "torch":
-                check_exact(chosen, builder.torch(), cfg.in_chans, size)
+                # torch.compile's engine keeps the batch of its first call (one static shape): checked at the
+                # command's batch, else every batch ran in calls of the check's 2 images
+                check_exact(chosen, builder.torch(), cfg.in_chans, size,
+                            batch=batch_size if engine == "compiled" else 2)
         except VitlabError:
             raise
         except Exception as exc:  # an exporter or compiler that cannot take this model: one line, not a traceback
@@ -378,9 +390,11 @@ def _refuse_int8_without_transformer(model: nn.Module) -> None:
                           "(its convolutions stay fp32), so drop --int8: --engine auto runs the faster fp32 engine")
 
 
-def check_exact(candidate, reference, in_chans: int, size: tuple[int, int], max_diff=_max_diff) -> float:
-    """Refuse an engine whose outputs on two random images differ from the eager model's by more than EXACT_TOL."""
-    x = torch.randn(2, in_chans, *size, generator=torch.Generator().manual_seed(0))
+def check_exact(candidate, reference, in_chans: int, size: tuple[int, int], max_diff=_max_diff,
+                batch: int = 2) -> float:
+    """Refuse an engine whose outputs on `batch` random images differ from the eager model's by more than
+    EXACT_TOL."""
+    x = torch.randn(batch, in_chans, *size, generator=torch.Generator().manual_seed(0))
     diff = max_diff(candidate(x), reference(x))
     if not diff <= EXACT_TOL:
         raise VitlabError(f"engine {candidate.name} does not reproduce the model (outputs differ by {diff:.2g}); "
