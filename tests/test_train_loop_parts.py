@@ -398,3 +398,32 @@ def test_settings_a_run_cannot_honour_are_said(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--optimizer adam applies no weight decay (weight_decay 0.1 is not used)" in err
     assert "lr_end 1e-05 is above lr 1e-06" in err
+
+
+def test_a_kept_head_is_put_in_the_datas_class_order(tmp_path, capsys):
+    """--set zero_head=false kept the weights' head row for row: weights whose classes are the data's in another
+    order (Sneaker, Sandal against the data's Sandal, Sneaker) scored each class with the other's row."""
+    from vitlab.cli import main
+    from vitlab.models import create_model
+    from vitlab.weights import load_with_meta, save_native
+
+    model = create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7, image_size=28, in_chans=1,
+                         num_classes=2)
+    with torch.no_grad():
+        model.head.weight.copy_(torch.randn(2, 16, generator=torch.Generator().manual_seed(0)))
+        model.head.bias.copy_(torch.tensor([1.0, -1.0]))
+    save_native(model, tmp_path / "w", class_names=["Sneaker", "Sandal"])
+    argv = ["finetune", "--weights", str(tmp_path / "w"), "--data", "bundled", "--classes", "Sandal,Sneaker",
+            "--per-class", "4", "--steps", "1", "--batch-size", "8", "--set", "zero_head=false", "--lr", "1e-12",
+            "--set", "weight_decay=0", "--precision", "fp32", "--out", str(tmp_path / "runs"), "--name", "r"]
+    assert main([*argv, "--quiet"]) == 0
+    assert "its rows put in the data's class order (the weights had Sneaker, Sandal)" in capsys.readouterr().out
+    tuned, meta = load_with_meta(tmp_path / "runs" / "r" / "model")
+    assert meta["class_names"] == ["Sandal", "Sneaker"]
+    torch.testing.assert_close(tuned.head.weight, model.head.weight[[1, 0]])
+    torch.testing.assert_close(tuned.head.bias, torch.tensor([-1.0, 1.0]))
+    # classes that are not the data's: kept as asked, and said
+    save_native(model, tmp_path / "other", class_names=["cat", "dog"])
+    argv[2] = str(tmp_path / "other")
+    assert main([*argv[:-1], "r2", "--quiet"]) == 0
+    assert "but its classes (cat, dog) are not the data's (Sandal, Sneaker)" in capsys.readouterr().out

@@ -295,12 +295,13 @@ class TrainingRun:
         self.class_names = list(data.class_names)
         preprocess = None
         given_classes = getattr(getattr(model, "config", None), "num_classes", None)
+        kept_head = None
         if model is None:
-            model, preprocess, given_classes = build_model_for(cfg, data)
+            model, preprocess, given_classes, kept_head = build_model_for(cfg, data)
         else:
             model = with_regularisation(prepare_given_model(model, len(self.class_names), cfg), cfg)
         init_head(model, cfg)
-        self.head_note = new_head_note(model, cfg, given_classes, len(self.class_names))
+        self.head_note = kept_head or new_head_note(model, cfg, given_classes, len(self.class_names))
         self.model_config = getattr(model, "config", None)
         self.tcfg, self.train_tf, self.eval_tf, self.image_size = build_transforms(cfg, model, data, preprocess,
                                                                                    self.device)

@@ -52,10 +52,10 @@ def load_splits(cfg: TrainConfig, progress: bool):
 SMALL_VIT = dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4)
 
 
-def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]:
+def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None, str | None]:
     """Fine-tuning: the checkpoint with a new zero head (and resampled position embeddings);
     from scratch: a registry model sized for the data. Returns (model, preprocess or None, the class count of the
-    weights' head where it was replaced for the data's, else None)."""
+    weights' head where it was replaced for the data's, else None, a note on a kept head's classes or None)."""
     num_classes = data.num_classes
     if cfg.weights:
         from vitlab.weights import load_with_meta
@@ -71,7 +71,8 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
 
             model, meta = load_with_meta(find_resume_checkpoint(cfg.resume), num_classes=num_classes,
                                          image_size=cfg.image_size)
-        return with_regularisation(model, cfg), meta.get("preprocess"), meta.get("replaced_head_classes")
+        note = None if cfg.zero_head else kept_head_in_data_order(model, meta.get("class_names"), data.class_names)
+        return with_regularisation(model, cfg), meta.get("preprocess"), meta.get("replaced_head_classes"), note
     from vitlab.models.registry import create_model
 
     args = dict(cfg.model_args)
@@ -98,7 +99,29 @@ def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None]
         args["dropout"] = cfg.dropout
     args.setdefault("in_chans", data.channels)
     model = create_model(cfg.model, num_classes=num_classes, image_size=size, seed=cfg.seed, **args)
-    return model, None, None
+    return model, None, None, None
+
+
+def kept_head_in_data_order(model: nn.Module, head_classes, data_classes) -> str | None:
+    """`zero_head false` keeps the weights' head; where it names the data's classes in another order its rows are
+    put in the data's order (row i scored the data's class i, another class, without a word). A note says so, or
+    says that the head's classes are not the data's; None where there is nothing to say."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Linear) or not head_classes or len(head_classes) != head.out_features:
+        return None
+    names, wanted = [str(c) for c in head_classes], [str(c) for c in data_classes]
+    if names == wanted:
+        return None
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    if sorted(names) != sorted(wanted) or len(set(names)) != len(names):
+        return (f"head: kept (zero_head false), but its classes ({shown}) are not the data's "
+                f"({', '.join(wanted[:4])}{', ...' if len(wanted) > 4 else ''}): its row i scores the data's class i")
+    rows = torch.tensor([names.index(c) for c in wanted], device=head.weight.device)
+    with torch.no_grad():
+        head.weight.copy_(head.weight[rows])
+        if head.bias is not None:
+            head.bias.copy_(head.bias[rows])
+    return f"head: kept (zero_head false), its rows put in the data's class order (the weights had {shown})"
 
 
 def with_regularisation(model: nn.Module, cfg: TrainConfig) -> nn.Module:
