@@ -82,7 +82,8 @@ def test_knn_weighted_vote_hand_computed():
     labels = np.array([0, 1, 1, 0, 2])
     test = np.array([[2.0, 0.0]])  # not unit length: must be normalised
     scores = knn_scores(train, labels, test, 3, k=3, temperature=0.07)
-    expected = [math.exp(1 / 0.07), 2 * math.exp(0.8 / 0.07), 0.0]
+    # the sums of exp(s/T), each row scaled by exp(-max s/T) so that small T cannot overflow (nearest weighs 1)
+    expected = [1.0, 2 * math.exp((0.8 - 1.0) / 0.07), 0.0]
     np.testing.assert_allclose(scores[0].numpy(), expected, rtol=1e-4)
     assert knn_predict(train, labels, test, 3, k=3).tolist() == [0]
     # with a high temperature the weights are nearly equal: the majority wins

@@ -94,7 +94,10 @@ def test_a_label_name_matches_a_whole_label_first_and_never_guesses():
     names = ["Pullover", "Bird", "Swim"]
     # 'cardigan' is the sweater's whole label (3), not the dog's synonym (1); 'maillot' likewise (5, not 6)
     assert zs.parse_class_map("Pullover=cardigan,Bird=0,Swim=maillot", names, 7, HEAD) == [[3], [0], [5]]
-    assert zs.parse_class_map("Pullover=tank suit,Bird=Tinca tinca,Swim=6", names, 7, HEAD) == [[6], [0], [6]]
+    assert zs.parse_class_map("Pullover=tank suit,Bird=Tinca tinca,Swim=5", names, 7, HEAD) == [[6], [0], [5]]
+    # one head class for two data classes would make them tie for ever: refused (the audit's fix)
+    with pytest.raises(VitlabError, match="head class 6 for both 'Pullover' and 'Swim'"):
+        zs.parse_class_map("Pullover=tank suit,Bird=Tinca tinca,Swim=6", names, 7, HEAD)
     with pytest.raises(VitlabError, match=r"'crane' \(for 'Bird'\) matches 2 classes .* 2 \('crane'\), 4 \('crane'\)"):
         zs.parse_class_map("Pullover=3,Bird=crane,Swim=5", names, 7, HEAD)
 

@@ -27,6 +27,9 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    twice = sorted({v for v in vals if vals.count(v) > 1})
+    if twice:  # it ran the same evaluation again and printed the row twice
+        raise argparse.ArgumentTypeError(f"{text!r} lists {', '.join(map(str, twice))} twice; give each shot count once")
     return vals
 
 
@@ -211,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
         data = load_splits(args, loaded.run_config)
     else:  # a model name: build it for the data's classes, channels and (by default) image size
+        if args.zero_shot_map:  # it used to be ignored without a word
+            raise VitlabError(f"{args.model} is built untrained from its name: it has no pretrained head for "
+                              "--zero-shot-map to map; give weights (a file, folder or run), or drop --zero-shot-map")
         data = load_splits(args)
         loaded = load_for_eval(args.model, num_classes=data.num_classes,
                                image_size=args.image_size or fit_image_size(args.model, _data_image_size(data)),

@@ -24,7 +24,8 @@ def knn_scores(
     chunk: int = 1024,
     progress: bool = False,
 ) -> torch.Tensor:
-    """(N_test, K) class scores: sums of exp(cos / T) over the k nearest training examples.
+    """(N_test, K) class scores: sums of exp(cos / T) over the k nearest training examples, each row scaled by
+    exp(-max cos / T) (its nearest neighbour weighs 1) so that small temperatures cannot overflow.
 
     The (N_test, N_train) similarity matrix is computed `chunk` test rows at a time (bounded memory); with
     `progress` a bar on stderr counts those chunks.
@@ -41,7 +42,10 @@ def knn_scores(
                               enabled=progress):
         sim = te[start:start + chunk] @ tr.T
         top_sim, top_idx = sim.topk(k, dim=1)
-        weights = (top_sim / temperature).exp()
+        # exp(s / T) overflows float32 once 1 / T passes ~88 (T < 0.0113): every class with a neighbour then scored
+        # inf and argmax took the lowest such index. Scaling a row by exp(-max s / T) keeps the vote's ratios, so the
+        # prediction (and the order of the scores) is DINO's; the nearest neighbour's weight is 1.
+        weights = ((top_sim - top_sim[:, :1]) / temperature).exp()
         scores = torch.zeros(sim.shape[0], num_classes)
         scores.scatter_add_(1, labels[top_idx], weights)
         out.append(scores)

@@ -73,12 +73,15 @@ def normal_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]
 
 
 def topk_accuracy(logits: Any, y_true: Any, k: int) -> float:
-    """Fraction of examples whose true class is among the k highest logits."""
+    """Fraction of examples whose true class is among the k highest logits (ties: lower class index first)."""
     lg = torch.as_tensor(logits).detach().cpu().float()
     t = _as_long(y_true, "y_true")
     k = min(k, lg.shape[1])
-    top = lg.topk(k, dim=1).indices
-    return float((top == t[:, None]).any(dim=1).float().mean()) if t.numel() else float("nan")
+    # Ties (tied logits, probabilities that underflow to 0, kNN classes without a neighbour) are broken like argmax,
+    # lower class index first: torch.topk breaks them arbitrarily, so an example right at top-1 could be missing
+    # from its own top 5. (scikit-learn's top_k_accuracy_score prefers the higher index; without ties they agree.)
+    top = lg.sort(dim=1, descending=True, stable=True).indices[:, :k]
+    return float((top == t[:, None]).any(dim=1).double().mean()) if t.numel() else float("nan")
 
 
 def _safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vitlab.errors import VitlabError
+
 DEFAULT_CS = (0.01, 0.1, 1.0, 10.0)
 
 
@@ -24,6 +26,7 @@ class LinearProbe:
     model: object  # sklearn LogisticRegression
     C: float
     num_classes: int
+    converged: bool = True  # False: L-BFGS stopped at max_iter (its ConvergenceWarning is silenced, this says it)
 
     def scores(self, x: np.ndarray) -> np.ndarray:
         """(N, K) class probabilities; classes absent from training get probability 0."""
@@ -67,6 +70,9 @@ def fit_probe(
 
     x = np.asarray(train_x, np.float64)
     y = np.asarray(train_y, np.int64)
+    if len(np.unique(y)) < 2:  # scikit-learn's own ValueError read as an unexpected failure
+        raise VitlabError(f"the linear probe needs training images of at least 2 classes; the training features hold "
+                          f"{len(np.unique(y))}: evaluate data with more classes, or drop --probe")
     mean = x.mean(axis=0, keepdims=True)
     std = x.std(axis=0, keepdims=True) + 1e-5
     z = (x - mean) / std
@@ -86,4 +92,5 @@ def fit_probe(
                 acc = float((model.predict(zv) == np.asarray(val_y)).mean())
             fits.append((acc, -i, c, model))
     _, _, best_c, model = max(fits, key=lambda f: f[:3])  # best accuracy; ties go to the strongest regularisation
-    return LinearProbe(mean=mean, std=std, model=model, C=float(best_c), num_classes=num_classes)
+    converged = int(np.max(model.n_iter_)) < max_iter
+    return LinearProbe(mean=mean, std=std, model=model, C=float(best_c), num_classes=num_classes, converged=converged)

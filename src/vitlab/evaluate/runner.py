@@ -81,6 +81,9 @@ def choose_head_mode(
     """('trained' | 'mapped' | 'fresh', class map). 'auto': the model's own head when its classes are the
     data's, a map by class name when the data's classes are a subset of the model's, else a fresh head."""
     n_head = int(model.config.num_classes)
+    if zero_shot_map and head in ("fresh", "trained"):  # one of the two was silently ignored
+        raise VitlabError(f"--zero-shot-map evaluates through the pretrained head, --head {head} asks for "
+                          f"{'a new random head' if head == 'fresh' else 'the head as it is'}; drop one of them")
     if head == "fresh":
         return "fresh", None
     if zero_shot_map:
@@ -88,10 +91,15 @@ def choose_head_mode(
             raise VitlabError("--zero-shot-map needs a model with a classifier head; this one has none")
         head_names = model_classes if model_classes is not None and len(model_classes) == n_head else None
         return "mapped", zs.parse_class_map(zero_shot_map, data_classes, n_head, head_names)
-    if head == "mapped":
-        raise VitlabError("a mapped head needs --zero-shot-map CLASS=INDEX,..., e.g. 'Sandal=774,Sneaker=770,Ankle boot=514'")
     names = [_norm(c) for c in data_classes]
-    if model_classes is not None and len(model_classes) == n_head:
+    by_name = model_classes is not None and len(model_classes) == n_head
+    if head == "mapped":  # without a map: by class name, as auto does, when the model's names hold the data's
+        if by_name and all(n in [_norm(c) for c in model_classes] for n in names):
+            mnames = [_norm(c) for c in model_classes]
+            return "mapped", [[mnames.index(n)] for n in names]
+        raise VitlabError("a mapped head needs --zero-shot-map CLASS=INDEX,..., e.g. 'Sandal=774,Sneaker=770,Ankle boot=514' "
+                          "(or a model whose stored class names include the data's)")
+    if by_name:
         mnames = [_norm(c) for c in model_classes]
         if mnames == names:
             return "trained", None
@@ -189,8 +197,12 @@ def evaluate_model(
     class_names = list(data.class_names)
     k = len(class_names)
     test = _split(data, split)
+    if frozen.any and split == "train":  # kNN scored each training image against itself (its own nearest neighbour)
+        raise VitlabError("few-shot, kNN and the linear probe learn from the train split, so scoring them on it tests "
+                          "them on their own training images; use --split test (or val), or drop --fewshot/--knn/--probe")
     if untrained:  # a freshly built model: its zero head would always say class 0; a random one is chance
         head = "fresh"
+        zero_shot_map = None  # it has no pretrained head to map (compare gives one map to all its models)
     mode, class_map = choose_head_mode(model, class_names, model_classes, zero_shot_map, head)
     result = EvalResult(head_mode=mode, info={"model": name, "split": split, "num_classes": k,
                                                "class_names": class_names, "n_test": len(test)})
@@ -279,7 +291,9 @@ def evaluate_model(
                 from vitlab.evaluate.probe import fit_probe
 
                 val_x = val_y = None
-                if getattr(data, "val", None) is not None and len(data.val):
+                # C is never chosen on the split the probe is scored on: with --split val it keeps the default
+                c_on_eval_split = split == "val"
+                if not c_on_eval_split and getattr(data, "val", None) is not None and len(data.val):
                     v = run_model(feature_model, data.val, preprocess, batch_size=batch_size, device=device,
                                   want_logits=False, want_features=True, progress=progress, desc=f"{name}: val features")
                     val_x, val_y = v.features, v.labels
@@ -287,10 +301,15 @@ def evaluate_model(
                 probe = fit_probe(tr.features, tr.labels, k, val_x, val_y, seed=seed, progress=progress)
                 ps = probe.scores(test_x)
                 mp = classification_metrics(test_y, ps.argmax(1), k, class_names, logits=torch.from_numpy(ps))
-                result.probe = {"C": probe.C, "C_chosen_on": "val" if val_x is not None else "default",
+                chosen_on = ("val" if val_x is not None else
+                             "default (the validation split is the one evaluated)" if c_on_eval_split else
+                             "default (no validation split)")
+                result.probe = {"C": probe.C, "C_chosen_on": chosen_on, "converged": probe.converged,
                                 "n_train": len(tr.labels), **mp}
                 result.rows.append(_row("probe", "linear probe, logistic regression (frozen)", mp,
-                                        train_images=len(tr.labels), note=f"C={probe.C:g}"))
+                                        train_images=len(tr.labels),
+                                        note=f"C={probe.C:g}" + ("" if val_x is not None else f", {chosen_on}")
+                                        + ("" if probe.converged else ", not converged (L-BFGS iteration cap)")))
     return result
 
 

@@ -161,7 +161,22 @@ def parse_class_map(
             raise VitlabError(f"bad --zero-shot-map target list for {key!r}; give head indices like 770+630")
         mapping[cls] = [_head_index(t, key, head_classes, head_names) for t in targets]
     check_every_class_mapped(mapping, names)
+    check_head_classes_used_once(mapping, names)
     return [mapping[i] for i in range(len(names))]
+
+
+def check_head_classes_used_once(mapping: dict[int, list], names: list[str]) -> None:
+    """Refuse a head class given to two data classes, or twice to one. Its probability would count for both (with
+    one head class each, the two always tie and argmax never predicts the later one), or twice for one class."""
+    owner: dict = {}
+    for cls in sorted(mapping):
+        for target in mapping[cls]:
+            if target in owner:
+                first = names[owner[target]]
+                where = f"twice for {first!r}" if owner[target] == cls else f"for both {first!r} and {names[cls]!r}"
+                raise VitlabError(f"--zero-shot-map gives head class {target} {where}: its probability would count "
+                                  "twice; give each head class to one data class, once")
+            owner[target] = cls
 
 
 def _keyed_entries(spec: str, names: list[str]) -> list[tuple[int, str, list[str]]]:
@@ -182,7 +197,11 @@ def check_map_fits_data(spec: str, class_names: Sequence[str]) -> None:
     """What of a map the data alone can judge (its keys name the data's classes, every class is mapped): for
     `vitlab compare`, before any model is loaded, also where no model's head ends up using the map."""
     names = [str(n) for n in class_names]
-    check_every_class_mapped({cls: [] for cls, _, _ in _keyed_entries(spec, names)}, names)
+    entries = _keyed_entries(spec, names)
+    check_every_class_mapped({cls: [] for cls, _, _ in entries}, names)
+    # head indices can be checked without the model (label names only once its class names are known)
+    check_head_classes_used_once({cls: [int(t) for t in targets if _is_number(t)] for cls, _, targets in entries},
+                                 names)
 
 
 def _data_class(key: str, names: list[str]) -> int:
@@ -213,9 +232,13 @@ def mapped_scores(logits: torch.Tensor, class_map: Sequence[Sequence[int]]) -> t
 
 
 def with_fresh_head(model: nn.Module, num_classes: int, seed: int = 0) -> nn.Module:
-    """A copy of `model` whose classifier is a new randomly initialised nn.Linear (PyTorch default init)."""
+    """A copy of `model` whose classifier is a new randomly initialised nn.Linear (PyTorch default init); the
+    representation layer, if any, is kept, so the copy's pre-logits features are the model's."""
     fresh = copy.deepcopy(model)
-    fresh.reset_classifier(num_classes)
+    # Only the final Linear is new: the representation layer (pre-logits) is the backbone's. Dropping it (the
+    # fine-tuning surgery's default) gave this copy other features than the model's, and the frozen-feature
+    # evaluations, which take their test features from this pass, compared them with the model's training features.
+    fresh.reset_classifier(num_classes, keep_representation=True)
     head = getattr(fresh, "head", None)
     if not isinstance(head, nn.Linear):
         raise VitlabError("this model has no linear `head` to replace; zero-shot with a fresh head needs one")
