@@ -40,9 +40,10 @@ def check_onnx(model: nn.Module, path: str | Path, batch: int = 2, seed: int = 0
 
 
 def matches_pytorch(difference: float, scale: float) -> bool:
-    """Whether an export's logits are PyTorch's up to fp32 summation order: 1e-3 absolute, or 1e-5 of the largest
-    logit for models whose logits run into the thousands (an absolute bound alone refused correct files)."""
-    return difference <= max(1e-3, 1e-5 * scale)
+    """Whether an export's logits are PyTorch's up to fp32 summation order (the engines' rule, `exact_enough`)."""
+    from vitlab.engine.choose import exact_enough
+
+    return exact_enough(difference, scale)
 
 
 def onnx_difference(model: nn.Module, path: str | Path, batch: int = 2, seed: int = 0) -> tuple[float, float]:
