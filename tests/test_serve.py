@@ -130,6 +130,13 @@ def test_form_files_in_order_and_json_base64(served):
     assert status == 200, doc
     check_top(model, b, doc["results"][0]["top"])
     check_top(model, a, doc["results"][1]["top"])
+    # wrapped at 76 characters, as `base64 photo.png` and base64.encodebytes write it (was: "not valid base64")
+    body = json.dumps({"images": [base64.encodebytes(pb).decode()]})
+    status, doc = srv.request("POST", "/predict", body.encode(), {"Content-Type": "application/json"})
+    assert status == 200, doc
+    check_top(model, b, doc["results"][0]["top"])
+    body = json.dumps({"images": [base64.b64encode(pb).decode() + "*"]})
+    assert srv.request("POST", "/predict", body.encode(), {"Content-Type": "application/json"})[0] == 400
 
 
 def test_concurrent_requests_share_batches(served):

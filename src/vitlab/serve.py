@@ -323,7 +323,9 @@ def _json_images(body: bytes, most: int) -> list[tuple[str, bytes]]:
     out = []
     for i, item in enumerate(items):
         try:
-            out.append((f"image {i + 1}", base64.b64decode(item.split(",")[-1], validate=True)))
+            # whitespace is dropped first: `base64` and `base64.encodebytes` wrap lines every 76 characters
+            text = "".join(item.split(",")[-1].split())
+            out.append((f"image {i + 1}", base64.b64decode(text, validate=True)))
         except (binascii.Error, ValueError):  # the split drops a data-URL prefix ("data:image/png;base64,")
             raise RequestError(HTTPStatus.BAD_REQUEST, f"image {i + 1} is not valid base64") from None
     return out
