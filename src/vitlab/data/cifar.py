@@ -17,6 +17,7 @@ import torch
 
 from vitlab.data.dataset import DataSplits, ImageDataset
 from vitlab.data.download import missing_message, search_dirs
+from vitlab.data.tars import open_tar
 from vitlab.errors import VitlabError
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -122,7 +123,7 @@ class _Reader:
 def _open_archive(path: Path) -> tuple[tarfile.TarFile, dict[str, tarfile.TarInfo]]:
     """Open a .tar(.gz) and list its regular files, refusing archives far from the official ones on the way."""
     try:
-        tar = tarfile.open(path, "r:*")
+        tar = open_tar(path)  # extended headers bounded: tarfile would read a 4 GB long-name header into memory
         members, total = {}, 0
         for count, member in enumerate(tar, 1):  # headers only; stops early instead of walking a bomb
             if count > MAX_ARCHIVE_MEMBERS:

@@ -13,6 +13,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from vitlab.data.tars import open_tar
 from vitlab.errors import VitlabError
 
 # name -> mirrors (tried in order) and {file name: MD5 of the published file}.
@@ -107,29 +108,41 @@ def _extracted(archive: Path, dest: Path) -> bool:
     """Whether every regular file of the archive is already in `dest` at its size (an extraction that was
     interrupted, or files deleted since, are extracted again)."""
     real = dest.resolve()
-    with tarfile.open(archive, "r:*") as tar:
-        for member in tar:
-            if member.isreg():
-                target = _safe_target(member, real, archive)
-                if not target.is_file() or target.stat().st_size != member.size:
-                    return False
+    try:
+        with open_tar(archive) as tar:  # extended headers bounded (vitlab.data.tars)
+            for member in tar:
+                if member.isreg():
+                    target = _safe_target(member, real, archive)
+                    if not target.is_file() or target.stat().st_size != member.size:
+                        return False
+    except (OSError, EOFError, tarfile.TarError) as exc:  # e.g. a member name too long for the file system
+        raise _bad_archive(archive, exc) from None
     return True
 
 
 def _safe_extract(archive: Path, dest: Path) -> None:
     """Extract regular files and folders only, refusing absolute paths and '..' (no tar path traversal)."""
     real = dest.resolve()
-    with tarfile.open(archive, "r:*") as tar:
-        for member in tar:
-            if not member.isreg() and not member.isdir():
-                continue
-            target = _safe_target(member, real, archive)
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(member) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+    try:
+        with open_tar(archive) as tar:
+            for member in tar:
+                if not member.isreg() and not member.isdir():
+                    continue
+                target = _safe_target(member, real, archive)
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+    except (EOFError, tarfile.TarError) as exc:  # OSError here is the destination's (disk full): left as it is
+        raise _bad_archive(archive, exc) from None
+
+
+def _bad_archive(archive: Path, exc: BaseException) -> VitlabError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return VitlabError(f"cannot extract {archive} ({text}); the archive is damaged or not the official one: "
+                       "delete it and download it again")
 
 
 def _fetch(name: str, fname: str, md5: str, dest: Path, progress: bool, timeout: float) -> Path:

@@ -7,6 +7,7 @@ grey images (rescaled to 8 bit), truncated files, non-image files and decompress
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,12 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from vitlab.errors import VitlabError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".jfif", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
+
+# The formats a file may hold, by content: those Pillow reads for IMAGE_EXTENSIONS (JPEG, incl. phones'
+# multi-picture MPO; PNG; GIF; BMP; TIFF; WebP; PPM/PGM/PBM). A JPEG named .png still opens. Unrestricted, Pillow
+# tries all of its ~40 formats whatever the name, EPS among them, which it renders by running Ghostscript on the
+# file: an external interpreter on an untrusted input, for a file named .jpg.
+IMAGE_FORMATS = ("BMP", "GIF", "JPEG", "PNG", "PPM", "TIFF", "WEBP")  # = Image.registered_extensions() of them
 
 # Pillow's own guard: above this many pixels an image is refused (a "decompression bomb").
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
@@ -29,16 +36,27 @@ MAX_ASPECT_RATIO = 100
 # what else is in it (a 16-bit pixel of 300 may not come out darker than one of 200).
 SCALE_16BIT = 255.0 / 65535.0  # "I;16*", and "I": Pillow decodes 16-bit PGM/PNG/TIFF into "I" too
 SCALE_FLOAT = 255.0  # "F": float images hold 0..1 (as scikit-image and most float writers assume)
+_GREY_BLOCK_PIXELS = 65536  # pixels converted at once by _to_8bit_grey (512 KiB of float64)
 
 
 def _to_8bit_grey(img: Image.Image) -> Image.Image:
     """16-bit ("I;16*"), 32-bit integer ("I") and float ("F") grey images -> 8-bit L by a fixed scale per mode:
     integers 0..65535 -> 0..255 (32-bit values above 65535 clip to 255), floats 0..1 -> 0..255; values
     outside the range clip, NaN becomes 0."""
-    arr = np.asarray(img).astype(np.float64)
-    arr = arr * (SCALE_FLOAT if img.mode == "F" else SCALE_16BIT)
-    arr = np.clip(np.nan_to_num(arr, nan=0.0, posinf=255.0, neginf=0.0), 0, 255).round().astype(np.uint8)
-    return Image.fromarray(arr)  # a 2-D uint8 array becomes mode L
+    scale = SCALE_FLOAT if img.mode == "F" else SCALE_16BIT
+    w, h = img.size
+    out = np.empty((h, w), np.uint8)
+    # A few rows at a time, each cropped out of the image: whole-image float64 temporaries took 8 bytes a pixel
+    # each, four at once, and np.asarray of the whole image two more copies (a 600 KB deflated float TIFF of
+    # 9000x9000 needed 2.7 GB); the values are the same.
+    rows = max(1, _GREY_BLOCK_PIXELS // max(1, w))
+    for top in range(0, h, rows):
+        block = np.asarray(img.crop((0, top, w, min(h, top + rows)))).astype(np.float64)
+        block *= scale
+        np.nan_to_num(block, copy=False, nan=0.0, posinf=255.0, neginf=0.0)
+        np.clip(block, 0, 255, out=block)
+        out[top:top + rows] = block.round(out=block)  # whole numbers in 0..255: the uint8 cast is exact
+    return Image.fromarray(out)  # a 2-D uint8 array becomes mode L
 
 
 def _flatten_alpha(img: Image.Image) -> Image.Image:
@@ -70,6 +88,11 @@ def normalise_mode(img: Image.Image, mode: str | None = None) -> Image.Image:
     return img
 
 
+def pil_open(source) -> Image.Image:
+    """`Image.open` (the header only) limited to IMAGE_FORMATS; another format is UnidentifiedImageError."""
+    return Image.open(source, formats=IMAGE_FORMATS)
+
+
 def one_line(text: str) -> str:
     """`text` with control characters (a newline in a file name) escaped, so messages stay one line."""
     return text if text.isprintable() else repr(text)[1:-1]
@@ -95,7 +118,7 @@ def check_image_header(path: str | os.PathLike, max_pixels: int | None = None) -
     path = Path(path)
     _check_file(path)
     try:
-        with Image.open(path) as img:  # reads the header only
+        with pil_open(path) as img:  # reads the header only
             w, h = img.size
             mode = img.mode
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -131,14 +154,16 @@ def _check_file(path: Path) -> None:
     try:
         if path.is_dir():
             raise BadImageError("not a file", path, "it is a folder")
-        size = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError:
         raise BadImageError("missing file", path, hint="check the path") from None
     except OSError as exc:
         raise BadImageError("unreadable file", path, exc.strerror or _first_line(exc)) from None
     except ValueError as exc:  # e.g. a NUL byte in a path from a CSV row
         raise BadImageError("bad file name", path, _first_line(exc)) from None
-    if size == 0:
+    if not stat.S_ISREG(st.st_mode):  # a FIFO (which blocks an open) or a device (/dev/zero never ends): never opened
+        raise BadImageError("not a regular file", path, "a FIFO, a device or a socket")
+    if st.st_size == 0:
         raise BadImageError("empty file", path, "0 bytes")
 
 
@@ -165,7 +190,7 @@ def decode_image(source, name, mode: str | None = None, max_pixels: int | None =
     # No global state is changed here (images are decoded from several threads): the size limit is
     # checked explicitly, and Pillow's default LOAD_TRUNCATED_IMAGES=False makes truncated data an error.
     try:
-        with Image.open(source) as img:
+        with pil_open(source) as img:
             if draft is not None and img.format == "JPEG":
                 img.draft(None, draft)  # sets the reduced scale (and size) the JPEG will be decoded at
             check_image_size(name, *img.size, max_pixels)  # before any pixel is decoded, at the size decoded

@@ -28,10 +28,12 @@ from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import (
     IMAGE_EXTENSIONS,
     BadImageError,
+    pil_open,
     pil_to_tensor,
     resize_shorter_center_crop,
 )
 from vitlab.data.labels import class_number_names
+from vitlab.data.tars import TarHeaderTooLarge, open_tar
 from vitlab.errors import VitlabError
 from vitlab.progress import bar_options
 
@@ -41,6 +43,8 @@ SPLIT_NAMES = {"train": ("train", "training"), "val": ("val", "valid", "validati
 CLASS_FILES = ("classes.txt", "classes.json")
 MAX_SAMPLE_BYTES = 64 * 1024**2  # an image member larger than this is an "oversized sample"
 MAX_LABEL_BYTES = 64 * 1024  # a label or .json member larger than this is a bad label
+# classes.txt / classes.json: a million classes (vitlab.limits.MAX_NUM_CLASSES) of names up to 60 bytes
+MAX_CLASS_FILE_BYTES = 64 * 1024**2
 DEFAULT_SHUFFLE_BUFFER = 2000  # samples held per streaming worker to mix neighbouring shards' samples
 
 
@@ -132,6 +136,10 @@ def read_class_file(folder: Path) -> list[str] | None:
     """Class names from classes.txt (one per line) or classes.json (a list, or {name: index}) in `folder`."""
     txt, js = folder / "classes.txt", folder / "classes.json"
     try:
+        path = txt if txt.is_file() else js
+        if path.is_file() and path.stat().st_size > MAX_CLASS_FILE_BYTES:  # the size first: it is read whole
+            raise ValueError(f"{path.name} is {path.stat().st_size:,} bytes, over the {MAX_CLASS_FILE_BYTES:,} "
+                             "bytes a list of class names needs")
         if txt.is_file():
             return [line.rstrip("\r") for line in txt.read_text(encoding="utf-8").split("\n") if line.strip()]
         if js.is_file():
@@ -139,7 +147,7 @@ def read_class_file(folder: Path) -> list[str] | None:
             if isinstance(data, dict):
                 return [name for name, _ in sorted(data.items(), key=lambda kv: int(kv[1]))]
             return [str(x) for x in data]
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
         raise VitlabError(f"cannot read the class names in {folder} ({exc}); fix or remove the classes file") from None
     return None
 
@@ -162,13 +170,18 @@ def _label_of(raw: bytes, ext: str):
     return int(text) if re.fullmatch(r"-?\d+", text) else text
 
 
-def _group(tar: tarfile.TarFile) -> tuple[dict[str, dict[str, tarfile.TarInfo]], dict[str, str], int]:
+def _group(tar: tarfile.TarFile) -> tuple[dict[str, dict[str, tarfile.TarInfo]], dict[str, str], int, str | None]:
     """Members by sample key (`dir/000123.seg.png` -> key `dir/000123`, extension `seg.png`), the keys whose
-    member name is repeated ({key: name}), and the end of the last member's data in the file."""
+    member name is repeated ({key: name}), the end of the last member's data in the file, and the oversized
+    extended header that stopped the listing (vitlab.data.tars), if one did."""
     groups: dict[str, dict[str, tarfile.TarInfo]] = {}
     repeated: dict[str, str] = {}
-    end = 0
-    for info in tar:
+    end, bad_header = 0, None
+    try:
+        infos = list(tar)
+    except TarHeaderTooLarge as exc:  # the members listed before it are whole: kept, as for other damage
+        infos, bad_header = list(tar.members), str(exc)
+    for info in infos:
         end = max(end, info.offset_data + (info.size if info.isfile() else 0))
         if not info.isfile():
             continue
@@ -180,7 +193,7 @@ def _group(tar: tarfile.TarFile) -> tuple[dict[str, dict[str, tarfile.TarInfo]],
         if ext.lower() in members:
             repeated.setdefault(f"{folder}/{stem}" if folder else stem, info.name)
         members[ext.lower()] = info
-    return groups, repeated, end
+    return groups, repeated, end, bad_header
 
 
 def _damage(tar: tarfile.TarFile, path: str, end: int) -> str | None:
@@ -206,7 +219,7 @@ def image_header(fh, name: str) -> tuple[int, int, str]:
     from vitlab.data.images import check_image_size
 
     try:
-        with Image.open(fh) as img:  # reads the header only
+        with pil_open(fh) as img:  # reads the header only, of the formats vitlab reads
             w, h, mode = *img.size, img.mode
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise BadImageError("image too large", name, "possible decompression bomb") from None
@@ -278,9 +291,9 @@ def scan_shard(path: str) -> ShardScan:
     """One pass over a shard's headers (and each image's header): its samples, labels and skipped entries."""
     out = ShardScan([], [], [], False, [])
     try:
-        with tarfile.open(path, "r:") as tar:
-            groups, repeated, end = _group(tar)
-            damage = _damage(tar, path, end)
+        with open_tar(path, "r:") as tar:  # extended headers bounded (vitlab.data.tars)
+            groups, repeated, end, bad_header = _group(tar)
+            damage = bad_header or _damage(tar, path, end)
             if damage:  # samples cut by the damage are covered by the shard's own entry
                 groups = _before_damage(groups, os.path.getsize(path))
             for key, members in groups.items():

@@ -56,9 +56,18 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor]
                               "as floats")
     for k, want in expected.items():
         found = state_dict[k]
-        if want.is_floating_point() and not bool(torch.isfinite(found).all()):
-            raise VitlabError(f"{source}: tensor {k!r} holds NaN or infinite values (the first such tensor); the "
-                              "checkpoint is damaged or was saved after training diverged: use an earlier checkpoint")
+        if not want.is_floating_point():
+            continue
+        # checked as the model will hold it: load_state_dict casts, and a float64 value beyond float32's range
+        # (1e300) would become inf there without a word
+        held = found if found.dtype == want.dtype else found.to(want.dtype)
+        if not bool(torch.isfinite(held).all()):
+            beyond = bool(torch.isfinite(found).all())
+            raise VitlabError(f"{source}: tensor {k!r} holds "
+                              + (f"values beyond the range of {str(want.dtype).replace('torch.', '')} (they would "
+                                 "load as infinite)" if beyond else "NaN or infinite values")
+                              + " (the first such tensor); the checkpoint is damaged or was saved after training "
+                              "diverged: use an earlier checkpoint")
     model.load_state_dict(state_dict, strict=True)
 
 
@@ -86,7 +95,10 @@ def detect_format(path: str | Path) -> str:
         )
     if not p.exists():
         raise VitlabError(f"no such file or folder: {p}")
-    from vitlab.weights.io import is_npz, sniff_format
+    from vitlab.weights.io import is_npz, not_regular_file, sniff_format
+
+    if not p.is_file():  # a FIFO blocks the first open forever; /dev/zero is read by zipfile until memory runs out
+        raise not_regular_file(p)
 
     # read by what the file is, not its name: an .npz named .pth is read as one, a state dict named .npz too
     if is_npz(p) or (p.suffix == ".npz" and sniff_format(p) == "unknown"):

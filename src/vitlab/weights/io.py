@@ -62,12 +62,21 @@ def unreadable(path: Path, exc: OSError) -> VitlabError:
     return VitlabError(f"cannot read {path} ({exc.strerror or type(exc).__name__}); check the path and the disk")
 
 
+def not_regular_file(path: Path) -> VitlabError:
+    """One line for a path that exists but is no regular file (a FIFO, a device such as a link to /dev/zero, a
+    socket): opening a FIFO waits for a writer forever and a device never ends, so it is refused unread."""
+    return VitlabError(f"{path} is not a regular file (a FIFO, a device or a socket); vitlab reads weights and "
+                       "configs from regular files only: pass the file itself")
+
+
 def sniff_format(path: str | Path) -> str:
     """What a weights file holds, from its first bytes rather than its name: 'safetensors' (an 8-byte
     little-endian header length, then the JSON header's '{'), 'torch' (torch.save's zip, 'PK', or a legacy
     pickle, protocol opcode 0x80), 'npz'-style zips are 'torch' too (torch.load reports them), else 'unknown'.
     A renamed file is then read as what it is, and an unreadable one is reported as such."""
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise not_regular_file(p)
     try:
         with open(p, "rb") as fh:
             head = fh.read(9)
@@ -99,7 +108,7 @@ def load_tensor_file(path: str | Path) -> Any:
     are safe on any input (no pickled code runs), so a safetensors file named `.pth` (or the reverse) loads."""
     p = Path(path)
     if not p.is_file():
-        raise VitlabError(f"no such file: {p}")
+        raise not_regular_file(p) if p.exists() else VitlabError(f"no such file: {p}")
     kind = sniff_format(p)
     if kind == "safetensors" or (kind == "unknown" and p.suffix == ".safetensors"):
         from safetensors.torch import load_file
@@ -238,6 +247,8 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
     malformed or absurdly nested JSON is one VitlabError line."""
     p = Path(path)
     try:
+        if p.exists() and not p.is_file():  # checked before the open below, which a FIFO would block
+            raise not_regular_file(p)
         size = p.stat().st_size
         with open(p, "rb"):  # an unreadable file is said to be one (not a raw PermissionError)
             pass

@@ -106,6 +106,9 @@ def read_native(folder: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor],
     config, meta = parse_meta(read_json(cfg_path, "vitlab config.json"), cfg_path)
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
+        if weights.exists():  # a folder or a FIFO of that name: say so, rather than that it is missing
+            raise VitlabError(f"{weights} is not a regular file (a folder, a FIFO or a device); {folder} needs its "
+                              f"weights in a {WEIGHTS_FILE} file")
         raise VitlabError(f"{folder} has a config.json but no {WEIGHTS_FILE}")
     check_shapes_fit(model_shapes(config), safetensors_shapes(weights), str(weights))
     state = read_tensors(weights)

@@ -304,12 +304,10 @@ _POOL_TO_CLASSIFIER = {"token": "token", "avg": "gap", "map": "map"}
 def read_timm_folder(folder: str | Path, size_hint: Any = None,
                      **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
     """(config, state dict, meta) of a timm Hub folder: weights by name, pooling and preprocessing from config.json."""
-    import json
-
-    from vitlab.weights.io import read_tensors
+    from vitlab.weights.io import read_json, read_tensors
 
     folder = Path(folder)
-    data = json.loads((folder / "config.json").read_text())
+    data = read_json(folder / "config.json", "config.json")  # size-bounded (docs/weights.md, Limits)
     weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
     if weights is None:
         raise VitlabError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin")
@@ -483,7 +481,7 @@ def stored_record(path: str | Path, sd: dict[str, torch.Tensor]) -> dict[str, An
         if key in header:
             try:
                 record[key] = json.loads(header[key])
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
                 raise VitlabError(f"{path}: the stored '{key}' is not JSON ({exc}); re-export the file") from exc
     return record
 
@@ -513,15 +511,17 @@ def meta_from(record: dict[str, Any], config: ViTConfig) -> dict[str, Any]:
 
 
 def _sidecar_record(path: Path, sd: dict[str, torch.Tensor]) -> dict[str, Any]:
-    import json
+    from vitlab.weights.io import read_json
 
     side = sidecar_path(path)
     if not side.is_file():
         return {}
     try:
-        data = json.loads(side.read_text())
+        data = read_json(side, "vitlab sidecar")  # size-bounded: a sidecar is a few KB
         keys = data["keys"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except VitlabError as exc:
+        raise VitlabError(f"{side} is not a vitlab sidecar ({exc}); delete it or re-export {path.name}") from exc
+    except (KeyError, TypeError) as exc:
         raise VitlabError(f"{side} is not a vitlab sidecar ({type(exc).__name__}); delete it or re-export {path.name}") from exc
     if keys != keys_digest(sd):
         raise VitlabError(f"{side} describes another model than {path.name} (other keys or shapes); delete the "
