@@ -202,3 +202,35 @@ def test_a_probe_on_one_class_and_repeated_shots_are_one_line(tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "5 twice" in err[0]
+
+
+def test_frozen_features_never_pair_a_substituted_image_with_another_rows_label(tmp_path, capsys):
+    """A streamed training split replaces an unreadable file by the next readable one (there: the first image of
+    the next class), while few-shot, kNN and the probe paired each row's features with the row's own label: the
+    substitute entered as the wrong class. The frozen evaluations now leave unreadable files out, and say so."""
+    from PIL import Image
+
+    from vitlab.evaluate.runner import _without_substitutes
+
+    for c, cls in enumerate(("a", "b")):
+        (tmp_path / "train" / cls).mkdir(parents=True)
+        (tmp_path / "test" / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("L", (8, 8), 40 + 160 * c + i).save(tmp_path / "train" / cls / f"{i}.png")
+            Image.new("L", (8, 8), 40 + 160 * c + i).save(tmp_path / "test" / cls / f"{i}.png")
+    noise = np.random.default_rng(0).integers(0, 255, (64, 64), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "whole.png")
+    whole = (tmp_path / "whole.png").read_bytes()  # its header reads (the load's check passes), its pixels do not:
+    (tmp_path / "train" / "a" / "9.png").write_bytes(whole[: len(whole) // 2])  # the last row of class a
+    d = load_data(str(tmp_path), in_memory=False, val_fraction=0, progress=False, report=False)
+    assert d.train.substitute and len(d.train) == 7
+    bad_row = d.train.paths.index(str(tmp_path / "train" / "a" / "9.png"))
+    image, label = d.train[bad_row]  # training's substitute: the next row's image and label
+    assert label == 1 and int(d.train.labels[bad_row]) == 0
+    kept = _without_substitutes(d.train, progress=False)
+    assert len(kept) == 6 and not kept.substitute and d.train.substitute  # the run's own split is untouched
+    assert all(int(y) == ("/b/" in p) for p, y in zip(kept.paths, kept.labels))
+    model = create_model("custom", **{**TINY, "image_size": 8, "patch_size": 4}, num_classes=2, seed=0)
+    evaluate_model(model, d, Preprocess.for_model(8, channels=1), frozen=FrozenOptions(knn=True, knn_k=3),
+                   progress=False)
+    assert "1 unreadable training image left out of the frozen-feature evaluations" in capsys.readouterr().err

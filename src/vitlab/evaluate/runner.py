@@ -135,6 +135,24 @@ def _split(data, split: str):
     return ds
 
 
+def _without_substitutes(train, progress: bool):
+    """The training split as frozen-feature evaluations need it: every row its own image. A streamed training split
+    replaces an unreadable file by the next readable one (a long run never stops on one bad file), but the few-shot
+    sampling, kNN and the probe pair each row's features with the row's own label, so a substitute could enter as
+    the wrong class. Its files are decoded once here and the unreadable ones left out, with a note."""
+    if not getattr(train, "substitute", False):
+        return train
+    import sys
+
+    view = train.with_size(train.size)
+    view.substitute = False
+    kept, bad = view.verify(progress=progress)
+    if bad:
+        print(f"vitlab: {len(bad)} unreadable training image{'s' * (len(bad) != 1)} left out of the frozen-feature "
+              f"evaluations (first: {bad[0][0]}: {bad[0][1]})", file=sys.stderr)
+    return kept
+
+
 def _require_finite(values: np.ndarray | None, what: str) -> None:
     """Refuse NaN / inf model outputs: metrics of them (argmax of NaN is class 0) would look like a result."""
     if values is None or len(values) == 0:
@@ -235,7 +253,7 @@ def evaluate_model(
     if frozen.any:
         from vitlab.evaluate import fewshot as fs
 
-        train = _split(data, "train")
+        train = _without_substitutes(_split(data, "train"), progress)
         ytr_all = dataset_labels(train)
         test_x, test_y = out.features, out.labels
         # the backbone is the same whatever the head, so features come from the model as given
