@@ -86,3 +86,19 @@ def test_calibration_from_an_idx_folder_and_a_folder_with_hidden_entries(tmp_pat
     assert sum(len(b) for b in batches) == 20
     expected = pre(Image.open(flat / "0.png"))
     assert torch.allclose(torch.from_numpy(batches[0][0]), expected)
+
+
+def test_fifos_in_a_folder_are_listed_and_a_fifo_named_is_one_line(tmp_path):
+    """A FIFO in a folder was dropped without a word (the data loader lists it), and one named on the command line
+    was "no such image file or folder", though it exists."""
+    import os
+
+    from vitlab.errors import VitlabError
+
+    picture(tmp_path / "imgs" / "a.png")
+    os.mkfifo(tmp_path / "imgs" / "b.png")
+    files, skipped = collect_images([tmp_path / "imgs"])
+    assert [f.name for f in files] == ["a.png"]
+    assert skipped == [(str(tmp_path / "imgs" / "b.png"), "not a regular file (a FIFO, a device or a socket)")]
+    with pytest.raises(VitlabError, match="is not a regular file"):
+        collect_images([tmp_path / "imgs" / "b.png"])

@@ -62,9 +62,13 @@ def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple
         if p.is_dir():
             # hidden entries are left out, as the data loader leaves them out (data/files.py): macOS's `._x.jpg`
             # files are metadata, not images, and `.ipynb_checkpoints/` holds copies
-            entries = sorted(f for f in p.rglob("*") if f.is_file() and not _hidden(f, p))
+            everything = sorted(f for f in p.rglob("*") if not _hidden(f, p) and not f.is_dir())
+            entries = [f for f in everything if f.is_file()]
             found = [f for f in entries if is_image_file(f)]
             skipped += [(str(f), "not an image file name") for f in entries if not is_image_file(f)]
+            # a FIFO, a device or a socket (never opened: a FIFO blocks, /dev/zero never ends) is listed, not dropped
+            skipped += [(str(f), "not a regular file (a FIFO, a device or a socket)") for f in everything
+                        if not f.is_file() and f.exists()]
             if not found:
                 raise VitlabError(f"no image files in {p} (looked for {', '.join(_extensions())})")
             files += found
@@ -76,6 +80,8 @@ def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple
             if not matched:
                 raise VitlabError(f"no image file matches {item}")
             files += matched
+        elif p.exists():
+            raise VitlabError(f"{p} is not a regular file (a FIFO, a device or a socket); give image files or folders")
         else:
             raise VitlabError(f"no such image file or folder: {p}")
     return files, skipped

@@ -241,8 +241,10 @@ def _check_pixels(data: bytes, name: str, most: int, draft: tuple[int, int] | No
     a JPEG counts at the reduced scale it will be decoded at (`Image.draft` sets it without decoding)."""
     from PIL import Image
 
+    from vitlab.data.images import pil_open
+
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with pil_open(io.BytesIO(data)) as img:  # the formats decoding accepts (no EPS and the like)
             if draft is not None and img.format == "JPEG":
                 img.draft(None, draft)
             size = f"{img.width}x{img.height} pixels" if img.width * img.height > most else None
