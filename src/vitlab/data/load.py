@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from vitlab.data.dataset import DataSplits, FileImageDataset, ImageDataset, skipped_summary
+from vitlab.data.duplicates import copy_notes
 from vitlab.data.splits import (
     class_subset_map,
     parse_classes,
@@ -242,6 +243,7 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     for k, v in parts.items():
         if v is not None:
             v.name = f"{splits.name}/{k}"
+    notes += copy_notes(parts["train"], (("val", parts["val"]), ("test", parts["test"])))
     if progress if report is None else report:
         if skipped:
             print(skipped_summary(skipped), file=sys.stderr)
