@@ -325,8 +325,10 @@ def test_timm_stem_only_hybrid_round_trip_is_exact(tmp_path):
     assert "patch_embed.backbone.conv.weight" in sd and not any(".stem." in k for k in sd)
     assert _max_diff(_logits(vitlab.load(path), (32, 32)), _logits(model, (32, 32))) == 0
     timm_format.sidecar_path(path).unlink()  # a foreign file with timm's names
-    back = vitlab.load(path, heads=HEADS, classifier="token", gelu="tanh")
+    # a foreign timm hybrid is read with timm's ws_eps 1e-8; this one was made with the official eps (None)
+    back = vitlab.load(path, heads=HEADS, classifier="token", gelu="tanh", ws_eps=None)
     assert _max_diff(_logits(back, (32, 32)), _logits(model, (32, 32))) == 0
+    assert vitlab.load(path, heads=HEADS, classifier="token", gelu="tanh").config.resnet.ws_eps == 1e-8
 
 
 def test_timm_args_describe_the_model():

@@ -28,7 +28,8 @@ from vitlab.limits import (
 CLASSIFIERS = ("token", "gap", "map")
 POSEMBS = ("learn", "sincos2d")
 GELUS = ("tanh", "exact")
-RESAMPLE_MODES = ("bilinear_ac", "bilinear", "bicubic", "bicubic_aa")
+# "bicubic_ac" (align_corners=True) is torchvision's `interpolate_embeddings`; see posemb.resample_grid.
+RESAMPLE_MODES = ("bilinear_ac", "bilinear", "bicubic", "bicubic_aa", "bicubic_ac")
 
 
 def _pair(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:

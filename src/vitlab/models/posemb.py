@@ -15,7 +15,8 @@ def resample_grid(
 
     mode "bilinear_ac" (default) is the official algorithm: scipy.ndimage.zoom(order=1) equals
     bilinear interpolation with align_corners=True. "bilinear" and "bicubic" use
-    align_corners=False (timm/Hugging Face); "bicubic_aa" adds antialiasing (timm's default).
+    align_corners=False (Hugging Face: bicubic); "bicubic_aa" adds antialiasing (timm's default);
+    "bicubic_ac" is bicubic with align_corners=True (torchvision's `interpolate_embeddings`).
     """
     if grid.dim() != 4:
         raise ValueError("grid must have shape (1, H, W, D)")
@@ -30,6 +31,8 @@ def resample_grid(
         x = F.interpolate(x, size=new_size, mode="bicubic", align_corners=False)
     elif mode == "bicubic_aa":
         x = F.interpolate(x, size=new_size, mode="bicubic", align_corners=False, antialias=True)
+    elif mode == "bicubic_ac":
+        x = F.interpolate(x, size=new_size, mode="bicubic", align_corners=True)
     else:
         raise VitlabError(f"unknown position-embedding resample mode {mode!r}")
     return x.permute(0, 2, 3, 1).to(grid.dtype)

@@ -1,6 +1,7 @@
 """BiT ResNet as in the official ViT code (`vit_jax/models_resnet.py`): the hybrid stem and the baselines.
 
-Weight-standardised convolutions ((w - mean) / (std + 1e-5)), GroupNorm (32 groups, eps 1e-6),
+Weight-standardised convolutions ((w - mean) / (std + 1e-5); `ResNetConfig.ws_eps` sets another eps, e.g.
+timm's 1e-8 for its hybrid files), GroupNorm (32 groups, eps 1e-6),
 post-activation bottleneck units with the stride on the 3x3 convolution, TF-style 'SAME' padding,
 and the last GroupNorm scale of each unit initialised to zero. Key names follow timm's ResNetV2.
 """
@@ -15,6 +16,14 @@ import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
+
+# The official StdConv's epsilon (vit_jax/models_resnet.py: w / (std + 1e-5)); `ResNetConfig.ws_eps` overrides it.
+OFFICIAL_WS_EPS = 1e-5
+
+
+def post_ws_eps(cfg: ResNetConfig) -> float:
+    """The weight-standardisation epsilon of a post-activation (kind "bit-post") body: its own, else the official."""
+    return OFFICIAL_WS_EPS if cfg.ws_eps is None else float(cfg.ws_eps)
 
 
 def resnet_reduction(cfg: ResNetConfig) -> int:
@@ -49,7 +58,7 @@ def _pad_same(x: torch.Tensor, kernel: int, stride: int, value: float = 0.0) -> 
 class StdConv2dSame(nn.Conv2d):
     """Weight-standardised convolution with TF 'SAME' padding, exactly as the official StdConv."""
 
-    def __init__(self, in_chans: int, out_chans: int, kernel_size: int, stride: int = 1, eps: float = 1e-5):
+    def __init__(self, in_chans: int, out_chans: int, kernel_size: int, stride: int = 1, eps: float = OFFICIAL_WS_EPS):
         super().__init__(in_chans, out_chans, kernel_size, stride=stride, padding=0, bias=False)
         self.eps = eps
 
@@ -71,9 +80,9 @@ def _group_norm(channels: int) -> nn.GroupNorm:
 class Downsample(nn.Module):
     """The projection branch (`conv_proj` + `gn_proj`)."""
 
-    def __init__(self, in_chans: int, out_chans: int, stride: int):
+    def __init__(self, in_chans: int, out_chans: int, stride: int, eps: float = OFFICIAL_WS_EPS):
         super().__init__()
-        self.conv = StdConv2dSame(in_chans, out_chans, 1, stride)
+        self.conv = StdConv2dSame(in_chans, out_chans, 1, stride, eps)
         self.norm = _group_norm(out_chans)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,15 +92,15 @@ class Downsample(nn.Module):
 class Bottleneck(nn.Module):
     """Post-activation bottleneck unit (`ResidualUnit` of the official code)."""
 
-    def __init__(self, in_chans: int, features: int, stride: int):
+    def __init__(self, in_chans: int, features: int, stride: int, eps: float = OFFICIAL_WS_EPS):
         super().__init__()
         out_chans = features * 4
-        self.downsample = Downsample(in_chans, out_chans, stride) if (in_chans != out_chans or stride != 1) else None
-        self.conv1 = StdConv2dSame(in_chans, features, 1)
+        self.downsample = Downsample(in_chans, out_chans, stride, eps) if (in_chans != out_chans or stride != 1) else None
+        self.conv1 = StdConv2dSame(in_chans, features, 1, eps=eps)
         self.norm1 = _group_norm(features)
-        self.conv2 = StdConv2dSame(features, features, 3, stride)
+        self.conv2 = StdConv2dSame(features, features, 3, stride, eps)
         self.norm2 = _group_norm(features)
-        self.conv3 = StdConv2dSame(features, out_chans, 1)
+        self.conv3 = StdConv2dSame(features, out_chans, 1, eps=eps)
         self.norm3 = _group_norm(out_chans)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,10 +112,11 @@ class Bottleneck(nn.Module):
 
 
 class Stage(nn.Module):
-    def __init__(self, in_chans: int, features: int, depth: int, first_stride: int):
+    def __init__(self, in_chans: int, features: int, depth: int, first_stride: int, eps: float = OFFICIAL_WS_EPS):
         super().__init__()
         self.blocks = nn.Sequential(
-            *[Bottleneck(in_chans if i == 0 else features * 4, features, first_stride if i == 0 else 1) for i in range(depth)]
+            *[Bottleneck(in_chans if i == 0 else features * 4, features, first_stride if i == 0 else 1, eps)
+              for i in range(depth)]
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,10 +126,10 @@ class Stage(nn.Module):
 class Stem(nn.Module):
     """'bit': conv_root 7x7/2 + gn_root + ReLU + 3x3/2 'SAME' max-pool. 'small': 3x3/1 conv + GN + ReLU."""
 
-    def __init__(self, in_chans: int, width: int, kind: str = "bit"):
+    def __init__(self, in_chans: int, width: int, kind: str = "bit", eps: float = OFFICIAL_WS_EPS):
         super().__init__()
         self.kind = kind
-        self.conv = StdConv2dSame(in_chans, width, 7 if kind == "bit" else 3, 2 if kind == "bit" else 1)
+        self.conv = StdConv2dSame(in_chans, width, 7 if kind == "bit" else 3, 2 if kind == "bit" else 1, eps)
         self.norm = _group_norm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,10 +145,12 @@ class ResNetBody(nn.Module):
     def __init__(self, cfg: ResNetConfig, in_chans: int = 3):
         super().__init__()
         width = cfg.width
-        self.stem = Stem(in_chans, width, cfg.stem)
+        # every StdConv takes the config's eps: before, ws_eps was stored and exported but the body kept 1e-5
+        eps = post_ws_eps(cfg)
+        self.stem = Stem(in_chans, width, cfg.stem, eps)
         stages, chans = [], width
         for i, depth in enumerate(cfg.layers):
-            stages.append(Stage(chans, width * 2**i, depth, 1 if i == 0 else 2))
+            stages.append(Stage(chans, width * 2**i, depth, 1 if i == 0 else 2, eps))
             chans = width * 2**i * 4
         self.stages = nn.Sequential(*stages)
         self.out_channels = resnet_channels(cfg)

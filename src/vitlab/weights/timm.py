@@ -9,11 +9,14 @@ file gets heads only for published widths and must be told its pooling when it h
 its size when its grid is not square (docs/weights.md, "What each format carries").
 
 Numerics of timm ViTs: exact (erf) GELU, LayerNorm eps 1e-6. timm's hybrid StdConv2dSame uses
-eps 1e-8 inside the weight standardisation where the official code (and vitlab) uses 1e-5.
+eps 1e-8 inside the weight standardisation where the official code (and vitlab's default) uses 1e-5: a foreign
+timm hybrid file is read with ws_eps=1e-8 (on weights of a trained scale the official eps moved the logits of
+`vit_base_r50_s16` by 2.8e-4 relative), vitlab's own export with the eps it was made with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,9 @@ SIDECAR_FORMAT = "vitlab-timm-sidecar"
 TIMM_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 # timm's VisionTransformer numerics: exact GELU, LayerNorm eps 1e-6.
 TIMM_LAYER_NORM_EPS = 1e-6
+# timm's hybrid backbones standardise weights with StdConv2dSame(eps=1e-8) (`vision_transformer_hybrid._resnetv2`).
+TIMM_HYBRID_WS_EPS = 1e-8
+_UNSET = object()  # "ws_eps" absent from the overrides (a foreign file), as opposed to given as None (official)
 # timm's stem-only hybrids (`vit_tiny_r_s16_p8_*`: a ResNet with no stages) keep the stem's conv and norm
 # directly under the backbone (`patch_embed.backbone.conv/norm`); vitlab nests them in `backbone.stem`.
 _BACKBONE = "patch_embed.backbone."
@@ -227,9 +233,11 @@ def read_timm(sd: dict[str, torch.Tensor], size_hint: Any = None,
 
     if timm_bit.is_timm_bit(sd):  # pre-activation BiT (resnetv2_*_bit), e.g. from a timm Hub folder
         return timm_bit.read_timm_bit(sd, **overrides)
+    overrides = dict(overrides)
+    ws_eps = overrides.pop("ws_eps", _UNSET)  # a ResNet field: the hybrid backbone's or the ResNet's, not the ViT's
     check_override_fields(overrides)
     if "patch_embed.proj.weight" not in sd:
-        return _read_timm_resnet(sd, **overrides)
+        return _read_timm_resnet(sd, ws_eps=None if ws_eps is _UNSET else ws_eps, **overrides)
     _refuse_non_paper_layouts(sd)
     sd = from_timm_stem_only(sd)
     w = sd["patch_embed.proj.weight"]
@@ -239,6 +247,10 @@ def read_timm(sd: dict[str, torch.Tensor], size_hint: Any = None,
     resnet, in_chans = None, w.shape[1]
     if _BACKBONE + "stem.conv.weight" in sd:
         resnet, in_chans = _resnet_layout(sd, _BACKBONE)
+        # timm's eps for a foreign file (it computes with it), else the one given or stored (None: official 1e-5)
+        resnet = dataclasses.replace(resnet, ws_eps=TIMM_HYBRID_WS_EPS if ws_eps is _UNSET else ws_eps)
+    elif ws_eps not in (_UNSET, None):
+        raise VitlabError("ws_eps is a setting of a hybrid's ResNet stem, and this timm ViT has none: leave it out")
     depth = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
     try:
         classifier = timm_classifier(sd, overrides.pop("classifier", None))
@@ -278,12 +290,15 @@ def linear_head_from_conv(sd: dict[str, torch.Tensor]) -> int:
     return int(head.shape[0])
 
 
-def _read_timm_resnet(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    """timm ResNetV2 with preact=False (the official BiT post-activation units) -> vitlab ResNet."""
+def _read_timm_resnet(sd: dict[str, torch.Tensor], ws_eps: float | None = None,
+                      **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """timm ResNetV2 with preact=False (the official BiT post-activation units) -> vitlab ResNet; `ws_eps` as
+    given or stored by vitlab's export (None: the official 1e-5; timm has no such registered classifier)."""
     if "norm.weight" in sd:
         raise VitlabError("this is a pre-activation timm ResNetV2 (final 'norm'); vitlab's ResNet is the "
                           "post-activation BiT of the ViT paper's code")
     resnet, in_chans = _resnet_layout(sd, "")
+    resnet = dataclasses.replace(resnet, ws_eps=ws_eps)  # the stored ws_eps reached ViTConfig(...) and failed
     config = dict(name="timm-resnetv2", arch="resnet", resnet=resnet, in_chans=in_chans, patch_size=1,
                   num_classes=linear_head_from_conv(sd), image_size=224)
     config.update(overrides)
@@ -380,7 +395,10 @@ def file_hints(config: ViTConfig) -> dict[str, Any]:
     """What vitlab stores beside a timm file: the config fields its keys and shapes cannot tell."""
     if config.arch == "vit":
         fields = config.to_dict()
-        return {k: fields[k] for k in VIT_HINTS}
+        hints = {k: fields[k] for k in VIT_HINTS}
+        if config.resnet is not None:  # the hybrid's WS eps, None (official) included: foreign files get timm's
+            hints["ws_eps"] = config.resnet.ws_eps
+        return hints
     # a ResNet takes any size, so the keys cannot tell the one it was made for (export's default, preprocessing)
     hints: dict[str, Any] = {"name": config.name, "image_size": list(config.image_size)}
     if config.resnet.kind == "bit":
@@ -495,6 +513,9 @@ def hints_from(record: dict[str, Any], sd: dict[str, torch.Tensor]) -> dict[str,
     if "heads" in hints and "cls_token" in sd:
         # vitlab never writes a class token next to other pooling: exports made before `classifier` was stored are 'token'
         hints.setdefault("classifier", "token")
+    if "heads" in hints and any(k.startswith(_BACKBONE) for k in sd):
+        # a hybrid exported before ws_eps was stored computed with the official eps (None), not timm's
+        hints.setdefault("ws_eps", None)
     return hints
 
 

@@ -2,7 +2,8 @@
 and `resnet*` (identical keys: vitlab's StandardResNet uses torchvision's names, as timm's `resnet*` do).
 
 torchvision ViTs use exact GELU and LayerNorm eps 1e-6; their published weights (ViT and ResNet V1)
-expect ImageNet mean/std with a 256 -> 224 bilinear resize and centre crop.
+expect ImageNet mean/std with a 256 -> 224 bilinear resize and centre crop (ViT-L/16 242 -> 224; the SWAG ViTs
+at 384/512/518 px resize the shorter side to the crop size, bicubic).
 """
 
 from __future__ import annotations
@@ -81,16 +82,32 @@ def read_torchvision(sd: dict[str, torch.Tensor], size_hint: Any = None,
         heads=overrides.pop("heads", None) or guess_heads(dim), mlp_dim=out["blocks.0.mlp.fc1.weight"].shape[0],
         classifier="token", num_classes=out["head.weight"].shape[0] if "head.weight" in out else 0,
         representation_size=out["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in out else None,
-        gelu="exact", layer_norm_eps=1e-6, posemb_resample="bicubic",
+        # torchvision's interpolate_embeddings: bicubic with align_corners=True (align_corners=False, read before,
+        # moved the logits of a 32 -> 48 px resize by 6.7e-3 relative)
+        gelu="exact", layer_norm_eps=1e-6, posemb_resample="bicubic_ac",
     )
     config.update(overrides)
     config = ViTConfig(**config)
     c = config.in_chans
-    h, _w = config.image_size
+    resize, interpolation = _vit_eval_transform(config)
     pre = {"image_size": list(config.image_size), "mean": IMAGENET_MEAN if c == 3 else [0.449],
-           "std": IMAGENET_STD if c == 3 else [0.226], "resize": round(h * 256 / 224), "crop_fraction": 1.0,
-           "interpolation": "bilinear", "channels": c}
+           "std": IMAGENET_STD if c == 3 else [0.226], "resize": resize, "crop_fraction": 1.0,
+           "interpolation": interpolation, "channels": c}
     return config, out, {"format": "torchvision", "class_names": None, "preprocess": pre}
+
+
+def _vit_eval_transform(config: ViTConfig) -> tuple[int, str]:
+    """(shorter side before the centre crop, interpolation) of torchvision's published ViT weights
+    (`ViT_*_Weights.*.transforms()`, torchvision 0.29): at 224 px IMAGENET1K_V1, 256 -> 224 bilinear (ViT-L/16:
+    242); above 224 only the SWAG_E2E_V1 weights exist (384, 512, 518 px), which resize the shorter side to the
+    crop size, bicubic. (SWAG_LINEAR_V1, 224 bicubic without a margin, has V1's shapes: V1's is the default.)
+    Before, every size got V1's 256/224 margin and bilinear: 439 -> 384 px for the SWAG ViT-B/16."""
+    h, _w = config.image_size
+    if h > 224:
+        return h, "bicubic"
+    if (config.dim, config.depth, config.patch_size) == (1024, 24, 16):
+        return round(h * 242 / 224), "bilinear"
+    return round(h * 256 / 224), "bilinear"
 
 
 # ------------------------------------------------------------------------------ standard ResNets
