@@ -427,3 +427,19 @@ def test_a_kept_head_is_put_in_the_datas_class_order(tmp_path, capsys):
     argv[2] = str(tmp_path / "other")
     assert main([*argv[:-1], "r2", "--quiet"]) == 0
     assert "but its classes (cat, dog) are not the data's (Sandal, Sneaker)" in capsys.readouterr().out
+
+
+def test_summary_records_what_the_null_settings_came_to(tmp_path):
+    """config.yaml keeps null for "the source's default" (hflip, micro_batch, dropout, ...): the run folder did not
+    say what ran, so a later vitlab with other defaults could not rebuild the run."""
+    from vitlab.train import train
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=["Sandal", "Sneaker"], per_class=4, steps=1, batch_size=4, out_dir=str(tmp_path),
+        name="r", precision="fp32", quiet=True, model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7)))
+    assert cfg.hflip is None and cfg.micro_batch is None
+    train(cfg)
+    resolved = json.loads((tmp_path / "r" / "summary.json").read_text())["resolved_settings"]
+    assert resolved["device"] == "cpu" and resolved["micro_batch"] == 4 and resolved["accumulation_steps"] == 1
+    assert isinstance(resolved["transforms"]["hflip"], bool) and resolved["image_size"] == [28, 28]
+    assert resolved["dropout"] is not None and resolved["drop_path"] is not None

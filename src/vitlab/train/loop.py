@@ -40,7 +40,13 @@ from vitlab.train.config import TrainConfig, validate
 from vitlab.train.evaluation import predict_split, split_metrics
 from vitlab.train.loggers import Trackers, check_installed, open_trackers
 from vitlab.train.optim import decay_mask
-from vitlab.train.outputs import TrainResult, epoch_line, gather_stream_failures, write_outputs
+from vitlab.train.outputs import (
+    TrainResult,
+    epoch_line,
+    gather_stream_failures,
+    resolved_settings,
+    write_outputs,
+)
 from vitlab.train.precision import autocast_context, set_stem_precision
 from vitlab.train.resume import (
     check_resume,
@@ -688,7 +694,8 @@ class TrainingRun:
                 print(f"vitlab: {line}", flush=True)
             figures = write_outputs(self.run, self.cfg, result, self.raw_model, self.wrapped, self.class_names,
                                     self.tcfg, split_name, self.n_params, self.precision, self.device,
-                                    info.world_size, self.plan.total_steps, fsdp_state)
+                                    info.world_size, self.plan.total_steps, fsdp_state,
+                                    resolved_settings(self.plan, self.tcfg, self.raw_model, self.device))
             self.trackers.final(result.test_metrics, split_name, p.global_step)
             self.trackers.figures(figures, p.global_step)
         D.barrier(info)

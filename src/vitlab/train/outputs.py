@@ -61,8 +61,10 @@ def epoch_line(r: dict[str, Any], num_epochs: int) -> str:
 
 def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model: nn.Module, wrapped: nn.Module,
                    class_names: list[str], tcfg, split_name: str, n_params: int, precision: str,
-                   device: torch.device, world: int, total_steps: int, fsdp_state: dict | None = None) -> list[Path]:
-    """The run folder's plots, model and summary.json; returns the figures written (for the trackers)."""
+                   device: torch.device, world: int, total_steps: int, fsdp_state: dict | None = None,
+                   resolved: dict | None = None) -> list[Path]:
+    """The run folder's plots, model and summary.json; returns the figures written (for the trackers).
+    `resolved` (`resolved_settings`): what the settings config.yaml leaves to defaults came to."""
     from vitlab.train.plots import plot_curves
 
     figures = plot_curves(run.path)
@@ -100,10 +102,27 @@ def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model:
         "wall_time_s": result.wall_time_s, "train_images_per_s": result.images_per_s,
         # CPU seconds (all threads) of this process and the earlier segments' (before a resume), as wall_time_s
         "process_cpu_time_s": result.cpu_time_s, "torch_threads": torch.get_num_threads(),
+        "resolved_settings": resolved or {},
         "history": result.history, "test_metrics": tm,
     }
     run.write_json("summary.json", summary)
     return figures
+
+
+def resolved_settings(plan, tcfg, model: nn.Module, device: torch.device) -> dict[str, Any]:
+    """The values config.yaml leaves as null or auto ("the source's default", "the model's", "as fits"), as this
+    run used them: with them the run folder holds the fully resolved settings, and a later vitlab with other
+    defaults can still rebuild the run (config.yaml itself keeps null, which a resume compares as given)."""
+    import dataclasses
+
+    config = getattr(model, "config", None)
+    transforms = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(tcfg).items()}
+    return {
+        "device": str(device), "micro_batch": plan.micro, "accumulation_steps": plan.accum,
+        "warmup_steps": plan.warmup, "steps_per_epoch": plan.steps_per_epoch,
+        "dropout": getattr(config, "dropout", None), "drop_path": getattr(config, "drop_path", None),
+        "image_size": list(getattr(config, "image_size", ())) or None, "transforms": transforms,
+    }
 
 
 def cpu_copy(model: nn.Module) -> nn.Module:
