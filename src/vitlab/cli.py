@@ -14,6 +14,7 @@ import difflib
 import importlib
 import os
 import pkgutil
+import re
 import sys
 import warnings
 
@@ -70,6 +71,8 @@ class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         if message.startswith("the following arguments are required"):  # `--weights W` for a positional WEIGHTS
             message = _with_hint(self, message, _ARGV)
+        elif hint := _choice_hint(self, message):  # `vitlab modles`, `--format tabel`
+            message = f"{message}; {hint}"
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
@@ -136,6 +139,18 @@ def _hint(parser: argparse.ArgumentParser, option: str) -> str:
         close = [k for k in known if k.startswith(name)]
         close = close if len(close) == 1 else []
     return f"did you mean {known[close[0]]}?" if close else ""
+
+
+def _choice_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """'did you mean X?' for argparse's "argument NAME: invalid choice: 'VALUE'" where a choice is spelled close."""
+    match = re.match(r"argument (\S+): invalid choice: '(.*?)'", message)
+    if not match:
+        return ""
+    name, value = match.groups()
+    choices = [str(c) for a in parser._actions if argparse._get_action_name(a) == name and a.choices
+               for c in a.choices]
+    close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
 
 
 def _positional_hint(parser: argparse.ArgumentParser, tokens: list[str]) -> str:

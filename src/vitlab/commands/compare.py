@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")
     p.add_argument("--decay", default="constant", choices=["constant", "cosine", "linear"],
                    help="learning-rate schedule (default constant)")
-    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps")
     p.add_argument("--grad-clip", type=float, default=None, help="global-norm clipping (default off)")
     p.add_argument("--augment", action="store_true", help="random crops + flips while fine-tuning (default: none)")
     p.add_argument("--image-size", type=positive_int,
@@ -53,9 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batchnorm", choices=["train", "frozen", "sync"],
                    help="BatchNorm models (resnet-50, ...) while fine-tuning: train (update the statistics, as the "
                         "seed studies did; default) or frozen (keep the pretrained statistics: small batches)")
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="fine-tuning precision (auto: bf16 on GPUs that have it, else fp16; on a CPU bf16 only where "
+                        "measured faster than fp32)")
     add_runtime_args(p)  # --device, --threads (decided once: every evaluation and fine-tuning run uses it)
-    p.add_argument("--eval-batch-size", type=positive_int, default=64)
+    p.add_argument("--eval-batch-size", type=positive_int, default=64, help="batch size of the evaluations")
     p.add_argument("--out", help="output folder (default compare-<data>-<UTC time>); an existing one is resumed: "
                                  "models finished there with the same settings are reused, the rest redone")
     p.add_argument("--resume", metavar="OUT", help="resume the study in OUT (the same as --out OUT, but OUT must exist)")

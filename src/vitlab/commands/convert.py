@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true",
                    help="replace what is already at DST (a file, or the files convert writes in a non-empty folder; "
                         "a link is replaced itself, never written through)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors (no notes on what was written)")
     p.set_defaults(func=run)
 
 

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from vitlab.commands._argtypes import seed_value
+from vitlab.commands._argtypes import positive_int, seed_value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--val-fraction", type=float, default=0.1, help="val share carved from train where the source has none")
     q.add_argument("--test-fraction", type=float, default=0.1, help="test share carved where the source has none")
     q.add_argument("--seed", type=seed_value, default=0, help="seed of the carved splits")
-    q.add_argument("--samples", type=int, default=8, help="images per class in the grid (default 8)")
+    q.add_argument("--samples", type=positive_int, default=8, help="images per class in the grid (default 8)")
     q.add_argument("--out", help="folder for samples.png, summary.json and skipped_files.txt "
                                  "(default data-inspect/NAME)")
     q.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
@@ -33,14 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_inspect)
 
     d = dsub.add_parser("download", help="download a standard data set and check its MD5 (needs a network)")
-    d.add_argument("name", choices=["fashion-mnist", "mnist", "cifar10", "cifar100"])
-    d.add_argument("--dir", help="target folder (default $VITLAB_DATA/NAME or ~/.cache/vitlab/datasets/NAME)")
+    d.add_argument("name", choices=["fashion-mnist", "mnist", "cifar10", "cifar100"], help="the data set to download")
+    d.add_argument("--dir", "--out", dest="dir",
+                   help="target folder (default $VITLAB_DATA/NAME or ~/.cache/vitlab/datasets/NAME)")
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
     d.set_defaults(func=run_download)
     w = dsub.add_parser("shard", help="write any data source as WebDataset tar shards (PNG + .cls) and classes.txt")
     w.add_argument("source", help="any --data source: fashion-mnist, cifar10:PATH, a folder, a CSV, hf:PATH, shards")
     w.add_argument("out", help="folder for SPLIT-000000.tar, ... and classes.txt")
     w.add_argument("--shard-size", type=int, default=10000, help="images per shard (default 10000)")
-    w.add_argument("--storage-size", type=int, help="store file images at this square size (default: median "
+    w.add_argument("--storage-size", type=positive_int, help="store file images at this square size (default: median "
                                                     "shorter side, at most 256)")
     w.add_argument("--force", action="store_true", help="replace shards already in OUT")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -93,6 +95,6 @@ def run_shard(args: argparse.Namespace) -> int:
 def run_download(args: argparse.Namespace) -> int:
     from vitlab.data.download import download
 
-    dest = download(args.name, args.dir)
+    dest = download(args.name, args.dir, progress=not args.quiet)
     print(f"{args.name}: files in {dest}; use --data {args.name}:{dest}")
     return 0

@@ -12,7 +12,12 @@ built models and checked against them by tests/test_models_table.py (regenerate 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+
+from vitlab import _match_names as matching
+from vitlab.commands._argtypes import positive_int
+from vitlab.errors import VitlabError
 
 COLUMNS = ("family", "layers", "width", "mlp", "heads", "stride", "params", "macs")
 # name -> (family, layers, width, mlp, heads, stride, parameters, multiply-accumulates) at 224 px, 1000 classes
@@ -66,32 +71,60 @@ TABLE: dict[str, tuple] = {
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the named models (layers, width, MLP, heads, parameters, GFLOPs), "
                                       "or with --pretrained the published checkpoints")
+    p.add_argument("patterns", nargs="*", metavar="PATTERN",
+                   help="only the names matching one of these wildcard patterns, as timm.list_models('vit*'): "
+                        "'vit-b*', '*r152*', 'vit-s/16.*' with --pretrained (case-insensitive; quote them in a shell)")
     p.add_argument("--pretrained", action="store_true",
                    help="list the published checkpoints (name, model, resolution, labels, size, licence, source)")
-    p.add_argument("--image-size", type=int, default=224, help="input size for the compute column (default 224)")
-    p.add_argument("--num-classes", type=int, default=1000, help="classes of the head, for the parameter column")
+    p.add_argument("--image-size", type=positive_int, default=224, help="input size for the compute column (default 224)")
+    p.add_argument("--num-classes", type=_classes, default=1000,
+                   help="classes of the head, for the parameter column (0: no head, the features)")
     p.add_argument("--format", choices=["table", "csv"], default="table", help="a table for people or CSV for tools")
     p.set_defaults(func=run)
 
 
-def rows(image_size: int = 224, num_classes: int = 1000, skipped: list[str] | None = None) -> list[dict]:
-    """One dict per registry model; the committed TABLE at the defaults, else built on the meta device."""
+def _classes(text: str) -> int:
+    """--num-classes: a whole number >= 0 (0 = a model without a head, as timm's num_classes=0)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def _no_match(patterns: list[str], names: list[str], what: str, hint: str) -> VitlabError:
+    """The one-line error for patterns that match nothing, with the closest names (a typo, mostly)."""
+    close = [c for p in patterns for c in difflib.get_close_matches(p.lower(), names, n=3, cutoff=0.6)]
+    shown = " or ".join(repr(c) for c in dict.fromkeys(close))
+    return VitlabError(f"no {what} matches {' or '.join(map(repr, patterns))}"
+                       f"{f' (did you mean {shown}?)' if shown else ''}; {hint}")
+
+
+def rows(image_size: int = 224, num_classes: int = 1000, skipped: list[str] | None = None,
+         names: list[str] | None = None) -> list[dict]:
+    """One dict per registry model (or per one of `names`); the committed TABLE at the defaults, else built on the
+    meta device."""
     if (image_size, num_classes) != (224, 1000):
-        return rows_built(image_size, num_classes, skipped)
+        return rows_built(image_size, num_classes, skipped, names)
     return [{"name": name, **dict(zip(COLUMNS, values)), "gmacs": values[-1] / 1e9, "gflops": 2 * values[-1] / 1e9}
-            for name, values in TABLE.items()]
+            for name, values in TABLE.items() if names is None or name in names]
 
 
-def rows_built(image_size: int = 224, num_classes: int = 1000, skipped: list[str] | None = None) -> list[dict]:
-    """The same rows computed from the models themselves (shapes only: built on the meta device). A model whose
-    stride does not divide `image_size` (the patch-14 ones at 384) is left out and named in `skipped`."""
+def rows_built(image_size: int = 224, num_classes: int = 1000, skipped: list[str] | None = None,
+               names: list[str] | None = None) -> list[dict]:
+    """The same rows computed from the models themselves (shapes only: built on the meta device), for every
+    registry model or those of `names`. A model whose stride does not divide `image_size` (the patch-14 ones at
+    384) is left out and named in `skipped`."""
     import torch
 
-    from vitlab.errors import VitlabError
     from vitlab.models.registry import analytic_macs, count_parameters, create_model, model_names
 
     out = []
     for name in model_names():
+        if names is not None and name not in names:
+            continue
         try:
             with torch.device("meta"):  # no memory, no init: only shapes
                 model = create_model(name, num_classes=num_classes, image_size=image_size)
@@ -138,13 +171,17 @@ def _size(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-def run_pretrained(fmt: str) -> int:
-    """`vitlab models --pretrained`: every published checkpoint, one line each."""
+def run_pretrained(fmt: str, patterns: list[str] | None = None) -> int:
+    """`vitlab models --pretrained [PATTERN ...]`: every published checkpoint (matching), one line each."""
     from vitlab.weights.pretrained import PRETRAINED
 
+    chosen = matching(list(PRETRAINED), patterns)
+    if not chosen:
+        raise _no_match(patterns, list(PRETRAINED), "published checkpoint",
+                         "run `vitlab models --pretrained` for the list")
     cols = ["name", "model", "resolution", "labels", "size", "integrity", "licence", "source"]
     cells = [[e.name, e.model, e.image_size, e.labels, _size(e.size), e.integrity, e.licence,
-              f"hf:{e.path}" if e.source == "hf" else e.url] for e in PRETRAINED.values()]
+              f"hf:{e.path}" if e.source == "hf" else e.url] for e in map(PRETRAINED.get, chosen)]
     if fmt == "csv":
         print(",".join(cols))
         for row in cells:
@@ -159,9 +196,12 @@ def run_pretrained(fmt: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.pretrained:
-        return run_pretrained(args.format)
+        return run_pretrained(args.format, args.patterns)
+    chosen = matching(list(TABLE), args.patterns)
+    if not chosen:
+        raise _no_match(args.patterns, list(TABLE), "model", "run `vitlab models` for the list")
     skipped: list[str] = []
-    table = rows(args.image_size, args.num_classes, skipped)
+    table = rows(args.image_size, args.num_classes, skipped, chosen if args.patterns else None)
     if skipped:  # on stderr, so that --format csv stays a table
         print(f"vitlab models: at {args.image_size} px left out {', '.join(skipped)}: "
               f"{args.image_size} is not a multiple of their stride", file=sys.stderr)

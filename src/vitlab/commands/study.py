@@ -80,12 +80,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="vit, hybrid, resnet (the study's ~0.4 M-parameter families) or registry specs "
                         "such as 'resnet-26-small(base_width=16)' (default vit,hybrid,resnet)")
     t.add_argument("--per-class", type=_ints, default=d.per_class, help="downstream sizes (default 10,100,1000)")
-    t.add_argument("--pretrain-epochs", type=positive_float, default=d.pretrain_epochs)
-    t.add_argument("--pretrain-lr", type=positive_float, default=d.pretrain_lr)
-    t.add_argument("--finetune-lr", type=positive_float, default=d.finetune_lr)
-    t.add_argument("--finetune-epochs", type=non_negative_float, default=d.finetune_epochs)
-    t.add_argument("--finetune-min-steps", type=int, default=d.finetune_min_steps)
-    t.add_argument("--seed", type=seed_value, default=0)
+    t.add_argument("--pretrain-epochs", type=positive_float, default=d.pretrain_epochs,
+                   help="pre-training epochs on the upstream classes, the same for every model")
+    t.add_argument("--pretrain-lr", type=positive_float, default=d.pretrain_lr, help="pre-training AdamW peak learning rate")
+    t.add_argument("--finetune-lr", type=positive_float, default=d.finetune_lr, help="fine-tuning AdamW peak learning rate")
+    t.add_argument("--finetune-epochs", type=non_negative_float, default=d.finetune_epochs,
+                   help="fine-tuning epochs on each downstream size (at least --finetune-min-steps steps)")
+    t.add_argument("--finetune-min-steps", type=int, default=d.finetune_min_steps,
+                   help="fine-tuning steps at the least, where --finetune-epochs of a small size are fewer")
+    t.add_argument("--seed", type=seed_value, default=0, help="seed of the splits, the subsets and every run")
     t.add_argument("--threads", type=positive_int, help=STUDY_THREADS_HELP)
     t.add_argument("--out", default="study-transfer", help="study folder (default study-transfer)")
     t.add_argument("--quiet", action="store_true", help="no progress bars, one line per epoch")
