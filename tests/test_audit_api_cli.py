@@ -166,3 +166,15 @@ def test_inspect_names_the_one_flag_that_is_out_of_range(argv, flag, capsys):
     # before: "--num-images and --rollout-images must be >= 0, --batch-size and --components >= 1" for any of them
     line = usage_error(["inspect", "model-folder", *argv], capsys)
     assert f"argument {flag}:" in line
+
+
+def test_models_pretrained_refuses_the_table_flags_it_would_ignore(capsys):
+    """`vitlab models --pretrained --image-size 384` listed the checkpoints as if the flag were not there."""
+    from vitlab.cli import main
+
+    assert main(["models", "--pretrained", "--image-size", "384"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--image-size size the model table" in err[0]
+    assert main(["models", "vit-ti*", "--format", "csv"]) == 0  # the table's defaults still apply
+    out = capsys.readouterr().out
+    assert "vit-ti/16" in out

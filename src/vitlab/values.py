@@ -133,7 +133,7 @@ def describe(hint: Any) -> str:
         kinds = {t for t in typing.get_args(hint)}
         word = "whole numbers" if kinds == {int} else "numbers"
         return f"{len(typing.get_args(hint))} {word} separated by commas (e.g. {'2,9' if kinds == {int} else '0.9,0.999'})"
-    return {bool: "true or false", int: "a whole number (e.g. 128)", float: "a finite number (e.g. 0.001 or 3e-4)",
+    return {bool: "true or false", int: "a whole number (e.g. 128)", float: "a finite number (e.g. 0.5, 3 or 3e-4)",
             str: "a text value"}.get(hint, "a value")
 
 

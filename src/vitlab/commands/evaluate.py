@@ -105,7 +105,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "subset, else a fresh head (chance); or force one")
     p.add_argument("--image-size", type=positive_int, help="model input size (resamples ViT position embeddings)")
     add_load_arguments(p)
-    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--batch-size", type=positive_int, default=64,
+                   help="images per forward pass (default 64); the metrics do not depend on it")
     add_runtime_args(p)
     add_engine_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars; print only the summary table")

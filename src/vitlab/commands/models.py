@@ -76,9 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'vit-b*', '*r152*', 'vit-s/16.*' with --pretrained (case-insensitive; quote them in a shell)")
     p.add_argument("--pretrained", action="store_true",
                    help="list the published checkpoints (name, model, resolution, labels, size, licence, source)")
-    p.add_argument("--image-size", type=positive_int, default=224, help="input size for the compute column (default 224)")
-    p.add_argument("--num-classes", type=_classes, default=1000,
-                   help="classes of the head, for the parameter column (0: no head, the features)")
+    p.add_argument("--image-size", type=positive_int, default=None,
+                   help="input size for the compute column (default 224)")
+    p.add_argument("--num-classes", type=_classes, default=None,
+                   help="classes of the head, for the parameter column (default 1000; 0: no head, the features)")
     p.add_argument("--format", choices=["table", "csv"], default="table", help="a table for people or CSV for tools")
     p.set_defaults(func=run)
 
@@ -196,7 +197,14 @@ def run_pretrained(fmt: str, patterns: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.pretrained:
+        given = [flag for flag, value in (("--image-size", args.image_size), ("--num-classes", args.num_classes))
+                 if value is not None]
+        if given:  # else silently ignored: the checkpoints are listed at their own resolution and classes
+            raise VitlabError(f"{' and '.join(given)} size the model table; --pretrained lists the checkpoints at "
+                              "their own resolution and classes, so leave them out")
         return run_pretrained(args.format, args.patterns)
+    args.image_size = args.image_size or 224
+    args.num_classes = 1000 if args.num_classes is None else args.num_classes
     chosen = matching(list(TABLE), args.patterns)
     if not chosen:
         raise _no_match(args.patterns, list(TABLE), "model", "run `vitlab models` for the list")

@@ -115,8 +115,14 @@ def _resnet_base(name: str, resnet: dict[str, Any], overrides: dict[str, Any]) -
     return ViTConfig(name=name, arch="resnet", resnet=ResNetConfig.from_dict(resnet), patch_size=1).to_dict()
 
 
-def _suggest(name: str) -> str:
-    """' (did you mean ...?)' with the registered names closest to `name`, or ''."""
+def _suggest(name: str, written: str | None = None) -> str:
+    """' (did you mean ...?)' with the registered names closest to `name`, or ''; a name `written` in timm's
+    spelling (`vit_bsae_patch16_224`) is matched against timm's names of the same models."""
+    if written is not None and written.strip().lower().startswith("vit_"):
+        close = difflib.get_close_matches(written.strip().lower(), peer_names.timm_architecture_names(), n=3,
+                                          cutoff=0.8)
+        if close:
+            return f" (did you mean {' or '.join(repr(c) for c in close)}?)"
     close = difflib.get_close_matches(name, model_names() + [f"vit-mu/{p}" for p in PATCH_SIZES], n=3, cutoff=0.6)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
@@ -134,8 +140,9 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
     """The config of a named model with field overrides applied (an explicit `patch_size=` is free)."""
     n = normalize_name(name)
     overrides = canonical_fields(overrides)
+    named_size = None
     if "image_size" not in overrides and (size := peer_names.image_size_of(name)) is not None:
-        overrides["image_size"] = size  # timm's vit_base_patch16_384 is vit-b/16 at 384
+        overrides["image_size"] = named_size = size  # timm's vit_base_patch16_384 is vit-b/16 at 384
     if n == "custom":
         base = ViTConfig(name="custom").to_dict()
     elif m := _VIT_RE.match(n):
@@ -174,10 +181,15 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
         base = _resnet_base(n, resnet, overrides)
     else:
         raise VitlabError(_checkpoint_not_model(name) or (
-            f"unknown model {name!r}{_suggest(n)}; run `vitlab models` for the list "
+            f"unknown model {name!r}{_suggest(n, name)}; run `vitlab models` for the list "
             "(e.g. vit-b/16, vit-s/32-gap, r50+vit-b/16, resnet-50, bit-r152x2, bit-r50x1-postact, custom; timm's "
             "vit_base_patch16_224 and Hugging Face's google/vit-base-patch16-224 name the same models)"
         ))
+    if named_size is not None:
+        stride = ViTConfig.from_dict({**base, **overrides, "image_size": 224 * 16}).stride
+        if named_size % stride:  # a typo in the size a timm name states (vit_base_patch16_2244), not a size to fix
+            raise VitlabError(f"unknown model {name!r}: the image size its name states ({named_size}) is not a "
+                              f"multiple of the model's stride {stride}{_suggest(n, name)}")
     base.update(overrides)
     return ViTConfig.from_dict(base)
 

@@ -202,6 +202,15 @@ class PooledClassifier:
     A class sets `config`, `num_features` and its head, and implements `forward_features` and
     `_install_head` (where the head lives: `head`, or torchvision's `fc`)."""
 
+    @property
+    def num_classes(self) -> int:
+        """The head's outputs (timm's attribute; 0: no head)."""
+        return self.config.num_classes
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier layer, as timm's `get_classifier()`."""
+        return self.head
+
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         pooled = features.mean(dim=(2, 3))  # = AdaptiveAvgPool2d(1) + flatten
         return pooled if pre_logits else self.head(pooled)

@@ -420,6 +420,15 @@ class VisionTransformer(nn.Module):
         """Recompute block activations in the backward pass to save memory."""
         self.grad_checkpointing = enable
 
+    @property
+    def num_classes(self) -> int:
+        """The head's outputs (timm's attribute; 0: no head)."""
+        return self.config.num_classes
+
+    def get_classifier(self) -> nn.Module:
+        """The classifier layer, as timm's `get_classifier()`."""
+        return self.head
+
     def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
         """Fine-tuning surgery (paper B.1.1): drop the head (and the representation layer unless
         kept) and add a zero-initialised linear head with `num_classes` outputs."""

@@ -44,6 +44,12 @@ def timm_name(name: str) -> PeerName | None:
     return PeerName(model, size, tag if dot and tag else None)
 
 
+def timm_architecture_names() -> list[str]:
+    """timm's names of the paper's ViTs and hybrids at 224 and 384 px (for suggestions: a typo in a timm name)."""
+    vits = [f"vit_{size}_patch{patch}_{px}" for size in _TIMM_SIZES for patch in (8, 14, 16, 32) for px in (224, 384)]
+    return vits + [f"{arch}_{px}" for arch in _TIMM_HYBRIDS for px in (224, 384)]
+
+
 def image_size_of(name: str) -> int | None:
     """The resolution a timm architecture name states (`vit_base_patch16_384` -> 384), else None."""
     peer = timm_name(name)
