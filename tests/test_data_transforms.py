@@ -54,7 +54,9 @@ def test_grey_to_three_channels_and_back():
     assert torch.equal(y[:, 0], y[:, 1]) and torch.equal(y[:, 1], y[:, 2])
     rgb = _batch(c=3)
     e = build_eval_transform(TransformConfig(image_size=28, channels=1))(rgb)
-    luma = (0.299 * rgb[:, 0].float() + 0.587 * rgb[:, 1].float() + 0.114 * rgb[:, 2].float()).round()
+    # ITU-R 601 luma exactly as Pillow's Image.convert("L") computes it (what predict / serve use on a file)
+    r, g, b = (rgb[:, i].to(torch.int64) for i in range(3))
+    luma = ((19595 * r + 38470 * g + 7471 * b + 32768) >> 16).float()
     assert torch.allclose(e[:, 0], luma / 127.5 - 1, atol=1e-5)
 
 

@@ -286,7 +286,8 @@ def test_timm_hub_folder(tmp_path):
         "label_names": [f"l{i}" for i in range(K)]}))
     model, meta = load_with_meta(folder, heads=HEADS)
     assert meta["format"] == "timm" and meta["class_names"] == [f"l{i}" for i in range(K)]
-    assert meta["preprocess"].crop_fraction == 0.875 and meta["preprocess"].interpolation == "bicubic"
+    # timm's eval sizes for crop_pct 0.875: the shorter side to floor(16 / 0.875) = 18, then the centre crop
+    assert meta["preprocess"].effective_resize == 18 and meta["preprocess"].interpolation == "bicubic"
     assert model.config.name == "vit_tiny_test"
     cfg = json.loads((folder / "config.json").read_text())
     cfg["global_pool"] = "avg"

@@ -231,10 +231,13 @@ def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Imag
     """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format)."""
     w, h = img.size
     if (w, h) != (size, size):
-        scale = size / min(w, h)
-        nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+        # torchvision's Resize(int) + CenterCrop arithmetic, as the evaluation's resize_crop_batch (preprocess.py):
+        # the long side truncated, the offsets rounded; rounding and flooring here put a stored image one pixel
+        # off the crop `vitlab predict` takes from the same file
+        long = int(size * max(w, h) / min(w, h))
+        nw, nh = (size, long) if w <= h else (long, size)
         img = img.resize((nw, nh), resample=resample, reducing_gap=3.0)
-        left, top = (nw - size) // 2, (nh - size) // 2
+        left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
         img = img.crop((left, top, left + size, top + size))
     return img
 

@@ -57,7 +57,7 @@ def _check_sizes(image_size: tuple[int, int], resize: int | None) -> None:
 
 
 def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear") -> torch.Tensor:
-    """Resize a float batch (B, C, H, W) to `size` (h, w), anti-aliased when shrinking."""
+    """Resize a float batch (B, C, H, W) of 0..255 values to `size` (h, w), anti-aliased when shrinking."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
     if interpolation not in INTERPOLATIONS:
@@ -65,15 +65,27 @@ def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "b
     kwargs = {}
     if interpolation in ("bilinear", "bicubic"):
         kwargs = {"align_corners": False, "antialias": True}
-    out = F.interpolate(x, size=size, mode=interpolation, **kwargs)
-    return out
+    if interpolation == "bicubic":
+        # bicubic overshoots at edges. PIL (what timm's and torchvision's PIL eval transforms call) resizes in two
+        # passes, horizontal first, keeping the intermediate in 8 bits, so the overshoot is clipped in between; one
+        # 2-D float call differed from it by up to 25 levels of 255 on sharp photos, this by under 2. Clipped here
+        # so training's plain resize, the evaluation and the loader's resize all give the same values.
+        h, w = x.shape[-2:]
+        if w != size[1]:
+            x = F.interpolate(x, size=(h, size[1]), mode="bicubic", **kwargs).round().clamp(0, 255)
+        if h != size[0]:
+            x = F.interpolate(x, size=size, mode="bicubic", **kwargs).clamp(0, 255)
+        return x
+    return F.interpolate(x, size=size, mode=interpolation, **kwargs)
 
 
 def center_crop_batch(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Cut the central `size` (h, w) window of a batch (B, C, H, W)."""
     h, w = x.shape[-2:]
     th, tw = size
-    top, left = max(0, (h - th) // 2), max(0, (w - tw) // 2)
+    # torchvision's center_crop offsets, int(round(d / 2)) (half to even), which timm's and torchvision's
+    # evaluation transforms use: flooring moved the window one pixel when h - th is 3, 7, 11, ...
+    top, left = max(0, int(round((h - th) / 2.0))), max(0, int(round((w - tw) / 2.0)))
     return x[..., top : top + th, left : left + tw]
 
 
@@ -84,8 +96,11 @@ def resize_crop_batch(
     if resize is None:
         return resize_batch(x, image_size, interpolation)
     h, w = x.shape[-2:]
-    scale = resize / min(h, w)
-    nh, nw = max(image_size[0], round(h * scale)), max(image_size[1], round(w * scale))
+    # torchvision's Resize(int) sizes (timm's eval and HF's shortest_edge resize compute the same): the long
+    # side is truncated, int(resize * long / short); rounding it made e.g. 382 px of 381 (a 383x257 image to 256).
+    long = int(resize * max(h, w) / min(h, w))
+    nh, nw = (long, resize) if w <= h else (resize, long)
+    nh, nw = max(image_size[0], nh), max(image_size[1], nw)
     return center_crop_batch(resize_batch(x, (nh, nw), interpolation), image_size)
 
 
@@ -97,6 +112,13 @@ def match_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
     if c == 1 and channels == 3:
         return x.expand(*x.shape[:-3], 3, *x.shape[-2:]).contiguous()
     if c == 3 and channels == 1:
+        if x.dtype == torch.uint8:
+            # Pillow's fixed-point luma, so a batch converted here (evaluate, training) equals the image that
+            # predict / serve convert with Image.convert("L"); the float formula + round differed by one level
+            # on 8,638 of the 2^24 colours.
+            r, g, b = x.to(torch.int32).unbind(dim=-3)
+            grey = (r * 19595 + g * 38470 + b * 7471 + 32768) >> 16
+            return grey.unsqueeze(-3).to(torch.uint8)
         weights = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float32, device=x.device).view(3, 1, 1)
         grey = (x.float() * weights).sum(dim=-3, keepdim=True)
         return grey.round().clamp(0, 255).to(x.dtype) if not x.is_floating_point() else grey.to(x.dtype)
@@ -116,7 +138,7 @@ class Preprocess:
 
     image_size: (h, w) of the model input. resize: shorter side before a centre crop of image_size;
     None = plain resize to image_size (the official ViT evaluation) unless crop_fraction < 1, which
-    then sets resize = round(max(image_size) / crop_fraction). mean/std are on the [0, 1] scale:
+    then sets resize = floor(max(image_size) / crop_fraction) (timm's rule). mean/std are on the [0, 1] scale:
     the default 0.5/0.5 gives values in [-1, 1] like the paper.
     """
 
@@ -158,16 +180,14 @@ class Preprocess:
         """The shorter-side size used before the centre crop, or None for a plain resize."""
         if self.resize is not None:
             return int(self.resize)
-        if self.crop_fraction < 1.0:
-            return round(max(self.image_size) / self.crop_fraction)
+        if self.crop_fraction < 1.0:  # timm's scale_size = math.floor(img_size / crop_pct): 224 / 0.9 -> 248
+            return math.floor(max(self.image_size) / self.crop_fraction)
         return None
 
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
         x = match_channels(images, self.channels).float()
-        x = resize_crop_batch(x, self.image_size, self.effective_resize, self.interpolation)
-        if self.interpolation == "bicubic":
-            x = x.clamp(0, 255)
+        x = resize_crop_batch(x, self.image_size, self.effective_resize, self.interpolation)  # bicubic: clipped
         return normalize_batch(x, self.mean, self.std)
 
     def __call__(self, image) -> torch.Tensor:

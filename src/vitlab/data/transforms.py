@@ -51,7 +51,7 @@ class TransformConfig:
     mix_switch_prob: float = 0.5  # with both on: chance of cutmix instead of mixup
     # evaluation
     eval_resize: int | None = None  # shorter side before the centre crop; None: see crop_fraction
-    crop_fraction: float = 1.0  # < 1: resize to image_size / crop_fraction then centre crop; 1: plain resize
+    crop_fraction: float = 1.0  # < 1: resize to floor(image_size / crop_fraction) (timm) then centre crop; 1: plain resize
     interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:

@@ -345,10 +345,13 @@ def read_timm_folder(folder: str | Path, size_hint: Any = None,
         pre["mean"], pre["std"] = list(pc["mean"])[:c], list(pc.get("std", [0.5] * c))[:c]
     if pc.get("interpolation") in ("bilinear", "bicubic", "nearest"):
         pre["interpolation"] = pc["interpolation"]
-    if pc.get("crop_pct"):
-        pre["crop_fraction"] = min(float(pc["crop_pct"]), 1.0)
-    if pc.get("input_size"):
-        pre["image_size"] = list(pc["input_size"][-2:])
+    if pc.get("input_size") or pc.get("crop_pct"):
+        from vitlab.weights.timm_bit import timm_eval_sizes
+
+        if pc.get("input_size"):
+            pre["image_size"] = list(pc["input_size"][-2:])
+        crop = pc.get("crop_pct") or (0.9 if max(pre["image_size"]) <= 224 else 1.0)  # timm's defaults, as above
+        meta["preprocess"] = pre = timm_eval_sizes(pre, float(crop))
     names = data.get("label_names")
     if isinstance(names, list) and len(names) == config.num_classes:
         meta["class_names"] = [str(n) for n in names]
@@ -356,11 +359,14 @@ def read_timm_folder(folder: str | Path, size_hint: Any = None,
 
 
 def timm_preprocess(config: ViTConfig) -> dict:
-    """timm's usual ViT eval transform: mean = std = 0.5, bicubic, crop 0.9 at 224 px (1.0 above)."""
+    """timm's usual ViT eval transform: mean = std = 0.5, bicubic, crop 0.9 at 224 px (1.0 above: the shorter side
+    to the size, then the centre crop; `timm_bit.timm_eval_sizes`)."""
+    from vitlab.weights.timm_bit import timm_eval_sizes
+
     c = config.in_chans
     crop = 0.9 if max(config.image_size) <= 224 else 1.0
-    return {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
-            "crop_fraction": crop, "interpolation": "bicubic", "channels": c}
+    return timm_eval_sizes({"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c,
+                            "interpolation": "bicubic", "channels": c}, crop)
 
 
 def to_timm_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -60,8 +60,25 @@ def timm_bit_preprocess(config: ViTConfig) -> dict:
     """timm's `goog_in21k` BiT cfg: mean = std = 0.5 (inputs in [-1, 1]), bilinear, crop 0.875 at 224 px."""
     c = config.in_chans
     crop = 0.875 if max(config.image_size) <= 224 else 1.0
-    return {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
-            "crop_fraction": crop, "interpolation": "bilinear", "channels": c}
+    return timm_eval_sizes({"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c,
+                            "interpolation": "bilinear", "channels": c}, crop)
+
+
+def timm_eval_sizes(pre: dict, crop_pct: float) -> dict:
+    """`pre` with timm's evaluation sizes for `crop_pct` (`transforms_imagenet_eval`, crop mode "center"): the
+    shorter side resized to floor(size / crop_pct), then the centre crop, also at crop_pct 1.0. A crop fraction of
+    1.0 means a plain resize to vitlab (the official evaluation), which squashed non-square photos where timm
+    crops them (up to 2.0 apart after normalisation at 384 px). A non-square input keeps crop_pct as a fraction."""
+    import math
+
+    pre = dict(pre)
+    h, w = pre["image_size"]
+    crop_pct = min(float(crop_pct), 1.0)
+    if h == w:
+        pre["resize"], pre["crop_fraction"] = math.floor(h / crop_pct), 1.0
+    else:
+        pre["resize"], pre["crop_fraction"] = None, crop_pct
+    return pre
 
 
 def read_timm_bit(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
