@@ -251,3 +251,18 @@ def test_a_relative_data_path_is_recorded_absolute_and_other_data_refused(tmp_pa
     assert "--allow-change data" in err
     monkeypatch.chdir(tmp_path / "a")  # from the folder it started in: the same data, resumed
     assert main(["train", "--resume", str(run / "checkpoints" / "step-0000004.pt"), "--quiet"]) == 0
+
+
+def test_a_tuple_in_model_args_is_the_list_config_yaml_records(tmp_path):
+    """`model_args={"layers": (1,)}` is written to config.yaml as [1]; the resume compared (1,) with [1] and refused
+    the run's own setting as a change (the studies, which pass such specs, could never resume)."""
+    from vitlab.train.resume import check_run_settings
+
+    cfg = tiny_cfg(tmp_path, model_args=dict(dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2))
+    cfg.model_args = {**cfg.model_args, "image_size": (28, 28)}  # as a study passes a tuple
+    cfg.resume = str(tmp_path / "run")
+    recorded = {"model_args": {**cfg.model_args, "image_size": [28, 28]}}
+    assert check_run_settings(cfg, (), recorded) == {}
+    recorded["model_args"]["image_size"] = [32, 32]
+    with pytest.raises(VitlabError, match="model_args"):
+        check_run_settings(cfg, (), recorded)

@@ -113,7 +113,11 @@ def check_model_specs(models: list[ModelSpec], image_size: int | None = None, si
     A registry name is checked at the size it will be built at (`build_size`): `image_size` (--image-size), else
     the data's `side` fitted to its stride; before the data is known (side None) only its fields are checked."""
     from vitlab.evaluate.loading import parse_model_spec, weights_path
+    from vitlab.experiments.naming import check_distinct
 
+    # two entries with one folder (the same spec with spaces, 'a/b' and 'a-b'): the second deleted the first's
+    # run, both rows pointed at one run folder, and every rerun was refused as made with other settings
+    check_distinct([ms.name for ms in models], collapse=True)
     for ms in models:
         try:
             if not ms.checked:
@@ -381,12 +385,33 @@ def finished_result(mdir: Path, wanted: dict) -> dict | None:
     if not isinstance(stored.get("settings_used"), dict):
         raise VitlabError(f"{f} does not record the settings it was made with; use another --out (or delete "
                           "that folder to redo the model)")
-    used = _threads_unrecorded_as_wanted(stored["settings_used"], wanted, mdir)
+    used = _same_files_as_wanted(_threads_unrecorded_as_wanted(stored["settings_used"], wanted, mdir), wanted)
     diff = _differences(used, wanted)
     if diff:
         raise VitlabError(f"{f} was made with other settings or data ({'; '.join(diff[:3])}); rerun with the same "
                           "settings to resume, or use another --out (or delete that folder to redo the model)")
     return stored
+
+
+def _same_files_as_wanted(used: dict, wanted: dict) -> dict:
+    """`used` with the model's spec and weights as written now where both spellings name one file or folder:
+    'st/pretrain/vit/model' and '/home/me/st/pretrain/vit/model' (`study transfer --out` given once relative,
+    once absolute) are one model, and were refused as "made with other settings"."""
+    import os
+
+    before, now = used.get("model"), wanted.get("model")
+    if not (isinstance(before, dict) and isinstance(now, dict)):
+        return used
+    same = dict(before)
+    for key in ("spec", "weights"):
+        a, b = before.get(key), now.get(key)
+        if isinstance(a, str) and isinstance(b, str) and a != b:
+            try:
+                if os.path.samefile(a, b):
+                    same[key] = b
+            except (OSError, ValueError):  # not both existing paths (registry names, hf: names): as written
+                pass
+    return {**used, "model": same} if same != before else used
 
 
 def _threads_unrecorded_as_wanted(used: dict, wanted: dict, mdir: Path) -> dict:
@@ -453,7 +478,7 @@ def _resumable_finetune(mdir: Path, wanted: dict) -> Path | None:
         earlier = json.loads((mdir / ATTEMPT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return run if _threads_unrecorded_as_wanted(earlier, wanted, mdir) == wanted else None
+    return run if _same_files_as_wanted(_threads_unrecorded_as_wanted(earlier, wanted, mdir), wanted) == wanted else None
 
 
 def _failure(ms: ModelSpec, mdir: Path, stage: str, exc: BaseException) -> dict:
@@ -612,6 +637,7 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
         print(f"{ms.name}: {zs.rows[0]['label']} {100 * z['accuracy']:.2f}% -> fine-tuned "
               f"{100 * f['accuracy']:.2f}% ({train_wall:.1f}s, {tr.images_per_s:.1f} images/s)", flush=True)
     history = [dict(h, evaluation="fine-tuning") for h in tr.history]
+    ran = _run_facts(tr.run_dir)
     return {
         "model": ms.name, "spec": ms.spec, "weights": ms.weights, "source": source,
         "weights_path": str(path) if path is not None else None,
@@ -619,12 +645,25 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
         "image_size": list(tr.model.config.image_size),
         "zero_shot": zs.to_dict(), "zero_shot_label": zs.rows[0]["label"], "start_head": start_head,
         "training": {k: getattr(tr.config, k, None) for k in TRAINING_KEYS} if tr.config is not None else None,
+        # what the run computed with after its own resolution: `--precision auto` decides per model (bf16 for a
+        # wide ViT on a CPU with fast bf16, fp32 for a ResNet), and a warm-up is capped to the run's length
+        "fine_tuning_precision": ran.get("precision"), "warmup_steps_run": ran.get("warmup_steps"),
         "fine_tuned": ft.to_dict(), "history": ([start] if start else []) + history,
         "epochs": len(tr.history), "run_dir": str(tr.run_dir),
         "train_wall_time_s": train_wall, "train_images_per_s": tr.images_per_s,
         "train_test_accuracy": (tr.test_metrics or {}).get("accuracy"),
         "fine_tuned_correct": [int(p == y) for p, y in zip(ft.predictions, ft.labels)],
     }
+
+
+def _run_facts(run_dir) -> dict:
+    """The precision and warm-up steps a fine-tuning run used, from its summary.json ({} where unreadable)."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return {}
+    resolved = summary.get("resolved_settings") or {}
+    return {"precision": summary.get("precision"), "warmup_steps": resolved.get("warmup_steps")}
 
 
 def paired_tests(results: list[dict]) -> list[dict]:
@@ -646,7 +685,7 @@ TABLE_COLS = ["model", "source", "status", "zero-shot evaluation", "zero-shot ac
 CSV_COLS = ["model", "weights", "source", "status", "error", "zero_shot_evaluation", "zero_shot_accuracy",
             "zero_shot_ci95_lo", "zero_shot_ci95_hi", "zero_shot_macro_f1", "fine_tuned_accuracy",
             "fine_tuned_ci95_lo", "fine_tuned_ci95_hi", "fine_tuned_macro_f1", "train_images", "test_images",
-            "epochs", "train_time_s", "train_images_per_s", "parameters"]
+            "epochs", "train_time_s", "train_images_per_s", "parameters", "precision"]
 PRINT_COLS = ["model", "zero-shot evaluation", "zero-shot acc %", "fine-tuned acc %", "fine-tuned macro-F1 %",
               "train time s", "train images/s", "status"]
 
@@ -698,6 +737,7 @@ def csv_rows(summary: dict) -> list[dict]:
                 "fine_tuned_ci95_lo": f["accuracy_ci95"][0], "fine_tuned_ci95_hi": f["accuracy_ci95"][1],
                 "fine_tuned_macro_f1": f["macro_f1"], "epochs": r["epochs"], "train_time_s": r["train_wall_time_s"],
                 "train_images_per_s": r["train_images_per_s"], "parameters": r["parameters"],
+                "precision": r.get("fine_tuning_precision") or "",
             })
         out.append(row)
     return out
@@ -780,13 +820,50 @@ def _write_plots(summary: dict, out: Path) -> dict[str, Path]:
     }
 
 
-def _describe_training(tr: dict | None, st: dict) -> str:
-    """The fine-tuning settings in words, from the resolved config (`training_config`), not from the flags."""
+def _count(n: float, noun: str) -> str:
+    """'1 epoch', '2 epochs', '0.5 epochs'."""
+    return f"{n:g} {noun}{'' if n == 1 else 's'}"
+
+
+def _ran(models: list[dict], key: str) -> dict[str, Any]:
+    """{model: value} of one fact the finished models' runs recorded (`_run_facts`), where recorded."""
+    return {r["model"]: r[key] for r in models if _ok(r) and r.get(key) is not None}
+
+
+def _warmup_text(tr: dict, models: list[dict]) -> str:
+    """The warm-up the runs used: the training caps one longer than the run to the run's steps, so the
+    configured count can be one that never ran."""
+    used = set(_ran(models, "warmup_steps_run").values())
+    if len(used) == 1:
+        (n,) = used
+        return _count(n, "step") + ("" if n == tr["warmup_steps"] else f" (asked {tr['warmup_steps']}: capped to "
+                                                                         "the run's length)")
+    if used:
+        return f"{', '.join(f'{m} {n}' for m, n in _ran(models, 'warmup_steps_run').items())} steps"
+    return _count(tr["warmup_steps"], "step")
+
+
+def _precision_text(st: dict, models: list[dict]) -> str:
+    """The precision the fine-tuning ran in: one for all, or each model's where `auto` chose per model."""
+    used = _ran(models, "fine_tuning_precision")
+    if not used:  # results made before the runs' precision was recorded
+        return f"precision {st.get('precision', 'auto')}"
+    if len(set(used.values())) == 1:
+        return f"precision {next(iter(used.values()))}"
+    # the one setting that is not the same for every model: said as such, not inside "identical"
+    return (f"**not identical**: precision ({st.get('precision', 'auto')}, chosen per model): "
+            + ", ".join(f"{m} {p}" for m, p in used.items()))
+
+
+def _describe_training(tr: dict | None, st: dict, models: list[dict] | None = None) -> str:
+    """The fine-tuning settings in words, from the resolved config (`training_config`), not from the flags, and
+    from what the runs recorded where their own resolution changed it (warm-up, precision)."""
+    models = models or []
     if not tr:  # a summary written before the resolved config was recorded
         tr = {**st, "steps": 0, "inception_crop": st["augment"], "hflip": st["augment"], "other": {}}
-    length = f"{tr['steps']} steps" if tr.get("steps") else f"{tr['epochs']:g} epochs"
+    length = _count(tr["steps"], "step") if tr.get("steps") else _count(tr["epochs"], "epoch")
     augment = [name for key, name in (("inception_crop", "crop"), ("hflip", "flip")) if tr.get(key)]
-    text = (f"{length}, {tr['optimizer']} lr {tr['lr']:g} ({tr['decay']}, warm-up {tr['warmup_steps']} steps), "
+    text = (f"{length}, {tr['optimizer']} lr {tr['lr']:g} ({tr['decay']}, warm-up {_warmup_text(tr, models)}), "
             f"weight decay {tr['weight_decay']:g}, batch {tr['batch_size']}, "
             f"{' + '.join(augment) + ' augmentation' if augment else 'no augmentation'}, seed {tr['seed']}")
     if tr.get("grad_clip"):
@@ -795,6 +872,9 @@ def _describe_training(tr: dict | None, st: dict) -> str:
         text += f", label smoothing {tr['label_smoothing']:g}"
     if tr.get("other"):
         text += ", " + ", ".join(f"{k} {v}" for k, v in tr["other"].items())
+    precision = _precision_text(st, models)
+    if precision.startswith("precision"):  # else said after the identical settings (`_markdown`)
+        text += f", {precision}"
     if tr.get("threads"):
         text += f", CPU threads: {tr['threads']}"
     return text
@@ -808,8 +888,10 @@ def _markdown(summary: dict) -> list[str]:
     md = [
         "# Zero-shot vs fine-tuned", "",
         f"Data: {summary['data']}. Classes: {', '.join(summary['class_names'])}.", "",
-        f"Fine-tuning, identical for every model: {_describe_training(summary.get('training'), st)}, "
-        f"on {summary['train_images']} training images; zero-shot and fine-tuned accuracy on the same "
+        f"Fine-tuning, identical for every model: {_describe_training(summary.get('training'), st, summary['models'])}, "
+        f"on {summary['train_images']} training images"
+        + ("" if (prec := _precision_text(st, summary["models"])).startswith("precision") else f"; {prec}")
+        + "; zero-shot and fine-tuned accuracy on the same "
         f"{summary['test_images']} test images with the same preprocessing. Epoch 0 of the curves: each model as "
         "its fine-tuning starts, with the head it starts from (named in the evaluation column: its own trained "
         "head, or a new zero head), except a mapped head: its epoch 0 is the zero-shot transfer through the map, "

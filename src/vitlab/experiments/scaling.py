@@ -41,6 +41,7 @@ from vitlab.experiments.transfer import (
     check_same_data,
     model_config,
     read_settings,
+    recorded_args,
     study_model,
 )
 
@@ -138,7 +139,7 @@ def _train_overrides(name: str, size: int, seed: int, st: ScalingSettings, run: 
     epochs = math.ceil(steps / steps_per_epoch)
     # a validation pass over the fixed split costs about a third of a training epoch on it: cap their number
     return dict(
-        data=st.data, model=spec, model_args=args, image_size=image_size, threads=st.threads,
+        data=st.data, model=spec, model_args=recorded_args(args), image_size=image_size, threads=st.threads,
         out_dir=str(run.parent), name=run.name, steps=steps,
         batch_size=st.batch_size, lr=st.lr, warmup_steps=max(1, round(st.warmup_fraction * steps)),
         weight_decay=st.weight_decay, label_smoothing=st.label_smoothing, inception_crop=False,
@@ -193,7 +194,10 @@ def selected_metrics(run: Path, data) -> dict:
             "test_macro_f1": tm["macro_f1"], "final_test_accuracy": summary["test_accuracy"],
             "selected": picked, "best_val_acc": best_val, "best_epoch": best_epoch, "epochs": summary["epochs"],
             "steps": summary["steps"], "parameters": summary["parameters"],
-            "train_wall_time_s": summary["wall_time_s"], "threads": summary.get("torch_threads")}
+            "train_wall_time_s": summary["wall_time_s"], "threads": summary.get("torch_threads"),
+            # `auto` (the recipe's) decides per model: bf16-stem for the conv-stem hybrid on a CPU with fast
+            # bf16, fp32 for the others; the report says so instead of calling the recipe the same for all
+            "precision": summary.get("precision")}
 
 
 def _test_metrics(run: Path, state_dict: dict, data, summary: dict) -> dict:
@@ -218,7 +222,11 @@ def one_run(name: str, size: int, seed: int, data, st: ScalingSettings, out: Pat
     run = out / "runs" / f"{folder_name(name)}-n{size}-s{seed}"
     done = run / "scaling.json"
     if done.exists():
-        return dict(json.loads(done.read_text()), reused=True)
+        row = dict(json.loads(done.read_text()), reused=True)
+        if "precision" not in row:  # a row written before it recorded the precision: the run's summary has it
+            with contextlib.suppress(OSError, ValueError):
+                row["precision"] = json.loads((run / "summary.json").read_text()).get("precision")
+        return row
     if not (run / "summary.json").exists():
         train_run(name, size, seed, data, st, run)
     t0 = time.perf_counter()
@@ -246,6 +254,7 @@ def aggregate(runs: list[dict], entry: dict, facts: dict) -> dict:
         if any(r["best_val_acc"] is not None for r in runs) else None,
         "wall_time_s": statistics.fmean(r["wall_time_s"] for r in runs),
         "seed_accuracies": accs,
+        "precision": ",".join(sorted({str(r.get("precision")) for r in runs if r.get("precision")})) or None,
     }
     if len(runs) == 1:
         row.update(test_accuracy_ci95=runs[0]["test_ci95"], ci_method="wilson", test_accuracy_sd=None,
@@ -284,6 +293,22 @@ def _size_cell(r: dict, val_size: int) -> str:
     return f"{r['size']:,} (asked {r['requested_size']}: all remaining after the {val_size:,}-image validation split)"
 
 
+def _precision_line(rows: list[dict]) -> str:
+    """The training precision the runs used: one for all, or each model's (the recipe's `auto` chooses per model
+    from its architecture and this CPU's bf16 speed, so "the same recipe" did not mean the same numerics)."""
+    per_model: dict[str, set[str]] = {}
+    for r in rows:
+        per_model.setdefault(r["model"], set()).update(p for p in (r.get("precision") or "").split(",") if p)
+    used = {p for ps in per_model.values() for p in ps}
+    if not used:
+        return ""
+    if len(used) == 1:
+        return f"Training precision: {next(iter(used))} for every run."
+    return ("Training precision, **not the same for every model** (the recipe's `auto` chose it per model: bf16 "
+            "where this CPU computes it fast and the model gains from it): "
+            + "; ".join(f"{m} {', '.join(sorted(ps)) or '?'}" for m, ps in per_model.items()) + ".")
+
+
 def _threads_line(runs: list[dict], st: ScalingSettings) -> str:
     """The thread count that reproduces the numbers (other counts give other bits), and any run that used another."""
     line = (f"CPU threads: {st.threads} for every run (decided at the study's start and recorded in settings.json; "
@@ -298,7 +323,7 @@ def _threads_line(runs: list[dict], st: ScalingSettings) -> str:
 
 COLUMNS = ["model", "spec", "parameters", "mmacs", "size", "requested_size", "capped", "seeds", "steps", "epochs",
            "images_seen", "test_accuracy", "test_accuracy_ci95", "ci_method", "test_accuracy_sd", "test_macro_f1",
-           "test_macro_f1_ci95", "best_val_acc", "wall_time_s", "seed_accuracies"]
+           "test_macro_f1_ci95", "best_val_acc", "wall_time_s", "seed_accuracies", "precision"]
 
 
 def write_tables(rows: list[dict], runs: list[dict], st: ScalingSettings, info: dict, out: Path) -> Path:
@@ -324,7 +349,7 @@ def write_tables(rows: list[dict], runs: list[dict], st: ScalingSettings, info: 
         "re-drawn together), one above. 95 % CI: Wilson for one seed, Student's t over the seeds' accuracies for "
         "several (the seeds' spread, not the test set's sampling error); sd = the seeds' standard deviation. "
         "Accuracy and macro-F1 in %, means over the seeds.", "",
-        _threads_line(runs, st), "",
+        _threads_line(runs, st) + (f" {_precision_line(rows)}" if _precision_line(rows) else ""), "",
         "| model | parameters | MMACs/image | training images | seeds | steps | epochs | images seen | test acc % "
         "| 95 % CI | CI | sd | macro-F1 % | best val acc % | s/run |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -106,6 +106,12 @@ def study_model(name: str) -> tuple[str, dict[str, Any], int | None]:
     return spec, args, size
 
 
+def recorded_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The overrides as a run's config.yaml records them (tuples as lists): a resume compares the record with
+    the settings given, and `layers=(1,)` against its recorded `[1]` refused every resume of such a spec."""
+    return json.loads(json.dumps(args))
+
+
 def model_config(name: str, num_classes: int, side: int, channels: int):
     """The model's config for this data (its classes, channels and size, or the spec's image_size): a name,
     override or size that cannot work fails here, before anything is trained or written."""
@@ -166,7 +172,8 @@ def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
         return run
     spec, args, size = study_model(name)
     overrides = dict(
-        data=st.data, classes=list(st.upstream_classes), model=spec, model_args=args, out_dir=str(run.parent),
+        data=st.data, classes=list(st.upstream_classes), model=spec, model_args=recorded_args(args),
+        out_dir=str(run.parent),
         name=run.name, epochs=st.pretrain_epochs, batch_size=st.pretrain_batch, lr=st.pretrain_lr,
         warmup_epochs=0.5, weight_decay=0.05, label_smoothing=0.1, inception_crop=False, hflip=True,
         random_erasing=0.25, random_shift=1, seed=st.seed, quiet=st.quiet, ckpt_every=200, threads=st.threads,
@@ -256,6 +263,7 @@ def collect(runs: dict[str, Path], results: dict[int, tuple[dict, dict]]) -> lis
             row: dict[str, Any] = {
                 "model": name, "parameters": pre["parameters"], "gmacs": analytic_macs(config) / 1e9,
                 "pretrain_test_accuracy": pre["test_accuracy"], "pretrain_time_s": pre["wall_time_s"],
+                "pretrain_precision": pre.get("precision"),
                 **{k: used[k] for k in ("per_class", "per_class_requested", "train_images", "batch", "steps")},
             }
             if entry is None or entry.get("status", "ok") != "ok" or "fine_tuned" not in entry:
@@ -272,7 +280,8 @@ def collect(runs: dict[str, Path], results: dict[int, tuple[dict, dict]]) -> lis
                         row["fresh_head_label"] = r["label"]
             ft = entry["fine_tuned"]["head"]
             row.update(finetuned_accuracy=ft["accuracy"], finetuned_macro_f1=ft["macro_f1"],
-                       finetuned_ci95=list(ft["accuracy_ci95"]), finetune_time_s=entry["train_wall_time_s"])
+                       finetuned_ci95=list(ft["accuracy_ci95"]), finetune_time_s=entry["train_wall_time_s"],
+                       finetune_precision=entry.get("fine_tuning_precision"))
             rows.append(row)
     return rows
 
@@ -298,10 +307,29 @@ def _batches(rows: list[dict], st: TransferSettings) -> str:
     return f"batch {st.finetune_batch} ({'; '.join(f'{b} at {n} images/class' for n, b in small)}: all its images)"
 
 
+def _precision_line(rows: list[dict]) -> str:
+    """The precision of the pre-training and fine-tuning runs: the recipes' `auto` chooses it per model (bf16
+    where this CPU computes it fast and the model gains from it), so "identical" did not cover it."""
+    parts = []
+    for key, what in (("pretrain_precision", "Pre-training"), ("finetune_precision", "fine-tuning")):
+        per_model: dict[str, set[str]] = {}
+        for r in rows:
+            if r.get(key):
+                per_model.setdefault(r["model"], set()).add(r[key])
+        used = {p for ps in per_model.values() for p in ps}
+        if len(used) == 1:
+            parts.append(f"{what} precision: {next(iter(used))} for every model")
+        elif used:
+            parts.append(f"{what} precision **not the same for every model** (`auto` chose it per model): "
+                         + "; ".join(f"{m} {', '.join(sorted(ps))}" for m, ps in per_model.items()))
+    return (". ".join(p[0].upper() + p[1:] for p in parts) + ".") if parts else ""
+
+
 def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
     cols = ["model", "parameters", "gmacs", "pretrain_test_accuracy", "pretrain_time_s", "per_class",
             "per_class_requested", "train_images", "batch", "steps", "fresh_head_accuracy", "knn_accuracy", "knn_macro_f1", "fewshot_accuracy", "fewshot_macro_f1",
-            "finetuned_accuracy", "finetuned_ci95", "finetuned_macro_f1", "finetune_time_s", "error"]
+            "finetuned_accuracy", "finetuned_ci95", "finetuned_macro_f1", "finetune_time_s", "pretrain_precision",
+            "finetune_precision", "error"]
     with (out / "study.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
@@ -318,7 +346,7 @@ def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
         f"identical for every model: AdamW lr {st.finetune_lr:g}, cosine, {_batches(rows, st)}, "
         f"max({_count(st.finetune_min_steps, 'step')}, {_count(st.finetune_epochs, 'epoch')}), no augmentation. "
         f"CPU threads: {st.threads} for every run (decided at the study's start, recorded in settings.json; the "
-        "same count reproduces these numbers).", "",
+        "same count reproduces these numbers). " + _precision_line(rows), "",
         "Columns: *fresh head* = the pre-trained backbone with a new untrained head (chance by construction, "
         "not transfer); *kNN* and *few-shot ridge* = frozen pre-trained features, no backbone training "
         "(the analogue of zero-shot here: the upstream head has none of the downstream classes); *fine-tuned* = the "

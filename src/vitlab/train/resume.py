@@ -132,9 +132,13 @@ def check_run_settings(cfg: TrainConfig, allow_change: tuple[str, ...],
 
 
 def comparable(name: str, value: Any) -> Any:
-    """A value in one form for comparison: tuples as lists, a class list written "a,b" as ["a", "b"]."""
+    """A value in one form for comparison: tuples as lists (also inside a dict: `model_args` {"layers": (1,)} is
+    recorded in config.yaml as [1], and was refused as a change on every resume), a class list written "a,b" as
+    ["a", "b"]."""
     if isinstance(value, tuple | list):
         return [comparable(name, v) for v in value]
+    if isinstance(value, dict):
+        return {k: comparable(name, v) for k, v in value.items()}
     if name == "classes" and isinstance(value, str):
         return [part.strip() for part in value.split(",")]
     if name == "classes" and value is not None:
