@@ -30,7 +30,7 @@ def test_timm_state_dict_records_timms_resize_and_crop(tmp_path, size, resize):
     photo = Image.fromarray(np.stack(channels, -1).astype(np.uint8))
     long = int(resize * 3 / 2)
     left, top = int(round((long - size) / 2.0)), int(round((resize - size) / 2.0))
-    expected = np.asarray(photo.resize((long, resize), Image.BICUBIC))[top:top + size, left:left + size]
+    expected = np.array(photo.resize((long, resize), Image.BICUBIC))[top:top + size, left:left + size]
     got = (pre(photo) * 0.5 + 0.5) * 255  # back to 0..255
     assert float((got - torch.from_numpy(expected).permute(2, 0, 1).float()).abs().max()) < 3.0  # PIL rounding
 
