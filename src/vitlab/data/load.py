@@ -58,7 +58,10 @@ def absolute_source(source: str) -> str:
         return text
     path = Path(rest).expanduser()
     if path.is_absolute():
-        return text
+        # one spelling per folder: '/data/shapes/' (what tab completion writes) and '/data/shapes/.' were other
+        # strings than the '/data/shapes' a run recorded, so `vitlab evaluate RUN --data /data/shapes/` did not
+        # know its own data and tested on the run's training images
+        return prefix + os.path.normpath(rest) if "://" not in rest else text
     if path.exists():
         return prefix + str(path.resolve())
     if any(c in path.name for c in "{*?[") and path.parent.is_dir():  # a shard or file pattern: its folder
