@@ -207,3 +207,19 @@ def test_epoch_zero_evaluates_the_head_fine_tuning_starts_from(tmp_path):
     assert start["epoch"] == 0 and start["evaluation"] == "untrained model (zero head, as training starts)"
     assert start["val_loss"] == pytest.approx(math.log(2), abs=1e-5)  # all-equal logits over 2 classes
     assert "Epoch 0 of the curves: each model as its fine-tuning starts" in (out / "compare.md").read_text()
+
+
+def test_models_at_different_input_sizes_are_said(tmp_path, capsys):
+    """A patch-5 model runs at 30 px and a patch-7 one at 28 px on the same data: compare.md said the fine-tuning was
+    identical for every model and no file named the sizes."""
+    out = tmp_path / "cmp"
+    five = "custom(dim=16,depth=1,heads=2,mlp_dim=32,patch_size=5)"
+    assert _compare(out, f"{TINY},{five}") == 0
+    md = (out / "compare.md").read_text()
+    assert "**not identical**: input size" in md and "28x28 px" in md and "30x30 px" in md
+    with (out / "compare.csv").open() as f:
+        sizes = {r["model"]: r["image_size"] for r in csv.DictReader(f)}
+    assert set(sizes.values()) == {"28x28", "30x30"}
+    assert _compare(tmp_path / "one", TINY) == 0  # one size: nothing to say
+    assert "input size" not in (tmp_path / "one" / "compare.md").read_text()
+    capsys.readouterr()

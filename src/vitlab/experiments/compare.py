@@ -685,7 +685,7 @@ TABLE_COLS = ["model", "source", "status", "zero-shot evaluation", "zero-shot ac
 CSV_COLS = ["model", "weights", "source", "status", "error", "zero_shot_evaluation", "zero_shot_accuracy",
             "zero_shot_ci95_lo", "zero_shot_ci95_hi", "zero_shot_macro_f1", "fine_tuned_accuracy",
             "fine_tuned_ci95_lo", "fine_tuned_ci95_hi", "fine_tuned_macro_f1", "train_images", "test_images",
-            "epochs", "train_time_s", "train_images_per_s", "parameters", "precision"]
+            "epochs", "train_time_s", "train_images_per_s", "parameters", "precision", "image_size"]
 PRINT_COLS = ["model", "zero-shot evaluation", "zero-shot acc %", "fine-tuned acc %", "fine-tuned macro-F1 %",
               "train time s", "train images/s", "status"]
 
@@ -738,6 +738,7 @@ def csv_rows(summary: dict) -> list[dict]:
                 "fine_tuned_macro_f1": f["macro_f1"], "epochs": r["epochs"], "train_time_s": r["train_wall_time_s"],
                 "train_images_per_s": r["train_images_per_s"], "parameters": r["parameters"],
                 "precision": r.get("fine_tuning_precision") or "",
+                "image_size": "x".join(map(str, r["image_size"])) if r.get("image_size") else "",
             })
         out.append(row)
     return out
@@ -855,6 +856,16 @@ def _precision_text(st: dict, models: list[dict]) -> str:
             + ", ".join(f"{m} {p}" for m, p in used.items()))
 
 
+def _sizes_text(models: list[dict]) -> str:
+    """'' where every finished model ran at one input size; else the sizes, said as not identical (a model with a
+    run behind it keeps the run's size, a model built from a name takes the data's, fitted to its stride)."""
+    sizes = {r["model"]: "x".join(map(str, r["image_size"])) for r in models
+             if _ok(r) and r.get("image_size")}
+    if len(set(sizes.values())) < 2:
+        return ""
+    return "; **not identical**: input size " + ", ".join(f"{m} {px} px" for m, px in sizes.items())
+
+
 def _describe_training(tr: dict | None, st: dict, models: list[dict] | None = None) -> str:
     """The fine-tuning settings in words, from the resolved config (`training_config`), not from the flags, and
     from what the runs recorded where their own resolution changed it (warm-up, precision)."""
@@ -891,6 +902,7 @@ def _markdown(summary: dict) -> list[str]:
         f"Fine-tuning, identical for every model: {_describe_training(summary.get('training'), st, summary['models'])}, "
         f"on {summary['train_images']} training images"
         + ("" if (prec := _precision_text(st, summary["models"])).startswith("precision") else f"; {prec}")
+        + _sizes_text(summary["models"])
         + "; zero-shot and fine-tuned accuracy on the same "
         f"{summary['test_images']} test images with the same preprocessing. Epoch 0 of the curves: each model as "
         "its fine-tuning starts, with the head it starts from (named in the evaluation column: its own trained "
