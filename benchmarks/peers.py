@@ -19,10 +19,11 @@ Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU), as `-
 once into oneDNN's layout); `vitlab onnxruntime` the exact fp32 ORT engine (`--engine onnxruntime`); `vitlab int8
 static|dynamic` what `--int8` builds. With `--openvino ours`: `vitlab openvino` (`--engine openvino`, exact fp32) and
 `vitlab int8 openvino [bf16]` (OpenVINO's static int8 as `--int8` builds it, the rest in fp32 or bf16); with
-`--openvino all` also a peer user's OpenVINO: `timm -> OpenVINO` (fp32) and `timm -> OpenVINO int8 (NNCF)` (timm's
-export quantized by NNCF with its transformer defaults, run with OpenVINO's defaults). Peers run their defaults (timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
+`--openvino all` also a peer user's OpenVINO: `timm -> OpenVINO` (fp32), `timm -> OpenVINO (its defaults: bf16)`
+(where the CPU has bf16, OpenVINO's default there) and `timm -> OpenVINO int8 (NNCF)` (timm's export quantized by
+NNCF with its transformer defaults, run with OpenVINO's defaults). Peers run their defaults (timm: exact GELU). Every call waits 50 ms first: ONNX Runtime's threads spin after a run (its default, kept for
 ours and the peers'), and without the pause they took the cores from whichever row ran next (docs/benchmarks.md). "vs best peer" divides by the fastest peer row of the same setting (fp32 rows by the fastest
-fp32 peer, int8 rows by the fastest peer of all, int8 included). Before each setting is timed every row runs in turn
+fp32 peer, bf16 rows by the fastest fp32 or bf16 peer, int8 rows by the fastest peer of all, int8 included). Before each setting is timed every row runs in turn
 for at least `--settle-s` seconds: on the VMs measured here the first work of a process runs slow for a while.
 
 `--tune-allocator` first does what every vitlab command on the CPU does (`vitlab.runtime.tune_cpu_allocator`:
@@ -170,6 +171,12 @@ def openvino_rows(ours, fp32_onnx_timm: Path, tmp: Path, threads: int, calibrati
         import openvino as ov
 
         rows["timm -> OpenVINO"] = ("peer", OvEngine(fp32_onnx_timm, threads))
+        if bf16_supported():
+            # What a peer user gets unasked: on a CPU with bf16 OpenVINO runs the fp32 model in bf16 by default. Not an
+            # fp32 row (its logits are bf16's), but a peer path that our bf16 and int8 rows must be divided by too;
+            # until 2026-11-27 only the f32-hinted row above was timed, so it was missing from "every peer".
+            rows["timm -> OpenVINO (its defaults: bf16)"] = ("peer-bf16", OvEngine(fp32_onnx_timm, threads, exact=False,
+                                                                                   precision=None))
         quantized = nncf.quantize(core().read_model(str(fp32_onnx_timm)), nncf.Dataset(calibration),
                                   model_type=nncf.ModelType.TRANSFORMER, subset_size=sum(map(len, calibration)))
         ov.save_model(quantized, str(tmp / "timm-nncf.xml"), compress_to_fp16=False)
@@ -227,7 +234,7 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
     return rows
 
 
-def round_orders(labels: list[str], rounds: int, seed: int = 0) -> list[str]:
+def round_orders(labels: list[str], rounds: int, seed: int | str = 0) -> list[str]:
     """Every label once per round, each round in a new random order (seeded): what a row follows changes from round
     to round. A row that runs right after an ONNX Runtime row runs slower on the VMs measured here, even after the
     pause. The earlier rotation (A B C, B C A, ...) kept each row behind the same neighbour in almost every round:
@@ -242,8 +249,19 @@ def round_orders(labels: list[str], rounds: int, seed: int = 0) -> list[str]:
     return out
 
 
+def order_seed(base: int, name: str, batch: int, repeat: int) -> str:
+    """The row-order seed of one timed setting. Until 2026-11-27 every setting and every repeat took seed 0, so all
+    of them (and every rerun of a command) timed the very same sequence of orders: whatever that one sequence did to a
+    row was never averaged out. With the 8 rows of `--no-peer-int8` it put `vitlab torch` right after an ORT row
+    less often than timm's and HF's torch rows (3 of 5 rounds against 4 of 5; 6 of 9 against 8 and 7; 14 of 21
+    against 16 and 16), in every setting and repeat alike, while a torch row after an ORT row runs slower on the VMs
+    measured (docs/benchmarks.md, "Row order"). Now each setting and repeat has its own order (still seeded:
+    `--order-seed` picks another set for an independent rerun)."""
+    return f"{base}|{name}|{batch}|{repeat}"
+
+
 def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0,
-            image: tuple[int, int, int] = (3, 224, 224)) -> dict[str, float]:
+            image: tuple[int, int, int] = (3, 224, 224), seed: int | str = 0) -> dict[str, float]:
     x = torch.randn(batch, *image)
     start = time.perf_counter()
     while True:  # warm-up: every row at least once, in turn until settle_s has passed (the VM's first work runs slow)
@@ -252,7 +270,7 @@ def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0,
         if time.perf_counter() - start >= settle_s:
             break
     times = {label: [] for label in rows}
-    for label in round_orders(list(rows), rounds):
+    for label in round_orders(list(rows), rounds, seed):
         time.sleep(PAUSE_S)
         t = time.perf_counter()
         rows[label][1](x)
@@ -271,25 +289,36 @@ def with_sub_batches(rows: dict, batch: int, sizes: list[int], int8_only: bool =
     return {**rows, **extra}
 
 
+def precision_of(kind: str) -> str:
+    """'fp32', 'bf16' or 'int8' from a row's kind ('ours', 'peer-bf16', 'ours-int8', ...)."""
+    return kind.partition("-")[2] or "fp32"
+
+
+# The peer kinds each precision class is divided by: fp32 rows by fp32 peers only, bf16 rows by the fp32 and bf16
+# peers (until 2026-11-27 `vitlab torch bf16` was divided by the fp32 peers alone, leaving out `timm torch bf16`:
+# a bf16 row of ours against fp32 peers), int8 rows by every peer, int8 included.
+BASES = {"fp32": {"peer"}, "bf16": {"peer", "peer-bf16"}, "int8": {"peer", "peer-bf16", "peer-int8"}}
+BASE_NAMES = {"fp32": "fp32 peer", "bf16": "peer (bf16 incl.)", "int8": "peer (int8 incl.)"}
+
+
 def report(name: str, batch: int, rows: dict, speeds: dict[str, float]) -> list[dict]:
     """Ratios to the fastest peer as the peers run (whole batches), and where sub-batched rows were timed, also to
     the fastest peer given the same sub-batches."""
     kinds = {label: kind for label, (kind, _) in rows.items()}
 
-    def best(int8: bool, sub_batched: bool) -> float:
-        return max(v for k, v in speeds.items() if (kinds[k].startswith("peer") if int8 else kinds[k] == "peer")
-                   and (sub_batched or SUB not in k))
+    def best(precision: str, sub_batched: bool) -> float:
+        return max(v for k, v in speeds.items() if kinds[k] in BASES[precision] and (sub_batched or SUB not in k))
 
     any_sub = any(SUB in k for k in speeds)
     out = []
     for label, v in sorted(speeds.items(), key=lambda kv: -kv[1]):
-        int8 = kinds[label].endswith("int8")
-        base, base_sub = best(int8, False), best(int8, True)
+        precision = precision_of(kinds[label])
+        base, base_sub = best(precision, False), best(precision, True)
         out.append({"model": name, "batch": batch, "engine": label, "kind": kinds[label],
                     "images_per_s": round(v, 2), "vs_best_peer": round(v / base, 3)}
                    | ({"vs_best_peer_sub_batched_too": round(v / base_sub, 3)} if any_sub else {}))
         print(f"{name:10s} {batch:3d}  {label:58s} {v:8.2f} img/s   x{v / base:.2f} vs best "
-              f"{'peer (int8 incl.)' if int8 else 'fp32 peer'}"
+              f"{BASE_NAMES[precision]}"
               + (f"   x{v / base_sub:.2f} vs the same with sub-batches" if any_sub else ""))
     return out
 
@@ -353,7 +382,7 @@ def train_step(model, x, y):
     return step
 
 
-def bench_training(name: str, rounds: int, steps: int, batch: int | None = None) -> list[dict]:
+def bench_training(name: str, rounds: int, steps: int, batch: int | None = None, seed: int = 0) -> list[dict]:
     size = TRAIN_SIZES[name]
     img, ch, batch = size[0], size[1], batch or size[7]
     torch.manual_seed(0)
@@ -362,7 +391,7 @@ def bench_training(name: str, rounds: int, steps: int, batch: int | None = None)
     for fn in fns.values():
         fn()
     times = {label: [] for label in fns}
-    for label in round_orders(list(fns), rounds):
+    for label in round_orders(list(fns), rounds, order_seed(seed, f"train {name}", batch, 0)):
         t = time.perf_counter()
         for _ in range(steps):
             fns[label]()
@@ -406,6 +435,9 @@ def main() -> None:
                          "(how far the VM moves a ratio between measurements)")
     ap.add_argument("--rows", default="",
                     help="time only these rows (labels as printed, separated by ';'), e.g. 'vitlab torch' alone")
+    ap.add_argument("--order-seed", type=int, default=0,
+                    help="seed of the rows' random order (each setting and repeat draws its own from it); another "
+                         "value gives an independent rerun of the same command")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
     args = ap.parse_args()
@@ -428,7 +460,7 @@ def main() -> None:
     if args.train:
         for name in args.train.split(","):
             for batch in ([int(b) for b in args.train_batches.split(",")] if args.train_batches else [None]):
-                results += bench_training(name, args.rounds, args.steps, batch)
+                results += bench_training(name, args.rounds, args.steps, batch, args.order_seed)
     for name in ([] if args.train else args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8, args.openvino or "")
@@ -438,7 +470,8 @@ def main() -> None:
             for batch in (int(b) for b in args.batches.split(",")):
                 timed = with_sub_batches(rows, batch, sizes, args.sub_batch_int8_only)
                 runs = [measure(timed, batch, args.rounds, args.settle_s if i == 0 else 0.0,
-                                IMAGE.get(name, (3, 224, 224))) for i in range(args.repeats)]
+                                IMAGE.get(name, (3, 224, 224)), order_seed(args.order_seed, name, batch, i))
+                        for i in range(args.repeats)]
                 speeds = {label: statistics.median(run[label] for run in runs) for label in timed}
                 if any(kind == "peer" for kind, _ in timed.values()):
                     results += report(name, batch, timed, speeds)
@@ -447,7 +480,8 @@ def main() -> None:
                 if args.repeats > 1 and any(kind == "peer" for kind, _ in timed.values()):
                     results += repeat_ratios(name, batch, timed, runs)
     if args.out:
-        Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "rows": results}, indent=1))
+        Path(args.out).write_text(json.dumps({"load_average_end": os.getloadavg()[0], "order_seed": args.order_seed,
+                                              "rows": results}, indent=1))
 
 
 if __name__ == "__main__":
