@@ -202,3 +202,19 @@ def test_evaluate_records_the_engine_in_its_report(model_dir, tmp_path, capsys):
         info = json.loads((out / "metrics.json").read_text())["info"]
         assert info["engine"]["name"] == name
         assert f"Engine: {name}." in (out / "report.md").read_text()
+
+
+def test_an_int8_evaluation_keeps_the_fp32_report(tmp_path, capsys):
+    """`vitlab evaluate RUN --int8 ...` wrote over RUN/eval-test/: the fp32 report (with its few-shot and kNN rows)
+    was gone, and only a line inside report.md said the numbers were int8's."""
+    from vitlab.train import resolve_config, train
+
+    cfg = resolve_config("demo", overrides={"steps": 2, "batch_size": 16, "out_dir": str(tmp_path), "name": "run",
+                                            "quiet": True})
+    run = train(cfg).run_dir
+    assert main(["evaluate", str(run), "--quiet", "--engine", "torch"]) == 0
+    assert main(["evaluate", str(run), "--quiet", "--engine", "onnxruntime", "--int8", "dynamic"]) == 0
+    fp32 = json.loads((run / "eval-test" / "metrics.json").read_text())
+    int8 = json.loads((run / "eval-test-int8-dynamic" / "metrics.json").read_text())
+    assert "int8" not in json.dumps(fp32.get("info", {}).get("engine", {})) and "int8" in json.dumps(int8)
+    capsys.readouterr()

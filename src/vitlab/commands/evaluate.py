@@ -234,14 +234,17 @@ def run(args: argparse.Namespace) -> int:
         name=Path(args.model).name if Path(args.model).exists() else args.model,
         untrained=loaded.source == "registry", engine=engine,
     )
+    # an int8 evaluation's numbers are another model's: its own folder, next to the fp32 report it had replaced
+    # (the exact engines give the eager model's logits, so they share the fp32 folder)
+    int8 = f"int8-{args.int8}" if getattr(args, "int8", None) else None
     if args.out:
         out = Path(args.out)
     elif loaded.run is not None:  # RUN and RUN/model: RUN/eval-test; RUN/checkpoints/best.pt: RUN/eval-best-test
         # other data than the run's gets a folder of its own (it had replaced the run's own report)
         other = None if _is_runs_data(args.data, loaded.run_config) else model_folder_name(args.data)
-        out = loaded.run / "-".join(filter(None, ("eval", loaded.checkpoint, other, args.split)))
+        out = loaded.run / "-".join(filter(None, ("eval", loaded.checkpoint, other, args.split, int8)))
     else:
-        out = Path(f"eval-{model_folder_name(args.model)}-{args.split}")
+        out = Path("-".join(filter(None, ("eval", model_folder_name(args.model), args.split, int8))))
     res.info["model_description"] = loaded.description
     res.info["data"] = data.summary()
     res.info["runtime"] = runtime.to_dict()
