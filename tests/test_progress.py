@@ -199,3 +199,20 @@ def test_nested_bars_into_a_log_leave_no_cursor_moves(monkeypatch):
         outer.update(2)
     text = log.getvalue()
     assert "\x1b" not in text and "\r" not in text and all(line.strip() for line in text.splitlines())
+
+
+def test_a_short_bar_into_a_log_ends_with_its_final_state(monkeypatch):
+    """Into a log a bar redraws every 30 s, so a bar that closes sooner kept only its first line ("test: 0%| 0/1
+    batch"), which read as work that never finished: its final state is now written when it closes."""
+    import io
+    import sys
+
+    from vitlab.progress import progress_bar
+
+    monkeypatch.setattr("vitlab.progress.LOG_MININTERVAL", 30.0)
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    for _ in progress_bar(range(3), desc="test", unit="batch"):
+        pass
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("test:   0%") and lines[-1].startswith("test: 100%") and "3/3 batch" in lines[-1]

@@ -67,5 +67,8 @@ def progress_bar(iterable: Iterable | None = None, *, desc: str, unit: str, tota
 
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)  # type: ignore[arg-type]
+    # into a log or a pipe a bar that is not left kept only its first line ("test: 0%| 0/1 batch"), which reads as
+    # work that never finished: there the final state is written when the bar closes
+    leave = leave or not _is_terminal()
     return tqdm(iterable, desc=desc, unit=unit, total=total, disable=not enabled, leave=leave, dynamic_ncols=True,
                 bar_format=BAR_FORMAT, **bar_options())
