@@ -178,3 +178,15 @@ def test_models_pretrained_refuses_the_table_flags_it_would_ignore(capsys):
     assert main(["models", "vit-ti*", "--format", "csv"]) == 0  # the table's defaults still apply
     out = capsys.readouterr().out
     assert "vit-ti/16" in out
+
+
+def test_train_takes_val_fraction_as_a_flag(tmp_path):
+    """The validation share was only `--set val_fraction=`, though compare and the studies have the flag."""
+    import yaml
+
+    from vitlab.cli import main
+
+    assert main(["train", "--data", "bundled", "--steps", "1", "--batch-size", "8", "--val-fraction", "0.3",
+                 "--model-args", "dim=16,depth=1,heads=2,mlp_dim=32,patch_size=7", "--out", str(tmp_path),
+                 "--name", "v", "--quiet"]) == 0
+    assert yaml.safe_load((tmp_path / "v" / "config.yaml").read_text())["val_fraction"] == 0.3
