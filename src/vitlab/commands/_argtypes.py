@@ -30,6 +30,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A count that may be 0 (images to show, with 0 leaving an analysis out; head classes, 0 being no head)."""
+    value = int(_number(text, int))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding and most samplers take 32 bits; torch's take 64
 
 

@@ -8,24 +8,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vitlab.commands._argtypes import THREADS_HELP, fraction, positive_int, seed_value
+from vitlab.commands._argtypes import THREADS_HELP, fraction, non_negative_int, positive_int, seed_value
 from vitlab.commands._engine_args import add_engine_arguments
 from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, model_folder_name
 from vitlab.errors import VitlabError
 
 if TYPE_CHECKING:
     import torch
-
-
-def _count(text: str) -> int:
-    """A number of images: a whole number >= 0 (0: leave the analysis out)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,9 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="output folder for the PNGs, report.html and arrays (default: "
                    "RUN/inspect for a run folder, RUN/inspect-<name> for RUN/checkpoints/<name>.pt, else "
                    "inspect-<model>)")
-    p.add_argument("-n", "--num-images", type=_count, default=None,
+    p.add_argument("-n", "--num-images", type=non_negative_int, default=None,
                    help="images the attention distance averages over (default 128, as the paper)")
-    p.add_argument("--rollout-images", type=_count, default=8, help="images shown with rollout overlays (default 8)")
+    p.add_argument("--rollout-images", type=non_negative_int, default=8, help="images shown with rollout overlays (default 8)")
     p.add_argument("--head-fusion", choices=["mean", "max", "min"], default="mean",
                    help="how rollout fuses the heads (default mean, as the paper)")
     p.add_argument("--discard-ratio", type=fraction, default=0.0,

@@ -16,7 +16,7 @@ import difflib
 import sys
 
 from vitlab import _match_names as matching
-from vitlab.commands._argtypes import positive_int
+from vitlab.commands._argtypes import non_negative_int, positive_int
 from vitlab.errors import VitlabError
 
 COLUMNS = ("family", "layers", "width", "mlp", "heads", "stride", "params", "macs")
@@ -78,21 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="list the published checkpoints (name, model, resolution, labels, size, licence, source)")
     p.add_argument("--image-size", type=positive_int, default=None,
                    help="input size for the compute column (default 224)")
-    p.add_argument("--num-classes", type=_classes, default=None,
+    p.add_argument("--num-classes", type=non_negative_int, default=None,
                    help="classes of the head, for the parameter column (default 1000; 0: no head, the features)")
     p.add_argument("--format", choices=["table", "csv"], default="table", help="a table for people or CSV for tools")
     p.set_defaults(func=run)
-
-
-def _classes(text: str) -> int:
-    """--num-classes: a whole number >= 0 (0 = a model without a head, as timm's num_classes=0)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
-    return value
 
 
 def _no_match(patterns: list[str], names: list[str], what: str, hint: str) -> VitlabError:
