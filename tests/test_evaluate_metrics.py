@@ -179,3 +179,20 @@ def test_bar_labels_break_between_parts_never_inside_one(name, lines):
     from vitlab.evaluate.plots import wrap_label
 
     assert wrap_label(name).split("\n") == lines
+
+
+def test_a_count_matrix_has_whole_number_ticks_and_says_how_many_images(tmp_path, monkeypatch):
+    """A small test set's colour bar read 0.5, 1.5, ... images, and the title did not give n."""
+    import matplotlib.pyplot as plt
+
+    from vitlab.evaluate import plots
+
+    kept = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
+    plot_confusion_matrix([[1, 2], [0, 3]], ["a", "b"], tmp_path / "cm.png")
+    fig = kept[0]
+    fig.canvas.draw()
+    ticks = [t for t in fig.axes[1].get_yticks() if 0 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert fig.axes[0].get_title() == "confusion matrix (6 images)"
+    plt.close(fig)

@@ -40,7 +40,12 @@ def plot_confusion_matrix(
     size = max(4.0, min(0.55 * k + 2.0, 24.0))
     fig, ax = plt.subplots(figsize=(size, size * 0.9))
     im = ax.imshow(shown, cmap="Blues", interpolation="nearest")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class" if normalize else "images")
+    if not normalize:  # counts: whole-number ticks (a small matrix got 0.5, 1.5, ... images)
+        from matplotlib.ticker import MaxNLocator
+
+        bar.locator = MaxNLocator(integer=True)
+        bar.update_ticks()
     ax.set_xticks(range(k))
     ax.set_yticks(range(k))
     ax.set_xticklabels(class_names, rotation=45 if k > 3 else 0, ha="right" if k > 3 else "center")
@@ -53,7 +58,7 @@ def plot_confusion_matrix(
             for j in range(k):
                 ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=8 if k > 10 else 10,
                         color="white" if shown[i, j] > threshold else "black")
-    ax.set_title(title or "confusion matrix")
+    ax.set_title(title or f"confusion matrix ({int(counts.sum())} images)")
     return _save(fig, path)
 
 

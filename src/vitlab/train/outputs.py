@@ -74,7 +74,8 @@ def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model:
 
         figures.append(run.path / "confusion_matrix.png")
         plot_confusion_matrix(tm["confusion_matrix"], class_names, figures[-1],
-                              title=f"{split_name} confusion matrix (accuracy {tm['accuracy']:.4f})")
+                              title=f"{split_name} confusion matrix (accuracy {tm['accuracy']:.4f} on "
+                                    f"{sum(map(sum, tm['confusion_matrix']))} images)")
     if cfg.save_model:
         from vitlab.weights import save_native
 

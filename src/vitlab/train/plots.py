@@ -19,6 +19,23 @@ def _num(v):
         return float("nan")
 
 
+def _train_loss_note(run_dir: Path) -> str:
+    """What makes the train loss another quantity than the validation loss (label smoothing, mixed targets), for
+    the legend: without it a train loss above the validation loss read as a bug. '' where there is none."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return ""
+    parts = []
+    if _num(cfg.get("label_smoothing")) > 0:
+        parts.append(f"label smoothing {cfg['label_smoothing']:g}")
+    if _num(cfg.get("mixup")) > 0 or _num(cfg.get("cutmix")) > 0:
+        parts.append("mixed targets")
+    return "".join(f", {p}" for p in parts)
+
+
 def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write `loss.png` (per-step train loss, per-epoch train/val loss) and `accuracy.png`
     (per-epoch train/val accuracy and val macro-F1) into the run folder (or `out_dir`)."""
@@ -31,12 +48,13 @@ def plot_curves(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     written = []
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    note = _train_loss_note(run_dir)
     if steps:
         ax.plot([r["epoch_float"] for r in steps], [_num(r["loss"]) for r in steps], lw=0.8, alpha=0.5,
-                label="train loss (per step)")
+                label=f"train loss (per step{note})")
     if epochs:
         xs = [r["epoch"] for r in epochs]
-        ax.plot(xs, [_num(r.get("train_loss")) for r in epochs], "o-", label="train loss (epoch mean)")
+        ax.plot(xs, [_num(r.get("train_loss")) for r in epochs], "o-", label=f"train loss (epoch mean{note})")
         if any(r.get("val_loss") is not None for r in epochs):
             ax.plot(xs, [_num(r.get("val_loss")) for r in epochs], "s-", label="validation loss")
     written.append(_save(fig, ax, "cross-entropy", "Loss", out / "loss.png"))
