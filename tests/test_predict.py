@@ -101,7 +101,8 @@ def test_predict_errors_are_one_line(setup, capsys):
                                      "(`vitlab predict WEIGHTS IMAGES`)")
     (tmp / "m.onnx").write_bytes(b"\x08\x07")
     assert main(["predict", str(tmp / "m.onnx"), str(imgs / "a.png")]) == 2
-    assert "m.onnx is an exported model (ONNX / OpenVINO), which vitlab runs but does not read back" in _err(capsys)[-1]
+    assert "m.onnx is an exported model (ONNX / OpenVINO): vitlab writes such files but does not load them" in \
+        _err(capsys)[-1]
     assert main(["predict", str(tmp / "w"), str(tmp / "missing.png")]) == 2
     assert "no such image" in _err(capsys)[-1]
 

@@ -122,9 +122,10 @@ def detect_format(path: str | Path) -> str:
             return "timm_folder"
         return "state_dict"
     if p.suffix.lower() in (".onnx", ".xml"):
-        raise VitlabError(f"{p} is an exported model (ONNX / OpenVINO), which vitlab runs but does not read back as "
-                          "weights: pass the weights it was exported from, with --engine onnxruntime or openvino "
-                          "to run it through that runtime")
+        raise VitlabError(f"{p} is an exported model (ONNX / OpenVINO): vitlab writes such files but does not load "
+                          "them as weights; pass the weights it was exported from (with --engine onnxruntime or "
+                          "openvino to run them in that runtime), or run the file in the runtime itself "
+                          "(docs/serving.md, \"Exported files\")")
     from vitlab.data.images import is_image_file
 
     if is_image_file(p):
