@@ -41,7 +41,6 @@ from vitlab.experiments.transfer import (
     check_same_data,
     model_config,
     read_settings,
-    recorded_args,
     study_model,
 )
 
@@ -139,7 +138,7 @@ def _train_overrides(name: str, size: int, seed: int, st: ScalingSettings, run: 
     epochs = math.ceil(steps / steps_per_epoch)
     # a validation pass over the fixed split costs about a third of a training epoch on it: cap their number
     return dict(
-        data=st.data, model=spec, model_args=recorded_args(args), image_size=image_size, threads=st.threads,
+        data=st.data, model=spec, model_args=args, image_size=image_size, threads=st.threads,
         out_dir=str(run.parent), name=run.name, steps=steps,
         batch_size=st.batch_size, lr=st.lr, warmup_steps=max(1, round(st.warmup_fraction * steps)),
         weight_decay=st.weight_decay, label_smoothing=st.label_smoothing, inception_crop=False,

@@ -106,12 +106,6 @@ def study_model(name: str) -> tuple[str, dict[str, Any], int | None]:
     return spec, args, size
 
 
-def recorded_args(args: dict[str, Any]) -> dict[str, Any]:
-    """The overrides as a run's config.yaml records them (tuples as lists): a resume compares the record with
-    the settings given, and `layers=(1,)` against its recorded `[1]` refused every resume of such a spec."""
-    return json.loads(json.dumps(args))
-
-
 def model_config(name: str, num_classes: int, side: int, channels: int):
     """The model's config for this data (its classes, channels and size, or the spec's image_size): a name,
     override or size that cannot work fails here, before anything is trained or written."""
@@ -172,7 +166,7 @@ def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
         return run
     spec, args, size = study_model(name)
     overrides = dict(
-        data=st.data, classes=list(st.upstream_classes), model=spec, model_args=recorded_args(args),
+        data=st.data, classes=list(st.upstream_classes), model=spec, model_args=args,
         out_dir=str(run.parent),
         name=run.name, epochs=st.pretrain_epochs, batch_size=st.pretrain_batch, lr=st.pretrain_lr,
         warmup_epochs=0.5, weight_decay=0.05, label_smoothing=0.1, inception_crop=False, hflip=True,
