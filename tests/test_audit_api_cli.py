@@ -8,17 +8,8 @@ import sys
 
 import pytest
 
+from test_cli_usage import usage_error  # the one stderr line of a usage error (exit code 2)
 from vitlab.cli import build_parser, main
-
-
-def usage_error(argv: list[str], capsys) -> str:
-    """The one stderr line of a usage error (exit code 2)."""
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 # ----------------------------------------------------------------------------- typos in choices
