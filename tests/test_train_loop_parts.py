@@ -42,8 +42,10 @@ def test_plan_steps_from_epochs_steps_and_warmup():
     assert (plan.steps_per_epoch, plan.total_steps, plan.num_epochs, plan.warmup) == (6, 15, 3, 6)
     plan = plan_steps(cfg_of(steps=4, warmup_steps=10), micro=16, world=1, accum=1, batches_per_epoch=3, n_train=48)
     assert (plan.total_steps, plan.num_epochs, plan.warmup) == (4, 2, 4)  # warm-up no longer than the run
-    with pytest.raises(VitlabError, match="larger than the training set"):
+    with pytest.raises(VitlabError, match=r"larger than the training set .*use --batch-size 40 or less"):
         plan_steps(cfg_of(batch_size=64), micro=64, world=1, accum=1, batches_per_epoch=0, n_train=40)
+    with pytest.raises(VitlabError, match=r"use --batch-size 40 or less"):  # a multiple of the processes
+        plan_steps(cfg_of(batch_size=64), micro=32, world=2, accum=1, batches_per_epoch=0, n_train=41)
 
 
 def test_step_seed_is_a_pure_function_of_the_position():

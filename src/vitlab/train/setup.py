@@ -307,8 +307,10 @@ def plan_steps(cfg: TrainConfig, micro: int, world: int, accum: int, batches_per
     """Steps per epoch, total steps (--steps, else --epochs), epochs and warm-up steps."""
     steps_per_epoch = batches_per_epoch // accum
     if steps_per_epoch == 0:
-        raise VitlabError(f"batch_size {cfg.batch_size} is larger than the training set ({n_train} images); "
-                          "lower --batch-size")
+        # the recipes' batches are for sets of thousands; a folder of a few dozen images needs a number to try
+        fits = max(world, n_train - n_train % world)
+        raise VitlabError(f"batch_size {cfg.batch_size} is larger than the training set ({n_train} images), so an "
+                          f"epoch would have no step; use --batch-size {fits} or less")
     total_steps = cfg.steps if cfg.steps > 0 else max(1, math.ceil(cfg.epochs * steps_per_epoch))
     num_epochs = math.ceil(total_steps / steps_per_epoch)
     return BatchPlan(micro, world, accum, batches_per_epoch, steps_per_epoch, total_steps, num_epochs,
