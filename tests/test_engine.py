@@ -318,3 +318,25 @@ def test_the_exactness_check_is_relative_for_large_logits(scale, shift, ok):
     else:
         with pytest.raises(VitlabError, match="does not reproduce the model"):
             check_exact(Candidate(), reference, 1, (4, 4))
+
+
+def test_candidates_are_timed_in_balanced_orders_without_back_to_back_repeats():
+    names = ["torch", "onnxruntime", "compiled"]
+    orders = choose.round_orders(names, 30)
+    assert orders == choose.round_orders(names, 30)  # seeded: a rerun times the same orders
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert all(a[-1] != b[0] for a, b in zip(orders, orders[1:]))  # nobody runs twice in a row
+    for position in range(3):  # every candidate takes every place, not one always in the middle
+        assert {o[position] for o in orders} == set(names)
+    assert choose.round_orders(["torch"], 3) == [["torch"]] * 3
+
+
+def test_interleaved_speeds_times_each_engine_once_a_round(monkeypatch):
+    monkeypatch.setattr(choose, "PAUSE_S", 0.0)
+    calls = []
+    engines = {n: (lambda x, n=n: calls.append(n)) for n in ("a", "b", "c")}
+    speeds = choose.interleaved_speeds(engines, torch.zeros(4, 1), rounds=6)
+    assert set(speeds) == {"a", "b", "c"} and all(v > 0 for v in speeds.values())
+    timed = calls[3:]  # after one warm-up call each
+    assert [sorted(timed[i:i + 3]) for i in range(0, 18, 3)] == [["a", "b", "c"]] * 6
+    assert all(timed[i] != timed[i + 1] for i in range(17))

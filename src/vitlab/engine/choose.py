@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -102,19 +103,34 @@ PAUSE_S = 0.05  # between timed calls: ORT's spinning threads (and any other eng
 
 
 def interleaved_speeds(engines: dict[str, Callable], x: torch.Tensor, rounds: int = 5) -> dict[str, float]:
-    """images/s per engine, calls interleaved (A B C, C B A, ...) so a busy moment hits all alike; a short pause
-    before each call so that no engine's leftover threads (ORT spins after a run) slow the next one down."""
+    """images/s per engine, calls interleaved in a new order each round (`round_orders`) so a busy moment or a
+    neighbour's after-effects hit all alike; a short pause before each call so that no engine's leftover threads
+    (ORT spins after a run) slow the next one down."""
     for engine in engines.values():
         engine(x)  # warm-up: kernel choice, memory
     times: dict[str, list[float]] = {name: [] for name in engines}
-    order = list(engines)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
+    for order in round_orders(list(engines), rounds):
+        for name in order:
             time.sleep(PAUSE_S)
             t = time.perf_counter()
             engines[name](x)
             times[name].append(time.perf_counter() - t)
     return {name: x.shape[0] / statistics.median(ts) for name, ts in times.items()}
+
+
+def round_orders(names: list[str], rounds: int, seed: int = 0) -> list[list[str]]:
+    """A shuffled order of `names` per round, never starting with the engine that ended the round before. The
+    turning order it replaces (A B C, C B A) ran A and C twice in a row and always put B between two others, so
+    whatever one engine leaves behind (warm caches, spinning threads) favoured or hurt the same rows every time.
+    Seeded: the same candidates are timed in the same orders on every run."""
+    rng = random.Random(seed)
+    orders: list[list[str]] = []
+    for _ in range(rounds):
+        order = rng.sample(names, len(names))
+        if orders and len(order) > 1 and order[0] == orders[-1][-1]:
+            order[0], order[-1] = order[-1], order[0]
+        orders.append(order)
+    return orders
 
 
 # ------------------------------------------------------------------------------------------ choice
