@@ -685,7 +685,7 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
     classifier = ImageClassifier(model, meta, options.fast_jpeg)
     dev = resolve_device(device_for_engine(device, engine, int8))
     model = model.to(dev).eval()
-    runner, note = model, f"torch ({dev})"
+    runner, name, note = model, f"torch ({dev})", f"torch ({dev}): eager PyTorch on {dev}"
     if dev.type == "cpu":
         tune_cpu_allocator()  # a server allocates the same activations on every batch: keep them (runtime.py)
         batches = None
@@ -700,7 +700,7 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
             batches = run_calibration(weights, classifier.preprocess)
         runner = prepare_engine(model, engine, int8=int8, calibration=batches, batch_size=options.max_batch,
                                 source=resolve_model(weights), command="serve", quiet=quiet)
-        note = runner.note
+        name, note = runner.name, runner.note.split("engine: ", 1)[-1]
 
     def run(x: torch.Tensor) -> torch.Tensor:
         return runner(x.to(dev))
@@ -712,6 +712,7 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
 
     info = {"model": str(weights), "name": model.config.name, "image_size": list(size),
             "in_chans": model.config.in_chans, "preprocess": classifier.preprocess.to_dict(),
-            "engine": note.split("engine: ", 1)[-1], "device": str(dev), "threads": torch.get_num_threads(),
+            # the engine's name for programs (as `vitlab evaluate` records it), and the sentence saying why
+            "engine": name, "engine_note": note, "device": str(dev), "threads": torch.get_num_threads(),
             "vitlab": vitlab.__version__}
     return InferenceServer(classifier, run, info, options, host, port, log)
