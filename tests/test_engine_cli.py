@@ -128,9 +128,14 @@ def test_export_onnxruntime_and_int8(model_dir, tmp_path, capsys):
     meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert json.loads(meta["vitlab"])["class_names"][0] == "T-shirt/top"
     q = tmp_path / "int8.onnx"
+    capsys.readouterr()
     assert main(["export", str(model_dir), str(q), "--int8", "static", "--calibration", "bundled"]) == 0
     assert any(n.op_type == "QuantizeLinear" for n in onnx.load(str(q)).graph.node)
-    capsys.readouterr()
+    # the same words as the portable export's line: a free batch (as the graph has) and where the metadata is
+    assert "input 'images' Bx1x28x28, output 'logits' Bx10; class names" in capsys.readouterr().out
+    batch_dim = onnx.load(str(q)).graph.input[0].type.tensor_type.shape.dim[0]
+    assert batch_dim.dim_param and not batch_dim.dim_value
+    assert json.loads({p.key: p.value for p in onnx.load(str(q)).metadata_props}["vitlab"])["class_names"]
     assert main(["export", str(model_dir), str(tmp_path / "x.onnx"), "--int8", "static"]) == 2
     assert "--calibration" in capsys.readouterr().err
     assert main(["export", str(model_dir), str(tmp_path / "x.onnx"), "--engine", "compiled"]) == 2

@@ -74,12 +74,16 @@ def run(args: argparse.Namespace) -> int:
                 raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e} (largest logit {scale:.3g}); "
                                   "nothing written, please report this")
             checked = f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}"
-    batch = "1" if args.static_batch else "B"
-    print(f"wrote {path} (input 'images' {batch}x{model.config.in_chans}x{model.config.image_size[0]}x"
-          f"{model.config.image_size[1]}, output 'logits' {batch}x{model.config.num_classes}; class names and "
-          "preprocessing in its metadata 'vitlab', docs/serving.md \"Exported files\")")
+    print(f"wrote {path} ({_inputs_and_outputs(model, '1' if args.static_batch else 'B')})")
     print(checked)
     return 0
+
+
+def _inputs_and_outputs(model, batch: str) -> str:
+    """What every exported file takes and gives, in the same words for the portable and the engine graphs."""
+    c, (h, w), n = model.config.in_chans, model.config.image_size, model.config.num_classes
+    return (f"input 'images' {batch}x{c}x{h}x{w}, output 'logits' {batch}x{n}; class names and preprocessing in its "
+            "metadata 'vitlab', docs/serving.md \"Exported files\"")
 
 
 def opset_range() -> tuple[int, int]:
@@ -117,6 +121,5 @@ def _export_for_engine(args: argparse.Namespace, model, meta: dict, metadata: di
     calibration = calibration_for(args, preprocess_for(model, meta))
     path, kind = export_for_engine(model, args.output, args.engine, int8=args.int8, calibration=calibration,
                                    source=resolved_source(args.weights), metadata=metadata)
-    print(f"wrote {path}: {kind} (input 'images' {model.config.in_chans}x{model.config.image_size[0]}x"
-          f"{model.config.image_size[1]}, output 'logits' {model.config.num_classes})")
+    print(f"wrote {path}: {kind} ({_inputs_and_outputs(model, 'B')})")  # engine graphs keep a free batch
     return 0
