@@ -130,3 +130,17 @@ def test_export_without_the_onnx_package_says_what_to_install(tmp_path, capsys, 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
     assert main(["export", str(tmp_path / "native"), str(tmp_path / "m.onnx")]) == 2
     assert "pip install 'vitlab[onnx]'" in capsys.readouterr().err
+
+
+def test_cli_export_quiet_prints_only_the_file_written(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    from vitlab.weights import save_native
+
+    save_native(_random_tiny(), tmp_path / "native", class_names=list("abcde"))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "native"), str(tmp_path / "q.onnx"), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.count("\n") == 1 and captured.out.startswith(f"wrote {tmp_path}")
+    assert main(["export", str(tmp_path / "native"), str(tmp_path / "i8.onnx"), "--int8", "dynamic", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.count("\n") == 1 and "i8.onnx" in captured.out

@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--static-batch", action="store_true", help="fix the batch size to 1")
     p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    p.add_argument("--quiet", action="store_true", help="only the line naming the file written (errors still show)")
     add_load_arguments(p)
     add_engine_arguments(p, default="torch", engine_help=(
         "which graph to write: torch (portable ONNX, standard operators, any runtime; the default), onnxruntime "
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     runtime = setup_runtime("cpu", args.threads)
     overrides, size = load_overrides(argparse.Namespace(model_args=args.model_args, heads=args.heads, image_size=size))
     model, meta = load_with_meta(args.weights, image_size=size, **overrides)
-    runtime.announce("export")
+    runtime.announce("export", quiet=args.quiet)
     pre = meta.get("preprocess")
     metadata = {
         "class_names": meta.get("class_names"),
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
                                   "nothing written, please report this")
             checked = f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}"
     print(f"wrote {path} ({_inputs_and_outputs(model, '1' if args.static_batch else 'B')})")
-    print(checked)
+    if not args.quiet:
+        print(checked)
     return 0
 
 
@@ -120,6 +122,6 @@ def _export_for_engine(args: argparse.Namespace, model, meta: dict, metadata: di
 
     calibration = calibration_for(args, preprocess_for(model, meta))
     path, kind = export_for_engine(model, args.output, args.engine, int8=args.int8, calibration=calibration,
-                                   source=resolved_source(args.weights), metadata=metadata)
+                                   source=resolved_source(args.weights), metadata=metadata, quiet=args.quiet)
     print(f"wrote {path}: {kind} ({_inputs_and_outputs(model, 'B')})")  # engine graphs keep a free batch
     return 0
