@@ -234,3 +234,19 @@ def test_frozen_features_never_pair_a_substituted_image_with_another_rows_label(
     evaluate_model(model, d, Preprocess.for_model(8, channels=1), frozen=FrozenOptions(knn=True, knn_k=3),
                    progress=False)
     assert "1 unreadable training image left out of the frozen-feature evaluations" in capsys.readouterr().err
+
+
+def test_fewshot_spread_over_seeds_is_the_sample_std():
+    from vitlab.evaluate.fewshot import fewshot_eval
+
+    rng = np.random.default_rng(0)
+    train_y = np.repeat(np.arange(3), 20)
+    train_x = rng.normal(size=(60, 8)) + train_y[:, None]
+    test_y = np.repeat(np.arange(3), 10)
+    test_x = rng.normal(size=(30, 8)) + test_y[:, None]
+    res = fewshot_eval(train_x, train_y, test_x, test_y, 3, shots=[1, 2], seeds=4)["results"]
+    for r in res:
+        assert r["std"] == pytest.approx(np.std(r["accuracy_per_seed"], ddof=1))
+    assert any(len(set(r["accuracy_per_seed"])) > 1 for r in res)  # a spread to tell the two stds apart
+    one = fewshot_eval(train_x, train_y, test_x, test_y, 3, shots=[1], seeds=1)["results"][0]
+    assert one["std"] == 0.0

@@ -90,7 +90,7 @@ def fewshot_eval(
     train_index: np.ndarray | None = None,
     progress: bool = False,
 ) -> dict:
-    """Accuracy for each shot count and seed, plus mean and std over seeds.
+    """Accuracy for each shot count and seed, plus mean and sample standard deviation over seeds.
 
     `train_y` holds the labels of the whole training set; `train_x` the features of all of it, or
     only of the rows `train_index` (e.g. `needed_indices(...)`, to extract far fewer features).
@@ -127,7 +127,9 @@ def fewshot_eval(
             "shots": int(k),
             "accuracy_per_seed": accs,
             "mean": float(np.mean(accs)),
-            "std": float(np.std(accs)),
+            # the seeds are a sample of the draws one could make: the sample std (n - 1), as error bars over
+            # runs are usually given; the population std read 11 % low at 5 seeds
+            "std": float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0,
             "complete": bool(counts.min() >= k),
         })
     bar.close()

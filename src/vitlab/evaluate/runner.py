@@ -283,7 +283,7 @@ def evaluate_model(
                         "n": len(test_y)}
                 # the images really used: a class smaller than the shots gives all it has ("incomplete")
                 complete = r.get("complete", True)
-                note = f"mean of {res['seeds']} seeds, std {100 * r['std']:.2f} pp, lambda {res['l2_reg']:g}"
+                note = f"mean of {res['seeds']} seeds, sample std {100 * r['std']:.2f} pp, lambda {res['l2_reg']:g}"
                 if not complete:
                     note = (f"incomplete: the smallest class has {int(counts.min())} training images, fewer than "
                             f"{r['shots']}; {note}")
