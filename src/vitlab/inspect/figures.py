@@ -24,22 +24,48 @@ def _save(fig: plt.Figure, path: str | Path) -> Path:
     return path
 
 
+MAX_FILTER_CHANNELS = 8  # channels drawn side by side for a kernel that is neither grey nor RGB
+
+
+def channel_strip(tile: np.ndarray, channels: int = MAX_FILTER_CHANNELS) -> np.ndarray:
+    """(P, P, C) display tile -> (P, C' * (P + 1) - 1) grey strip, the first C' <= `channels` channels side by
+    side with a NaN gap: a kernel of 2, 4 or more channels has no RGB picture (matplotlib refuses 2 channels and
+    reads a 4th as transparency), so each channel is shown on its own."""
+    p, q, c = tile.shape
+    c = min(c, channels)
+    strip = np.full((p, c * (q + 1) - 1), np.nan)
+    for j in range(c):
+        strip[:, j * (q + 1): j * (q + 1) + q] = tile[..., j]
+    return strip
+
+
 def plot_filters(pca: FilterPCA, path: str | Path, title: str | None = None, cols: int = 7) -> Path:
-    """Top principal components as P x P x C tiles (grey for one channel), 7 per row as in Fig. 7."""
+    """Top principal components as P x P x C tiles, 7 per row as in Fig. 7: RGB for 3 channels, grey for one,
+    the channels side by side in grey otherwise; above each tile its share of the filters' variance."""
     k = len(pca.components)
+    c = pca.components.shape[1]
+    strip = c not in (1, 3)
+    shown = min(c, MAX_FILTER_CHANNELS)
+    cols = max(1, min(cols, 14 // shown)) if strip else cols  # wide strips: fewer per row
     rows = int(np.ceil(k / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(1.1 * cols, 1.1 * rows + 0.5), squeeze=False)
+    cell_w = 1.1 * shown if strip else 1.1
+    fig, axes = plt.subplots(rows, cols, figsize=(max(cell_w * cols, 4.0), 1.1 * rows + 0.6), squeeze=False)
+    grey = plt.get_cmap("gray").with_extremes(bad="white")
     for i, ax in enumerate(axes.flat):
         ax.set_axis_off()
         if i >= k:
             continue
         tile = tile_for_display(pca.components[i])
-        if tile.shape[-1] == 1:
+        if strip:
+            ax.imshow(np.ma.masked_invalid(channel_strip(tile)), cmap=grey, vmin=0, vmax=1, interpolation="nearest")
+        elif c == 1:
             ax.imshow(tile[..., 0], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         else:
-            ax.imshow(np.clip(tile[..., :3], 0, 1), interpolation="nearest")
+            ax.imshow(np.clip(tile, 0, 1), interpolation="nearest")
         ax.set_title(f"{100 * pca.explained_variance_ratio[i]:.1f}%", fontsize=8, pad=1)
-    fig.suptitle(title or f"Embedding filters (first {k} principal components)", fontsize=9)
+    what = (f"channels 1-{shown}{f' of {c}' if shown < c else ''} side by side, grey" if strip else "")
+    fig.suptitle((title or f"Embedding filters (first {k} principal components)")
+                 + f"\n% above each: share of the filters' variance{f'; {what}' if what else ''}", fontsize=9)
     return _save(fig, path)
 
 
@@ -120,8 +146,10 @@ def upsample_map(token_map: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 def _show_image(ax: plt.Axes, image: np.ndarray) -> None:
-    if image.ndim == 3 and image.shape[-1] == 1:
-        ax.imshow(image[..., 0], cmap="gray", vmin=0, vmax=1)
+    """RGB as it is, one channel in grey; any other channel count (2, 4, ...) as the grey mean of its channels:
+    matplotlib refuses 2 channels and would read a 4th as transparency."""
+    if image.ndim == 3 and image.shape[-1] != 3:
+        ax.imshow(image.mean(-1), cmap="gray", vmin=0, vmax=1)
     else:
         ax.imshow(np.clip(image, 0, 1))
     ax.set_axis_off()

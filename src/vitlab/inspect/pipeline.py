@@ -206,8 +206,10 @@ def inspect_model(
         sections.append(Section(
             "Embedding filters (paper Fig. 7 left)",
             f"PCA of the {w.shape[0]} patch-embedding filters of size {w.shape[1]}x{w.shape[2]}x{w.shape[3]} "
-            f"(C x P x P); the top {k} components, each scaled symmetrically around grey. The first 5 explain "
-            f"{100 * evr[:5].sum():.1f}% of the variance.",
+            f"(C x P x P); the top {k} components, each scaled symmetrically around grey, the percentage above each "
+            f"its share of the filters' variance. The first 5 explain {100 * evr[:5].sum():.1f}% of the variance."
+            + ("" if w.shape[1] in (1, 3) else f" The kernel has {w.shape[1]} channels, not RGB: each component "
+               f"shows its channels side by side in grey (at most {figures.MAX_FILTER_CHANNELS})."),
             res.figures["filters"],
         ))
 
@@ -302,8 +304,12 @@ def inspect_model(
                 f"Abnar & Zuidema (2020): heads fused by {head_fusion}"
                 f"{f' with the lowest {discard_ratio:g} of entries discarded' if discard_ratio else ''}, the identity "
                 f"added for the residual connection and every row renormalised to sum to one, then the product over "
-                f"layers R = A_L ... A_1. The map is {source} on the {grid[0]}x{grid[1]} patch grid, divided by its "
-                f"maximum and overlaid on the input.",
+                f"layers R = A_L ... A_1. The map is {source} on the {grid[0]}x{grid[1]} patch grid (stored divided by "
+                f"its maximum), upsampled, stretched from its own minimum (blue) to its maximum (red) and overlaid on "
+                f"the input, as in the paper's figures: the colours say where attention is highest within an image, "
+                f"not how peaked it is (here each map's minimum is {_min_text(res.rollout_maps)} of its maximum)."
+                + (f" The input has {cfg.in_chans} channels, shown as their grey mean." if cfg.in_chans not in (1, 3)
+                   else ""),
                 res.figures.get("rollout"),
             ))
         res.figures["attention"] = figures.plot_attention_maps(
@@ -343,7 +349,7 @@ def inspect_model(
         *res.notes,
     ]
     sections.append(Section("Settings", "What produced this report: the images' source and the analyses' options.",
-                            table=[["setting", "value"], *[[k, _setting_text(v)] for k, v in res.settings.items()]]))
+                            table=[["setting", "value"], *_settings_rows(res, cfg)]))
     if res.skipped:
         sections.append(Section("Skipped analyses", "What this report leaves out, and why.",
                                 table=[["analysis", "why skipped"], *[list(s) for s in res.skipped]]))
@@ -351,6 +357,43 @@ def inspect_model(
     bar.update()
     bar.close()
     return res
+
+
+# The report's names for the analysis options; inspect.json keeps the short keys. A bare "components 28" said
+# neither what was counted nor that a small kernel (a grey 4x4 patch: 16 values) has fewer.
+SETTING_LABELS = {
+    "components": "embedding-filter principal components (--components)",
+    "cls": "attention distance: class token (--cls)",
+    "head_fusion": "rollout: head fusion (--head-fusion)",
+    "discard_ratio": "rollout: discard ratio (--discard-ratio)",
+    "rollout_images": "images with rollout overlays (--rollout-images)",
+}
+
+
+def _components_text(res: InspectResult, cfg) -> str:
+    """How many principal components were asked for and shown, and why fewer when fewer."""
+    asked = res.settings.get("components")
+    if res.filter_pca is None:
+        return f"{asked} asked, none shown: a hybrid has no pixel filters"
+    k = len(res.filter_pca.components)
+    if k >= asked:
+        return f"{asked}: the top {k} principal components of the patch-embedding filters"
+    c, ph, pw = res.filter_pca.components.shape[1:]
+    d = cfg.dim
+    why = (f"a {c}x{ph}x{pw} filter has only {c * ph * pw} values" if c * ph * pw <= d
+           else f"there are only {d} filters")
+    return f"{asked} asked, {k} shown: {why}"
+
+
+def _settings_rows(res: InspectResult, cfg) -> list[list[str]]:
+    """The Settings table: readable names for the analysis options, the rest as recorded."""
+    rows = []
+    for key, value in res.settings.items():
+        text = _components_text(res, cfg) if key == "components" else _setting_text(value)
+        if key == "cls" and not cfg.num_prefix_tokens:  # a GAP/MAP model: the option changes nothing
+            text += " (no effect: the model has no class token)"
+        rows.append([SETTING_LABELS.get(key, key), text])
+    return rows
 
 
 def _setting_text(value) -> str:
@@ -362,6 +405,13 @@ def _setting_text(value) -> str:
     if isinstance(value, (list, tuple)):
         return ", ".join(map(str, value))
     return str(value)
+
+
+def _min_text(maps: np.ndarray) -> str:
+    """The range of the rollout maps' minima (each map divided by its maximum), e.g. '0.39-0.68'."""
+    lows = maps.reshape(len(maps), -1).min(1)
+    lo, hi = float(lows.min()), float(lows.max())
+    return f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}-{hi:.2f}"
 
 
 def _hybrid_filters_reason(cfg) -> str:
