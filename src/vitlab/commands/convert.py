@@ -92,7 +92,8 @@ def refuse_overwriting_source(src: str, out: Path) -> None:
 # What each format writes into its folder; --force replaces these (and nothing else) in an existing folder.
 _FOLDER_FILES = {"native": ("config.json", "model.safetensors"),
                  "hf": ("config.json", "model.safetensors", "preprocessor_config.json", "README.md")}
-# Files of an earlier HF export that the reader would take instead of the new model.safetensors (an index wins).
+# Shard indexes of an earlier HF export: the new model.safetensors is read first (as transformers does), but a
+# stale index beside it would still describe other weights, so --force removes it.
 _STALE_HF = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -148,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
     refuse_overwriting_source(args.src, out_path)
     refuse_existing_destination(Path(args.dst), out_path, args.to, args.force)
     overrides, image_size = load_overrides(args)
+    # keep_dtype: the weights are written in the source's dtype (float16 stays float16, float64 is not rounded)
     model, meta = load_with_meta(args.src, num_classes=args.num_classes, image_size=image_size,
-                                 keep_representation=args.keep_representation, **overrides)
+                                 keep_representation=args.keep_representation, keep_dtype=True, **overrides)
     names = meta.get("class_names")
     if args.class_names:
         path = Path(args.class_names)
@@ -175,14 +177,15 @@ def run(args: argparse.Namespace) -> int:
             f"{'hybrid ' if c.resnet is not None else ''}ViT dim {c.dim}, depth {c.depth}, heads {c.heads}, "
             f"patch {c.patch_size}, {c.classifier}")
         print(f"wrote {out} ({args.to}; from {meta['format']}: {shape}, image {c.image_size[0]}x{c.image_size[1]}, "
-              f"{c.num_classes} classes, {count_parameters(model):,} parameters)")
+              f"{c.num_classes} classes, {count_parameters(model):,} parameters, {meta['dtype']})")
         if args.to == "timm":
             print(timm_note(model.config, out))
         if args.to == "hf" and c.arch == "vit":
-            from vitlab.weights.hf import channels_note
+            from vitlab.weights.hf import export_notes, hf_default_preprocess
 
-            note = channels_note(c)
-            if note:
+            pre = meta.get("preprocess")
+            pre = pre.to_dict() if hasattr(pre, "to_dict") else (pre or hf_default_preprocess(c))
+            for note in export_notes(c, pre):
                 print(f"note: {note} (also in {Path(out) / 'README.md'})")
     return 0
 

@@ -370,7 +370,10 @@ def drop_fixed_position_table(model: nn.Module, sd: dict[str, torch.Tensor], sou
     import torch
 
     stored, fixed = sd["pos_embed"], model.pos_embed
-    if stored.shape != fixed.shape or not torch.allclose(stored.float(), fixed, rtol=0, atol=1e-6):
+    # compared at the stored precision: a float16 export holds the table rounded to float16 (5e-4 apart from the
+    # float32 one), and a float64 model's table is float64
+    if stored.shape != fixed.shape or not torch.allclose(stored.double(), fixed.to(stored.dtype).double(),
+                                                         rtol=0, atol=1e-6):
         raise VitlabError(f"{source}: its record says fixed sin-cos position embeddings, but the stored table is not "
                           "that table (trained elsewhere?); load it as a learned table with posemb=learn "
                           "(--model-args posemb=learn)")
@@ -382,10 +385,19 @@ def load_with_meta(
     num_classes: int | None = None,
     image_size: int | tuple[int, int] | None = None,
     keep_representation: bool = False,
+    *,
+    keep_dtype: bool = False,
     **overrides: Any,
 ) -> tuple[nn.Module, dict]:
     """Like `load`, also returning meta: `class_names` (list or None), `preprocess` (a `Preprocess`),
-    `format` ('native', 'hf', 'official', 'timm', 'torchvision', 'big_vision') and `source`."""
+    `format` ('native', 'hf', 'official', 'timm', 'torchvision', 'big_vision'), `source` and `dtype` (the file's
+    float dtype, e.g. 'float16'; the widest one where it mixes several).
+
+    `keep_dtype=True` (what `vitlab convert` uses) returns the model in the file's dtype, loaded without rounding
+    (a float64 file is loaded into float64), so that saving it writes the same values in the same dtype; by
+    default the model computes in float32, as every command runs it."""
+    import torch
+
     from vitlab.models.config import size_to_run_at
 
     # timm's img_size is the size to run at (`image_size` here), not the file's own size (an `image_size` override)
@@ -398,11 +410,19 @@ def load_with_meta(
     from vitlab.models.registry import build_model
 
     model = build_model(config)
+    dtype = file_dtype(sd)
+    if keep_dtype and dtype == torch.float64:
+        model = model.double()  # float32 parameters would round the file's values as they load
     sd = drop_fixed_position_table(model, sd, str(meta["source"]))
     load_state_dict_strict(model, sd, str(meta["source"]))
     old_head = getattr(model, "head", None)
     model = adapt(model, num_classes, image_size, keep_representation)
+    if keep_dtype:
+        # float16/bfloat16 values widened to float32 on load narrow back exactly; a new head or a resampled
+        # table is made in float32 and then stored in the file's dtype like the rest
+        model = model.to(dtype)
     meta = dict(meta)
+    meta["dtype"] = str(dtype).replace("torch.", "")
     if getattr(model, "head", None) is not old_head:  # a new (zero) head: the old class names no longer apply
         meta["class_names"] = None
         meta["zero_head"] = False
@@ -417,6 +437,20 @@ def load_with_meta(
     meta["preprocess"] = _preprocess_object(pre)
     meta["config"] = model.config
     return model, meta
+
+
+def file_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype that holds every float tensor of `sd` exactly: their common dtype, or the promotion of several
+    (float16 with bfloat16 is float32); float32 when there is none."""
+    import torch
+
+    found = {v.dtype for v in sd.values() if v.is_floating_point()}
+    if not found:
+        return torch.float32
+    dtype = found.pop()
+    for other in found:
+        dtype = torch.promote_types(dtype, other)
+    return dtype
 
 
 def load(

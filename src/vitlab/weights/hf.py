@@ -92,14 +92,17 @@ def _shard_names(index: Path) -> tuple[list[str], set[str]]:
 
 
 def _weights_files(folder: Path) -> tuple[list[Path], set[str]]:
-    """(weight files, tensor names the index promises; empty for a single file)."""
-    for index in _INDEXES:
-        if (folder / index).is_file():
-            names, tensors = _shard_names(folder / index)
+    """(weight files, tensor names the index promises; empty for a single file), chosen in the order of
+    transformers' `from_pretrained` (model.safetensors, its shard index, pytorch_model.bin, its shard index): a Hub
+    folder holding two of them (old .bin shards beside a later model.safetensors) loads the weights transformers
+    loads."""
+    for name in ("model.safetensors", _INDEXES[0], "pytorch_model.bin", _INDEXES[1]):
+        if not (folder / name).is_file():
+            continue
+        if name in _INDEXES:
+            names, tensors = _shard_names(folder / name)
             return [folder / n for n in names], tensors
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).is_file():
-            return [folder / name], set()
+        return [folder / name], set()
     raise VitlabError(f"{folder} has a Hugging Face config.json but no model.safetensors or pytorch_model.bin")
 
 
@@ -505,10 +508,28 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     # ViTImageProcessor has no centre crop: a stored resize+crop becomes a plain resize to the crop size.
     proc["size"] = {"height": int(h), "width": int(w)}
     (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
-    note = channels_note(model.config)
-    if note:
-        (folder / "README.md").write_text(f"# {model.config.name} (exported by vitlab)\n\n{note}\n")
+    notes = export_notes(model.config, pre)
+    if notes:
+        (folder / "README.md").write_text(f"# {model.config.name} (exported by vitlab)\n\n" + "\n\n".join(notes) + "\n")
     return folder
+
+
+def crop_note(pre: dict) -> str | None:
+    """What the export changes in a preprocessing with a resize before a centre crop: ViTImageProcessor has no
+    crop, so it is written as a plain resize to the crop size (said, not silently dropped)."""
+    resize, crop = pre.get("resize"), float(pre.get("crop_fraction", 1.0) or 1.0)
+    if not resize and crop >= 1.0:
+        return None
+    h, w = pre.get("image_size", ("?", "?"))
+    before = f"the shorter side to {resize}" if resize else f"by the crop fraction {crop}"
+    return (f"The preprocessing resizes {before}, then crops the centre {h}x{w}; ViTImageProcessor has no centre "
+            f"crop, so preprocessor_config.json resizes the whole image to {h}x{w} (vitlab reads it back so too). "
+            "For the original evaluation, resize and crop the images before calling the processor.")
+
+
+def export_notes(config: Any, pre: dict) -> list[str]:
+    """What a user of a ViT export must know (README.md, printed by `vitlab convert`)."""
+    return [n for n in (channels_note(config), crop_note(pre)) if n]
 
 
 def _per_channel(values: Any, channels: int, what: str) -> list[float]:

@@ -167,12 +167,24 @@ def _check_torch_zip(path: Path) -> None:
                           "(torch writes its files uncompressed: a zip bomb or a damaged file); re-save the weights")
 
 
+_WRAPPERS = ("model", "state_dict", "model_state", "module")
+_EMA_WRAPPERS = ("state_dict_ema", "model_ema", "ema", "ema_state_dict")
+
+
+def _holds_tensors(obj: object) -> bool:
+    return isinstance(obj, dict) and any(isinstance(v, torch.Tensor) for v in obj.values())
+
+
 def unwrap_state_dict(obj: object, source: str = "checkpoint") -> dict[str, torch.Tensor]:
-    """Find the state dict inside a loaded checkpoint object."""
-    for key in ("model", "state_dict", "model_state", "module"):
-        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
-            obj = obj[key]
-            break
+    """Find the state dict inside a loaded checkpoint object: the first wrapper that holds tensors (a "model"
+    entry holding only the architecture's settings is skipped), else an EMA copy when that is all there is
+    (timm's train.py `state_dict_ema`, DeiT's `model_ema`); next to the raw weights the raw ones load, as timm's
+    `load_checkpoint` does by default."""
+    if isinstance(obj, dict):
+        for key in (*_WRAPPERS, *_EMA_WRAPPERS):
+            if _holds_tensors(obj.get(key)):
+                obj = obj[key]
+                break
     if not isinstance(obj, dict) or not obj:
         raise VitlabError(f"{source} holds no state dict (expected a dict of tensors)")
     out = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}

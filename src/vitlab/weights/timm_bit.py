@@ -107,7 +107,7 @@ def read_timm_bit(sd: dict[str, torch.Tensor], **overrides: Any) -> tuple[ViTCon
                 (("missing keys", missing), ("unexpected keys", extra), ("shape mismatch", bad)) if items]
     if problems:
         raise VitlabError("timm BiT state dict does not fit a pre-activation BiT ResNet: " + "; ".join(problems))
-    sd = {k: v.float() for k, v in sd.items()}
+    # kept in the file's dtype: the load casts to the model's, and `vitlab convert` keeps a float64 file exact
     return config, sd, {"format": "timm", "class_names": None, "preprocess": timm_bit_preprocess(config)}
 
 
