@@ -288,7 +288,7 @@ def _read_format(p: Path, fmt: str, size_hint: Any, overrides: dict) -> tuple[An
     elif fmt == "official":
         from vitlab.weights import official
 
-        config, sd, meta = official.read_official(p, **overrides)
+        config, sd, meta = official.read_official(p, size_hint, **overrides)
     elif fmt == "big_transfer":
         from vitlab.weights import big_transfer
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from vitlab.errors import VitlabError
+from vitlab.limits import check_size_pair
 from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.resnet import resnet_channels, resnet_reduction
 from vitlab.weights.io import NpzArchive
@@ -194,7 +195,7 @@ def _resnet_config(a: Arrays) -> ResNetConfig | None:
                         stem="bit" if kh == 7 else "small")
 
 
-def _infer(a: dict[str, Any], overrides: dict[str, Any]) -> ViTConfig:
+def _infer(a: dict[str, Any], overrides: dict[str, Any], size_hint: Any = None) -> ViTConfig:
     """The config the normalised arrays `a` describe (shapes only), with `overrides` applied."""
     kh, kw, cin, dim = _shape(a, "embedding/kernel", 4)
     if kh != kw:
@@ -219,22 +220,59 @@ def _infer(a: dict[str, Any], overrides: dict[str, Any]) -> ViTConfig:
         posemb="learn" if key else "sincos2d",
     )
     if key:
-        n_patch = _shape(a, key, 3)[1]
-        if token and int(round((n_patch - 1) ** 0.5)) ** 2 == n_patch - 1:
-            n_patch -= 1  # a class slot is stored
-        side = int(round(n_patch**0.5))
-        if side * side != n_patch:
-            raise VitlabError(f"position embedding with {n_patch} patch slots is not a square grid")
-        config["image_size"] = side * kh * (resnet_reduction(resnet) if resnet else 1)
+        stride = kh * (resnet_reduction(resnet) if resnet else 1)
+        config["image_size"] = _file_image_size(_shape(a, key, 3)[1], _class_slots(key, token), stride,
+                                                overrides.get("image_size"), size_hint)
     else:
         config["image_size"] = 224  # big_vision's default; pass image_size= for another grid
     config.update(overrides)
     return ViTConfig(**config)  # validated: typed and bounded (limits.py)
 
 
-def infer_config(arrays: Arrays, **overrides) -> ViTConfig:
-    """Read the model config off the checkpoint's shapes (no array is read)."""
-    return _infer(normalize(arrays), overrides)
+def _class_slots(key: str, token: bool) -> tuple[int, ...]:
+    """How many class slots the stored table may hold, the likelier first. The official ViT code adds its
+    `Transformer/posembed_input` table after the class token is prepended (models_vit.py), so a token model's table
+    always has one and a gap model's none: guessing from whether a count is square misread a token model with a
+    2x4 grid (9 slots) as a 3x3 grid without one. big_vision's top-level table belongs to the patches (none), but a
+    table with a class slot there was accepted before and still is."""
+    if not token:
+        return (0,)
+    return (1,) if key == "Transformer/posembed_input/pos_embedding" else (1, 0)
+
+
+def _file_image_size(n: int, slots: tuple[int, ...], stride: int, image_size: Any, size_hint: Any) -> Any:
+    """The image size the stored position table of `n` rows was made for.
+
+    The official code supports any (also non-square) image size and keeps no record of it, and its fine-tuning
+    loader uses a table as it is whenever the new model's table has the same shape (`checkpoint.load_pretrained`
+    resamples only on a shape change, and then only square grids). So: an `image_size` override must fit the table;
+    the size the caller will run at (`size_hint`, `load(..., image_size=)`) is taken as the file's own when its grid
+    has exactly the table's patch slots (a 3x12 grid's 36 slots are read as 3x12, as the official code does, not
+    resampled from 6x6); else the grid must be square, and other sizes are resampled later."""
+    for size, must_fit in ((image_size, True), (size_hint, False)):
+        if size is None:
+            continue
+        h, w = check_size_pair("image_size", size)  # typed and bounded, one line when not
+        grid = (h // stride) * (w // stride) if h % stride == 0 and w % stride == 0 else None
+        if grid is not None and any(n - s == grid for s in slots):
+            return size
+        if must_fit:
+            raise VitlabError(f"image_size {size} does not fit the checkpoint's position embedding ({n - slots[0]} "
+                              f"patch slots, total stride {stride}); pass the size the file was made for")
+    for s in slots:
+        side = int(round(max(n - s, 0) ** 0.5))
+        if side > 0 and side * side == n - s:
+            return side * stride
+    if n - slots[0] <= 0:
+        raise VitlabError(f"position embedding with {n} rows has no patch slots; the file is damaged")
+    raise VitlabError(f"position embedding with {n - slots[0]} patch slots is not a square grid: the checkpoint was "
+                      f"made for a non-square image; pass that size as image_size=(H, W) with (H/{stride})*(W/{stride})"
+                      f" = {n - slots[0]}")
+
+
+def infer_config(arrays: Arrays, size_hint: Any = None, **overrides) -> ViTConfig:
+    """Read the model config off the checkpoint's shapes (no array is read); `size_hint`: see `_file_image_size`."""
+    return _infer(normalize(arrays), overrides, size_hint)
 
 
 # ------------------------------------------------------------------------------ expected shapes
@@ -434,11 +472,11 @@ def to_state_dict(arrays: Arrays, config: ViTConfig) -> dict[str, torch.Tensor]:
     return _state_dict(normalize(arrays), config)
 
 
-def _read_official_arrays(a: dict[str, Any], overrides: dict[str, Any], raw: Arrays | None = None
-                          ) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+def _read_official_arrays(a: dict[str, Any], overrides: dict[str, Any], raw: Arrays | None = None,
+                          size_hint: Any = None) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
     """Config from the shapes, checked against every needed array's header (and, given the file's `raw` arrays,
     refused when it holds arrays the model does not use), then only those arrays read."""
-    config = _infer(a, overrides)
+    config = _infer(a, overrides, size_hint)
     want = expected_shapes(config, a)
     check_arrays(a, want)
     extra = unexpected_arrays(raw, want) if raw is not None else []
@@ -451,8 +489,9 @@ def _read_official_arrays(a: dict[str, Any], overrides: dict[str, Any], raw: Arr
     return config, _state_dict(a, config)
 
 
-def read_official(path: str | Path, **overrides) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    """(config, state dict, meta) of an official ViT / hybrid / big_vision `.npz`.
+def read_official(path: str | Path, size_hint: Any = None, **overrides) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
+    """(config, state dict, meta) of an official ViT / hybrid / big_vision `.npz`; `size_hint`: the image size the
+    caller will run at, the file's own where its grid has the table's slots (`_file_image_size`).
 
     Bounded before allocating: the config is typed and within the documented limits, every array
     it needs is checked (shape, dtype, declared size) before it is decompressed, and arrays the
@@ -466,7 +505,7 @@ def read_official(path: str | Path, **overrides) -> tuple[ViTConfig, dict[str, t
             if not is_official_npz(archive):
                 raise VitlabError(f"{path} is an .npz but not an official ViT checkpoint (no 'embedding/kernel')")
             a = normalize(archive)
-            config, sd = _read_official_arrays(a, overrides, archive)
+            config, sd = _read_official_arrays(a, overrides, archive, size_hint)
         except KeyError as exc:
             raise VitlabError(f"{path} lacks the array {exc.args[0]!r} an official ViT checkpoint has; "
                               "is it complete?") from exc
