@@ -145,7 +145,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
 
 
-def load_splits(args: argparse.Namespace, run_config: dict | None = None):
+def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_side: int | None = None):
     from vitlab.data import load_data
     from vitlab.evaluate.loading import run_data_kwargs
 
@@ -172,6 +172,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None):
         seed=pick("seed", args.seed, 0),
         progress=not getattr(args, "quiet", False),
         eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
+        model_side=model_side,  # file images stored at least as large as the model reads them (up to their own size)
     )
 
 
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if weights_path(args.model) is not None:
         overrides, image_size = load_overrides(args)
         loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
-        data = load_splits(args, loaded.run_config)
+        data = load_splits(args, loaded.run_config, loaded.preprocess.model_side if loaded.preprocess else None)
     else:  # a model name: build it for the data's classes, channels and (by default) image size
         if args.zero_shot_map:  # it used to be ignored without a word
             raise VitlabError(f"{args.model} is built untrained from its name: it has no pretrained head for "
@@ -247,6 +248,8 @@ def run(args: argparse.Namespace) -> int:
         out = Path("-".join(filter(None, ("eval", model_folder_name(args.model), args.split, int8))))
     res.info["model_description"] = loaded.description
     res.info["data"] = data.summary()
+    # the square file images are stored at (they are resized from it to the model's input)
+    res.info["data_image_size"] = list(data.splits()[args.split].image_size) if args.split in data.splits() else None
     res.info["runtime"] = runtime.to_dict()
     # what computed the logits: an int8 graph's report must not read as the fp32 model's
     res.info["engine"] = ({"name": engine.name, "note": getattr(engine, "note", None)} if engine is not None

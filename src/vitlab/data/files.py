@@ -55,20 +55,25 @@ def scan_headers(paths: Sequence[str], progress: bool = True) -> tuple[list[tupl
     return infos, skipped
 
 
-def storage_format(peek: Sequence[tuple[int, int, str]], requested: int | None = None) -> tuple[int, int]:
+def storage_format(peek: Sequence[tuple[int, int, str]], requested: int | None = None,
+                   model_side: int | None = None) -> tuple[int, int]:
     """(channels, storage size) from (width, height, PIL mode) of sample images: 1 channel only if all are grey."""
     channels = 1 if peek and all(m in GREY_MODES for _, _, m in peek) else 3
-    return channels, choose_storage_size([(w, h) for w, h, _ in peek], requested)
+    return channels, choose_storage_size([(w, h) for w, h, _ in peek], requested, model_side)
 
 
-def choose_storage_size(sizes: Sequence[tuple[int, int]], requested: int | None = None) -> int:
-    """The square size images are stored at: `requested`, else the median shorter side capped at 256."""
+def choose_storage_size(sizes: Sequence[tuple[int, int]], requested: int | None = None,
+                        model_side: int | None = None) -> int:
+    """The square size images are stored at: `requested`, else the median shorter side capped at 256, or at
+    `model_side` where the model that reads them takes more (its resize before the crop, else its input side):
+    a 384-px model read photos stored at 256 and enlarged, blurred by the storage alone."""
     if requested:
         return int(requested)
     if not sizes:
         return 32
+    cap = max(MAX_STORAGE_SIZE, int(model_side or 0))
     shorter = np.array([min(w, h) for w, h in sizes])
-    return int(max(1, min(MAX_STORAGE_SIZE, int(np.median(shorter)))))
+    return int(max(1, min(cap, int(np.median(shorter)))))
 
 
 class _FolderWalk:
@@ -232,7 +237,8 @@ def _split_folders(root: Path) -> dict[str, Path]:
 
 def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], skipped: list, name: str,
            storage_size: int | None, progress: bool, source: str,
-           class_paths: dict[str, str] | None = None, notes: list[str] | None = None) -> DataSplits:
+           class_paths: dict[str, str] | None = None, notes: list[str] | None = None,
+           model_side: int | None = None) -> DataSplits:
     """entries: split -> [(path, class name)]; header-check all, drop unusable, make FileImageDatasets."""
     notes = list(notes or [])
     entries = _dedupe_files(entries, skipped)
@@ -257,7 +263,7 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
         notes.append(_untrained_note(untrained, source))
     index = {c: i for i, c in enumerate(classes)}
     good = [info_of[p] for items in usable.values() for p, _ in items]
-    channels, size = storage_format(good, storage_size)
+    channels, size = storage_format(good, storage_size, model_side)
     parts = {}
     for split in ("train", "val", "test"):
         items = usable.get(split)
@@ -317,7 +323,8 @@ def _unread_notes(root: Path, splits: dict[str, Path]) -> list[str]:
     return notes
 
 
-def load_folder(root: str | os.PathLike, storage_size: int | None = None, progress: bool = True) -> DataSplits:
+def load_folder(root: str | os.PathLike, storage_size: int | None = None, progress: bool = True,
+                model_side: int | None = None) -> DataSplits:
     """ROOT/CLASS/*.jpg, or ROOT/{train,val,test}/CLASS/*.jpg (val/test optional); class names that are all integers
     are ordered as numbers (`labels.class_order`)."""
     root = Path(root).expanduser()
@@ -351,7 +358,7 @@ def load_folder(root: str | os.PathLike, storage_size: int | None = None, progre
                 class_paths[cdir.name] = str(cdir) if len(roots) == 1 else str(root / "*" / cdir.name)
     skipped.extend(walk.skipped)
     return _build(entries, class_order(class_names), skipped, root.name or str(root), storage_size, progress,
-                  str(root), class_paths, _unread_notes(root, splits))
+                  str(root), class_paths, _unread_notes(root, splits), model_side)
 
 
 def _check_csv_size(path: Path) -> None:
@@ -499,7 +506,8 @@ def _label_names(entries: dict[str, list[tuple[str, str]]], where: Path, notes: 
     return entries, class_order(spellings)
 
 
-def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress: bool = True) -> DataSplits:
+def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress: bool = True,
+             model_side: int | None = None) -> DataSplits:
     """A CSV of `path,label` rows (optional third column `split` = train/val/test), or a header naming the columns.
 
     `.tsv` files are tab-separated. Relative paths are relative to the CSV's folder. Rows pointing to missing files
@@ -542,4 +550,5 @@ def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress:
     if count == 0:
         raise VitlabError(f"{path} has no rows; expected lines of path,label")
     entries, class_names = _label_names(entries, path, notes)
-    return _build(entries, class_names, skipped, path.stem, storage_size, progress, str(path), notes=notes)
+    return _build(entries, class_names, skipped, path.stem, storage_size, progress, str(path), notes=notes,
+                  model_side=model_side)

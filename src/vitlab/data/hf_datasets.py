@@ -259,7 +259,8 @@ def _scan_headers(table, image_col: str, label: str, progress: bool):
     return shorter, colour, skipped
 
 
-def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
+def load_hf(spec: str, storage_size: int | None = None, progress: bool = True,
+            model_side: int | None = None) -> DataSplits:
     """Open a Hugging Face dataset as DataSplits of HFImageDataset (decoded later, in memory or streamed)."""
     from vitlab.data.files import choose_storage_size
 
@@ -306,7 +307,7 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True) -
     # the folders' rule (files.storage_format) over every usable image of every split
     sides = [(int(v), int(v)) for ss in shorter.values() for v in ss if v > 0]
     channels = 3 if colour or not sides else 1
-    size = choose_storage_size(sides, storage_size)
+    size = choose_storage_size(sides, storage_size, model_side)
     out = {}
     for split, table in tables.items():
         rows, ys = [], []

@@ -44,6 +44,11 @@ def _split_source(source: str) -> tuple[str | None, str | None]:
     return None, source
 
 
+def is_builtin_source(source: str) -> bool:
+    """Whether `source` names a built-in data set (Fashion-MNIST, CIFAR, ...: fixed image sizes), not files."""
+    return _split_source(str(source))[0] is not None
+
+
 def absolute_source(source: str) -> str:
     """`source` with its local path made absolute (`photos` -> `/home/me/photos`, `hf:data` -> `hf:/home/me/data`,
     `shards/train-{0..9}.tar` -> `/home/me/shards/train-{0..9}.tar`), as a run records it: a relative path read
@@ -69,8 +74,10 @@ def absolute_source(source: str) -> str:
     return text
 
 
-def read_source(source: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
-    """Open a source as it is on disk (its own splits only, original classes, nothing decoded yet for files)."""
+def read_source(source: str, storage_size: int | None = None, progress: bool = True,
+                model_side: int | None = None) -> DataSplits:
+    """Open a source as it is on disk (its own splits only, original classes, nothing decoded yet for files);
+    `model_side`: see `load_data`."""
     source = str(source).strip()
     if not source:
         raise VitlabError("no data source given; use e.g. --data fashion-mnist, --data bundled or --data PATH")
@@ -97,11 +104,11 @@ def read_source(source: str, storage_size: int | None = None, progress: bool = T
     if is_hf_source(path):
         from vitlab.data.hf_datasets import load_hf
 
-        return load_hf(path, storage_size, progress)
+        return load_hf(path, storage_size, progress, model_side)
     if looks_like_shards(path):
         from vitlab.data.shards import load_shards
 
-        return load_shards(path, storage_size, progress)
+        return load_shards(path, storage_size, progress, model_side)
     p = Path(path).expanduser()
     from vitlab.data.files import load_csv, load_folder
 
@@ -119,9 +126,9 @@ def read_source(source: str, storage_size: int | None = None, progress: bool = T
             raise VitlabError(f"{p} holds CIFAR-10 binary files; use --data cifar10:{p}")
         if (p / "train.bin").is_file() or (p / "cifar-100-binary").is_dir():
             raise VitlabError(f"{p} holds CIFAR-100 binary files; use --data cifar100:{p}")
-        return load_folder(p, storage_size, progress)
+        return load_folder(p, storage_size, progress, model_side)
     if p.is_file() and p.suffix.lower() in (".csv", ".tsv", ".txt"):
-        return load_csv(p, storage_size, progress)
+        return load_csv(p, storage_size, progress, model_side)
     if p.exists():
         raise VitlabError(f"cannot use {p} as data: give a folder of class subfolders, a CSV of path,label, "
                           "tar shards or a Hugging Face dataset (hf:PATH)")
@@ -182,7 +189,7 @@ def _memory_budget() -> int:
 def load_data(source: str, *, classes=None, per_class: int | None = None, val_fraction: float = 0.1,
               test_fraction: float = 0.1, seed: int = 0, storage_size: int | None = None,
               in_memory: bool | None = None, progress: bool = True, report: bool | None = None,
-              eval_splits: Sequence[str] = ("val", "test")) -> DataSplits:
+              eval_splits: Sequence[str] = ("val", "test"), model_side: int | None = None) -> DataSplits:
     """Load a data source as seeded, stratified train / val / test splits.
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
@@ -194,7 +201,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       "A,B,C"; labels become positions in it.
     - `per_class`: keep N seeded training images per class (val and test stay whole), for few-shot and
       data-size studies.
-    - File sources are stored at `storage_size` (default: median shorter side, at most 256) and decoded
+    - File sources are stored at `storage_size` (default: median shorter side, at most 256, or at most
+      `model_side` where that is more: the side the model reads, `model_side_of(preprocess)`) and decoded
       into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk. When
       streaming, the `eval_splits` (default val and test; add "train" to score the train split) are
       decoded once here and their failures dropped, so an evaluation never substitutes an image; a
@@ -203,7 +211,7 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     - Unreadable files are skipped and listed in `.skipped`; `report` (default: `progress`) prints the
       one-line summary to stderr. `write_skipped(splits, run_dir)` writes the list into a run folder.
     """
-    raw = read_source(source, storage_size, progress)
+    raw = read_source(source, storage_size, progress, model_side)
     # Splits are carved and --per-class drawn over all the source's classes, before --classes selects some: an
     # image's split must not depend on which other classes were selected, or in which order (a model trained on
     # the whole folder and then evaluated on a class subset was tested on its own training images).

@@ -184,6 +184,12 @@ class Preprocess:
             return math.floor(max(self.image_size) / self.crop_fraction)
         return None
 
+    @property
+    def model_side(self) -> int:
+        """The side a stored (square) image needs so that this preprocessing only shrinks or keeps it: the
+        shorter side before the crop, else the input's longer side (`load_data(model_side=...)`)."""
+        return int(self.effective_resize or max(self.image_size))
+
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
         x = match_channels(images, self.channels).float()

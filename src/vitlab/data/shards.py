@@ -409,13 +409,13 @@ def _numeric_names_note(names: list[str], raw: list, where: str) -> str | None:
             "label given as a string (\"10\") is a name")
 
 
-def _storage(scans: list[ShardScan], requested: int | None) -> tuple[int, int]:
+def _storage(scans: list[ShardScan], requested: int | None, model_side: int | None = None) -> tuple[int, int]:
     """(channels, storage size) by the folders' rule (files.storage_format) over every sample's image header."""
     from vitlab.data.files import choose_storage_size
 
     sides = [(v, v) for scan in scans for v in scan.shorter]  # only the shorter side counts
     channels = 3 if any(scan.colour for scan in scans) or not sides else 1
-    return channels, choose_storage_size(sides, requested)
+    return channels, choose_storage_size(sides, requested, model_side)
 
 
 def _scan_all(shards: list[str], progress: bool) -> dict[str, ShardScan]:
@@ -431,7 +431,8 @@ def _scan_all(shards: list[str], progress: bool) -> dict[str, ShardScan]:
     return found
 
 
-def load_shards(source: str, storage_size: int | None = None, progress: bool = True) -> DataSplits:
+def load_shards(source: str, storage_size: int | None = None, progress: bool = True,
+                model_side: int | None = None) -> DataSplits:
     """Read a shard spec or folder: one pass over every shard's headers and every image's header; no pixel
     decoded."""
     groups, folder = resolve_shards(source)
@@ -442,7 +443,7 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
     given = read_class_file(folder)
     names, index, note = _class_names(raw, given, f"{label} (.cls labels)")
     notes = [n for n in (note, given and _numeric_names_note(names, raw, label)) if n]
-    channels, size = _storage(list(found.values()), storage_size)
+    channels, size = _storage(list(found.values()), storage_size, model_side)
     parts = {}
     for split, shards in groups.items():
         keep, ys = [], []

@@ -46,7 +46,25 @@ def load_splits(cfg: TrainConfig, progress: bool):
     from vitlab.data import load_data
 
     return load_data(cfg.data, classes=cfg.classes, per_class=cfg.per_class, val_fraction=cfg.val_fraction,
-                     seed=cfg.seed, progress=progress)
+                     seed=cfg.seed, progress=progress, model_side=training_side(cfg))
+
+
+def training_side(cfg: TrainConfig) -> int | None:
+    """The side the run's model reads (`load_data(model_side=...)`): --image-size, else a fine-tuning's checkpoint
+    size (a 384-px checkpoint fine-tuned on photos stored at 256 trained on enlarged, blurred images); None for a
+    from-scratch model sized to the data."""
+    if cfg.image_size:
+        return int(cfg.image_size)
+    from vitlab.data.load import is_builtin_source
+
+    if not cfg.weights or is_builtin_source(cfg.data):  # built-in sets have a fixed size
+        return None
+    from vitlab.weights import read_checkpoint
+
+    try:
+        return int(max(read_checkpoint(cfg.weights)[0].image_size))
+    except (VitlabError, OSError):  # the model load that follows says what is wrong, in its own words
+        return None
 
 
 SMALL_VIT = dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4)

@@ -1,0 +1,75 @@
+"""File images are stored as squares of at most 256 px, unless the model that reads them takes more: a 384-px
+model (a 384 checkpoint, --image-size 384) read photos stored at 256 and enlarged again, blurred by storage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitlab.data import Preprocess, load_data
+from vitlab.data.files import choose_storage_size
+from vitlab.train.config import TrainConfig
+from vitlab.train.setup import training_side
+
+
+def _photos(root, side=(400, 300), per_class=10):
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (side[1], side[0], 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def test_storage_cap_rises_to_the_model_side_but_never_above_the_images():
+    sizes = [(400, 300)] * 5
+    assert choose_storage_size(sizes) == 256  # the default cap
+    assert choose_storage_size(sizes, model_side=384) == 300  # no larger than the images themselves
+    assert choose_storage_size([(800, 600)] * 5, model_side=384) == 384
+    assert choose_storage_size(sizes, model_side=128) == 256  # a small model does not lower the cap
+    assert choose_storage_size(sizes, requested=64, model_side=384) == 64  # an explicit size wins
+
+
+def test_load_data_stores_photos_at_the_side_the_model_reads(tmp_path):
+    root = _photos(tmp_path / "photos", side=(600, 450))
+    assert load_data(str(root), progress=False).train.image_size == (256, 256)
+    data = load_data(str(root), progress=False, model_side=384)
+    assert data.train.image_size == (384, 384) and data.test.image_size == (384, 384)
+
+
+def test_model_side_of_a_preprocessing():
+    assert Preprocess(image_size=384).model_side == 384  # the official plain resize
+    assert Preprocess(image_size=224, resize=248).model_side == 248  # timm: shorter side 248, then the crop
+    assert Preprocess(image_size=224, crop_fraction=0.875).model_side == 256
+    assert Preprocess(image_size=(224, 448)).model_side == 448
+
+
+def test_training_reads_its_side_from_the_flags_or_the_checkpoint(tmp_path):
+    import vitlab
+
+    assert training_side(TrainConfig(data="bundled", image_size=None)) is None
+    assert training_side(TrainConfig(data=str(tmp_path), image_size=384)) == 384
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=16, image_size=320,
+                                num_classes=3)
+    vitlab.save(model, tmp_path / "ckpt")
+    assert training_side(TrainConfig(data=str(tmp_path / "photos"), weights=str(tmp_path / "ckpt"))) == 320
+    assert training_side(TrainConfig(data="bundled", weights=str(tmp_path / "ckpt"))) is None  # fixed-size data
+    assert training_side(TrainConfig(data=str(tmp_path), weights=str(tmp_path / "missing"))) is None
+
+
+@pytest.mark.parametrize("flag", [[], ["--image-size", "320"]])
+def test_evaluate_stores_at_the_models_side(tmp_path, flag, capsys):
+    import json
+
+    import vitlab
+    from vitlab.cli import main
+
+    root = _photos(tmp_path / "photos", side=(500, 400))
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=16, image_size=320,
+                                num_classes=2)
+    vitlab.save(model, tmp_path / "m", class_names=["a", "b"])
+    assert main(["evaluate", str(tmp_path / "m"), "--data", str(root), "--out", str(tmp_path / "ev"), "--quiet",
+                 *flag]) == 0
+    info = json.loads((tmp_path / "ev" / "metrics.json").read_text())["info"]
+    assert info["data_image_size"] == [320, 320]  # the photos (400 px shorter side) stored at 320, not 256
