@@ -73,3 +73,58 @@ def test_evaluate_stores_at_the_models_side(tmp_path, flag, capsys):
                  *flag]) == 0
     info = json.loads((tmp_path / "ev" / "metrics.json").read_text())["info"]
     assert info["data_image_size"] == [320, 320]  # the photos (400 px shorter side) stored at 320, not 256
+
+
+def _wide_photo(root):
+    """Two classes of 90x30 photos whose left and right thirds are bright, the middle dark: a centre square sees
+    only the dark part, the whole image squashed sees both."""
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(10):
+            arr = np.zeros((30, 90, 3), dtype=np.uint8)
+            arr[:, :30] = arr[:, 60:] = 200 + i
+            Image.fromarray(arr).save(root / c / f"{i}.png")
+    return root
+
+
+def test_squash_stores_the_whole_image_for_a_plain_resize_model(tmp_path):
+    root = _wide_photo(tmp_path / "wide")
+    cropped = load_data(str(root), progress=False).train
+    squashed = load_data(str(root), progress=False, squash=True).train
+    assert cropped.image_size == squashed.image_size == (30, 30)
+    assert cropped.images.float().mean() < 5  # the dark middle only
+    assert squashed.images.float().mean() > 100  # the bright sides too
+    streamed = load_data(str(root), progress=False, squash=True, in_memory=False)
+    assert streamed.train.subset([0, 1])[0][0].float().mean() > 100  # kept through copies, when streaming
+
+
+def test_evaluate_gives_a_plain_resize_model_the_photo_predict_gives_it(tmp_path, monkeypatch):
+    """An official-style model (plain resize) scored the centre square of a wide photo in `vitlab evaluate` and
+    the whole photo squashed in `vitlab predict`: the same file, another input, other answers."""
+    import vitlab
+    from vitlab.commands import evaluate as evaluate_command
+    from vitlab.data.images import open_image
+    from vitlab.weights import load_with_meta
+
+    root = _wide_photo(tmp_path / "wide")
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=15, image_size=30,
+                                num_classes=2)
+    vitlab.save(model, tmp_path / "m", class_names=["a", "b"])  # vitlab's default record: a plain resize
+    pre = load_with_meta(tmp_path / "m")[1]["preprocess"]
+    assert pre.squashes and pre.model_side == 30
+    seen = {}
+    real = evaluate_command.load_splits
+
+    def spy(*args, **kwargs):
+        seen["data"] = real(*args, **kwargs)
+        return seen["data"]
+
+    monkeypatch.setattr(evaluate_command, "load_splits", spy)
+    from vitlab.cli import main
+
+    assert main(["evaluate", str(tmp_path / "m"), "--data", str(root), "--out", str(tmp_path / "ev"), "--quiet",
+                 "--engine", "torch"]) == 0
+    test = seen["data"].test
+    evaluated = pre.batch(test.images[:1])[0]
+    predicted = pre(open_image(test.paths[0]))
+    assert (evaluated - predicted).abs().mean() < 0.05  # the same photo, squashed both ways

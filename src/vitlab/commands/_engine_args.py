@@ -79,7 +79,8 @@ def run_calibration(spec, preprocess):
     source = settings.pop("data", None)
     if not source:
         return None
-    data = load_data(str(source), progress=False, report=False, model_side=preprocess.model_side, **settings)
+    data = load_data(str(source), progress=False, report=False, model_side=preprocess.model_side,
+                     squash=preprocess.squashes, **settings)
     return calibration_from_dataset(data.train, preprocess)
 
 

@@ -145,7 +145,8 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
 
 
-def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_side: int | None = None):
+def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_side: int | None = None,
+                squash: bool = False):
     from vitlab.data import load_data
     from vitlab.evaluate.loading import run_data_kwargs
 
@@ -173,6 +174,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_
         progress=not getattr(args, "quiet", False),
         eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
         model_side=model_side,  # file images stored at least as large as the model reads them (up to their own size)
+        squash=squash,  # and whole, not cropped, for a model whose preprocessing is a plain resize (as predict gives it)
     )
 
 
@@ -214,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     if weights_path(args.model) is not None:
         overrides, image_size = load_overrides(args)
         loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
-        data = load_splits(args, loaded.run_config, loaded.preprocess.model_side if loaded.preprocess else None)
+        pre = loaded.preprocess
+        data = load_splits(args, loaded.run_config, pre.model_side if pre else None, bool(pre and pre.squashes))
     else:  # a model name: build it for the data's classes, channels and (by default) image size
         if args.zero_shot_map:  # it used to be ignored without a word
             raise VitlabError(f"{args.model} is built untrained from its name: it has no pretrained head for "

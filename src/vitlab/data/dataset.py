@@ -93,6 +93,7 @@ class FileImageDataset(ImageDataset):
     """
 
     in_memory = False
+    squash = False  # store the whole image squashed to the square, not its centre square (load_data(squash=))
 
     def __init__(self, paths: Sequence[str], labels, class_names: Sequence[str], channels: int, size: int,
                  name: str = "", original_sizes: Sequence[tuple[int, int]] | None = None, *,
@@ -124,7 +125,7 @@ class FileImageDataset(ImageDataset):
     def load(self, i: int) -> torch.Tensor:
         """Decode item i to uint8 (C, size, size); raises BadImageError."""
         img = open_image(self.paths[i], mode="L" if self._channels == 1 else "RGB")
-        return pil_to_tensor(resize_shorter_center_crop(img, self.size))
+        return pil_to_tensor(resize_shorter_center_crop(img, self.size, squash=self.squash))
 
     def _record(self, exc: BadImageError) -> None:
         if exc.path not in {p for p, _ in self.failures}:
@@ -150,8 +151,10 @@ class FileImageDataset(ImageDataset):
 
     def _copy(self, idx, labels, class_names, size: int, failures) -> FileImageDataset:
         sizes = [self.original_sizes[i] for i in idx] if self.original_sizes is not None else None
-        return FileImageDataset([self.paths[i] for i in idx], labels, class_names, self._channels, size, self.name,
-                                sizes, substitute=self.substitute, failures=failures)
+        out = FileImageDataset([self.paths[i] for i in idx], labels, class_names, self._channels, size, self.name,
+                               sizes, substitute=self.substitute, failures=failures)
+        out.squash = self.squash
+        return out
 
     def subset(self, indices) -> FileImageDataset:
         idx = np.asarray(indices, dtype=np.int64)

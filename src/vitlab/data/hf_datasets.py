@@ -170,11 +170,12 @@ class HFImageDataset(FileImageDataset):
             img = open_image(cell["path"], mode=mode)
         else:
             raise BadImageError("missing image", self.paths[i], "empty image cell")
-        return pil_to_tensor(resize_shorter_center_crop(img, self.size))
+        return pil_to_tensor(resize_shorter_center_crop(img, self.size, squash=self.squash))
 
     def _copy(self, idx, labels, class_names, size: int, failures) -> HFImageDataset:
         out = HFImageDataset(self.table, self.rows[np.asarray(list(idx), dtype=np.int64)], self.image_col, labels,
                              class_names, self.channels, size, self.name, substitute=self.substitute, failures=failures)
+        out.squash = self.squash
         return out
 
 

@@ -227,9 +227,14 @@ def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     return Image.fromarray(arr[0]) if arr.shape[0] == 1 else Image.fromarray(arr.transpose(1, 2, 0))
 
 
-def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Image.BILINEAR) -> Image.Image:
-    """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format)."""
+def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Image.BILINEAR,
+                               squash: bool = False) -> Image.Image:
+    """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format); with
+    `squash`, resize the whole image to the square instead (for a model whose own preprocessing is a plain resize:
+    the official ViT pipeline and Hugging Face's ViTImageProcessor squash a wide photo, they do not crop it)."""
     w, h = img.size
+    if squash and (w, h) != (size, size):
+        return img.resize((size, size), resample=resample, reducing_gap=3.0)
     if (w, h) != (size, size):
         # torchvision's Resize(int) + CenterCrop arithmetic, as the evaluation's resize_crop_batch (preprocess.py):
         # the long side truncated, the offsets rounded; rounding and flooring here put a stored image one pixel

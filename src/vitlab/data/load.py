@@ -189,7 +189,8 @@ def _memory_budget() -> int:
 def load_data(source: str, *, classes=None, per_class: int | None = None, val_fraction: float = 0.1,
               test_fraction: float = 0.1, seed: int = 0, storage_size: int | None = None,
               in_memory: bool | None = None, progress: bool = True, report: bool | None = None,
-              eval_splits: Sequence[str] = ("val", "test"), model_side: int | None = None) -> DataSplits:
+              eval_splits: Sequence[str] = ("val", "test"), model_side: int | None = None,
+              squash: bool = False) -> DataSplits:
     """Load a data source as seeded, stratified train / val / test splits.
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
@@ -202,7 +203,9 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     - `per_class`: keep N seeded training images per class (val and test stay whole), for few-shot and
       data-size studies.
     - File sources are stored at `storage_size` (default: median shorter side, at most 256, or at most
-      `model_side` where that is more: the side the model reads, `model_side_of(preprocess)`) and decoded
+      `model_side` where that is more: the side the model reads, `Preprocess.model_side`) as the centre square,
+      or with `squash` as the whole image resized to the square (a model whose preprocessing is a plain resize,
+      `Preprocess.squashes`, so that evaluation sees a photo as `vitlab predict` gives it to the model), and decoded
       into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk. When
       streaming, the `eval_splits` (default val and test; add "train" to score the train split) are
       decoded once here and their failures dropped, so an evaluation never substitutes an image; a
@@ -231,6 +234,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     parts = {"train": train, "val": val, "test": test}
     file_parts = {k: v for k, v in parts.items() if isinstance(v, FileImageDataset)}
     if file_parts:
+        for ds in file_parts.values():
+            ds.squash = squash  # before anything is decoded; copies made from here on keep it
         if in_memory is None:
             total = sum(len(v) * v.channels * v.size * v.size for v in file_parts.values())
             in_memory = total <= _memory_budget()

@@ -190,6 +190,12 @@ class Preprocess:
         shorter side before the crop, else the input's longer side (`load_data(model_side=...)`)."""
         return int(self.effective_resize or max(self.image_size))
 
+    @property
+    def squashes(self) -> bool:
+        """Whether a non-square image is resized whole to the input (no crop): the official evaluation, HF's
+        ViTImageProcessor. File data for such a model is stored squashed too (`load_data(squash=True)`)."""
+        return self.effective_resize is None
+
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
         x = match_channels(images, self.channels).float()

@@ -345,7 +345,7 @@ class ShardDataset(FileImageDataset):
 
     def decode(self, data: bytes, i: int) -> torch.Tensor:
         img = decode_image_bytes(data, self.paths[i], "L" if self.channels == 1 else "RGB")
-        return pil_to_tensor(resize_shorter_center_crop(img, self.size))
+        return pil_to_tensor(resize_shorter_center_crop(img, self.size, squash=self.squash))
 
     def load(self, i: int) -> torch.Tensor:
         """Decode sample i to uint8 (C, size, size); raises BadImageError."""
@@ -356,8 +356,10 @@ class ShardDataset(FileImageDataset):
         return self.decode(data, i)
 
     def _copy(self, idx, labels, class_names, size: int, failures) -> ShardDataset:
-        return ShardDataset([self.samples[i] for i in idx], labels, class_names, self.channels, size, self.name,
-                            substitute=self.substitute, failures=failures)
+        out = ShardDataset([self.samples[i] for i in idx], labels, class_names, self.channels, size, self.name,
+                           substitute=self.substitute, failures=failures)
+        out.squash = self.squash
+        return out
 
     def shard_runs(self) -> list[np.ndarray]:
         """Item indices grouped by shard (shards in first-seen order, items by offset): the streaming units."""
