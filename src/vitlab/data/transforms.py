@@ -1,7 +1,9 @@
 """Batched, seeded image transforms that run on the training device (uint8 batch in, float batch out).
 
 Training (the paper's fine-tuning recipe, reference section 4.3): inception crop (area 5-100 %,
-aspect 3/4-4/3) resized to the model size + horizontal flip, values in [-1, 1]. Optional: RandAugment
+aspect 3/4-4/3) resized to the model size + horizontal flip, values in [-1, 1]. Its box comes from torchvision's
+RandomResizedCrop definition (`sample_crop_boxes`) or, as the official pipelines and the paper's recipes, from
+TF's sample_distorted_bounding_box (`sample_tf_crop_boxes`; `TransformConfig.crop_sampler`). Optional: RandAugment
 and random erasing (kornia), mixup / cutmix with soft targets (`mix_batch`). Evaluation: resize +
 centre crop or the official plain resize (`Preprocess.batch`).
 
@@ -25,6 +27,8 @@ from vitlab.data.preprocess import Preprocess, _pair, _per_channel, match_channe
 
 # Sources whose meaning changes when mirrored: no horizontal flip by default.
 NO_FLIP_SOURCES = ("mnist", "digits")
+# The inception crop's box samplers (TransformConfig.crop_sampler).
+CROP_SAMPLERS = ("torchvision", "tf")
 
 
 @dataclass
@@ -39,6 +43,10 @@ class TransformConfig:
     inception_crop: bool = True  # False: plain resize to image_size
     crop_scale: tuple[float, float] = (0.05, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    # How the inception crop draws its box: "torchvision" (RandomResizedCrop: area ~ U(scale), log aspect ~ U,
+    # 10 tries) or "tf" (TF's sample_distorted_bounding_box, which the official pipelines call: aspect ~ U,
+    # height ~ U, 100 tries; smaller crops: mean area 0.375 of a square image against 0.466 at scale 0.05-1).
+    crop_sampler: str = "torchvision"
     hflip: bool = True
     # Random translation by up to N pixels (zero padding, then a random crop back to size): the
     # standard light augmentation for 28-32 px data such as Fashion-MNIST and CIFAR.
@@ -60,6 +68,10 @@ class TransformConfig:
         self.std = _per_channel(self.std, self.channels)
         self.crop_scale = tuple(float(v) for v in self.crop_scale)
         self.crop_ratio = tuple(float(v) for v in self.crop_ratio)
+        if self.crop_sampler not in CROP_SAMPLERS:
+            from vitlab.errors import VitlabError
+
+            raise VitlabError(f"crop_sampler must be {' or '.join(CROP_SAMPLERS)}, got {self.crop_sampler!r}")
         if self.randaugment is not None:
             self.randaugment = tuple(int(v) for v in self.randaugment)
             n, m = self.randaugment
@@ -133,6 +145,53 @@ def sample_crop_boxes(n: int, height: int, width: int, scale: Sequence[float] = 
     y0 = torch.floor(u[:, 1] * (height - bh + 1).double()).long().clamp(max=height - 1)
     x0 = torch.minimum(x0, width - bw)
     y0 = torch.minimum(y0, height - bh)
+    return torch.stack([x0, y0, bw, bh], dim=1)
+
+
+def sample_tf_crop_boxes(n: int, height: int, width: int, scale: Sequence[float] = (0.05, 1.0),
+                         ratio: Sequence[float] = (0.75, 1.33), attempts: int = 100,
+                         generator: torch.Generator | None = None) -> torch.Tensor:
+    """Inception-crop boxes (x0, y0, w, h) drawn as TF's `sample_distorted_bounding_box` draws them, which the
+    official input pipelines call (vit_jax/input_pipeline.py `_pp`, big_vision pp/ops_image.py `inception_crop`:
+    area_range=(0.05, 1), min_object_covered=0, TF's default aspect range (0.75, 1.33) and 100 attempts).
+
+    Written out from tensorflow/core/kernels/image/sample_distorted_bounding_box_op.cc `GenerateRandomCrop`,
+    because its distribution is not torchvision's: per attempt aspect r ~ U(ratio) (not log-uniform), then the
+    height uniform over the whole pixels from round(sqrt(min_area / r)) to round(sqrt(max_area / r)) (capped to
+    the image; so the area is not uniform), w = round(h r), one pixel up or down to meet the area bounds; the
+    first attempt that fits is used, else the whole image. The offset is uniform over [0, H - h) ([0, 0] when
+    h == H), as TF's `Uniform(H - h)`. lrintf rounds half to even, as torch.round."""
+    total = float(height * width)
+    min_area, max_area = scale[0] * total, scale[1] * total
+    r = torch.empty(n, attempts).uniform_(float(ratio[0]), float(ratio[1]), generator=generator)
+    u = torch.rand(n, attempts, generator=generator)
+    h = torch.round(torch.sqrt(min_area / r))
+    max_h = torch.round(torch.sqrt(max_area / r))
+    # the largest height whose width round(h r) still fits the image (TF's correction, kEps = 1e-7)
+    too_wide = torch.round(max_h * r) > width
+    fixed = torch.floor((width + 0.5 - 1e-7) / r)
+    fixed = torch.where(torch.round(fixed * r) > width, fixed - 1, fixed)
+    max_h = torch.where(too_wide, fixed, max_h).clamp(max=height)
+    h = torch.minimum(h, max_h)
+    h = h + torch.floor(u * (max_h - h + 1)).clamp(max=(max_h - h).clamp(min=0))  # uniform on [h, max_h]
+    w = torch.round(h * r)
+    area = w * h
+    h = torch.where(area < min_area, h + 1, h)
+    w = torch.round(h * r)
+    area = w * h
+    h = torch.where(area > max_area, h - 1, h)
+    w = torch.round(h * r)
+    area = w * h
+    ok = (area >= min_area) & (area <= max_area) & (w <= width) & (h <= height) & (w > 0) & (h > 0)
+    first = torch.where(ok.any(1), ok.float().argmax(1), torch.full((n,), -1))
+    rows, pick = torch.arange(n), first.clamp(min=0)
+    bw = torch.where(first >= 0, w[rows, pick], torch.full((n,), float(width))).long()
+    bh = torch.where(first >= 0, h[rows, pick], torch.full((n,), float(height))).long()
+    off = torch.rand(n, 2, generator=generator).double()
+    x0 = torch.floor(off[:, 0] * (width - bw).double()).long().clamp(min=0)
+    y0 = torch.floor(off[:, 1] * (height - bh).double()).long().clamp(min=0)
+    x0 = torch.minimum(x0, (width - bw - 1).clamp(min=0))
+    y0 = torch.minimum(y0, (height - bh - 1).clamp(min=0))
     return torch.stack([x0, y0, bw, bh], dim=1)
 
 
@@ -225,7 +284,8 @@ class TrainTransform(nn.Module):
         x = match_channels(images, cfg.channels).float()
         b, _, h, w = x.shape
         if cfg.inception_crop:
-            boxes = sample_crop_boxes(b, h, w, cfg.crop_scale, cfg.crop_ratio)
+            sampler = sample_tf_crop_boxes if cfg.crop_sampler == "tf" else sample_crop_boxes
+            boxes = sampler(b, h, w, cfg.crop_scale, cfg.crop_ratio)
             x = crop_resize(x, boxes, cfg.image_size)
         else:
             x = resize_batch(x, cfg.image_size, cfg.interpolation)

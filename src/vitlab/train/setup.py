@@ -287,6 +287,7 @@ def build_transforms(cfg: TrainConfig, model: nn.Module, data, preprocess, devic
     if cfg.image_size is None:
         cfg.image_size = int(image_size[0])
     overrides = dict(mean=mean, std=std, inception_crop=cfg.inception_crop, crop_scale=tuple(cfg.crop_scale),
+                     crop_sampler=cfg.crop_sampler,
                      random_erasing=cfg.random_erasing, random_shift=cfg.random_shift, mixup=cfg.mixup, cutmix=cfg.cutmix,
                      randaugment=tuple(cfg.randaugment) if cfg.randaugment else None)
     if cfg.hflip is not None:
