@@ -223,3 +223,15 @@ def test_models_at_different_input_sizes_are_said(tmp_path, capsys):
     assert _compare(tmp_path / "one", TINY) == 0  # one size: nothing to say
     assert "input size" not in (tmp_path / "one" / "compare.md").read_text()
     capsys.readouterr()
+
+
+def test_compare_report_names_the_finetune_recipes_crop_sampler():
+    """compare fine-tunes with the finetune recipe, whose crops follow TF's sampler: with --augment the report
+    says so (a study with crops drawn otherwise is another study)."""
+    from vitlab.experiments.compare import CompareSettings, _describe_training, training_config
+
+    tr = training_config(CompareSettings(augment=True))
+    assert tr["crop_sampler"] == "tf"
+    text = _describe_training(tr, {})
+    assert "crop (TF's box sampler) + flip augmentation" in text
+    assert "no augmentation" in _describe_training(training_config(CompareSettings()), {})

@@ -321,7 +321,7 @@ def _shared_overrides(st: CompareSettings) -> dict[str, Any]:
 
 # what the report says about the fine-tuning (the resolved config's values, whatever set them)
 TRAINING_KEYS = ("epochs", "steps", "optimizer", "lr", "decay", "warmup_steps", "weight_decay", "batch_size",
-                 "grad_clip", "label_smoothing", "inception_crop", "hflip", "seed", "threads")
+                 "grad_clip", "label_smoothing", "inception_crop", "crop_sampler", "hflip", "seed", "threads")
 
 
 def training_config(st: CompareSettings) -> dict[str, Any]:
@@ -873,7 +873,8 @@ def _describe_training(tr: dict | None, st: dict, models: list[dict] | None = No
     if not tr:  # a summary written before the resolved config was recorded
         tr = {**st, "steps": 0, "inception_crop": st["augment"], "hflip": st["augment"], "other": {}}
     length = _count(tr["steps"], "step") if tr.get("steps") else _count(tr["epochs"], "epoch")
-    augment = [name for key, name in (("inception_crop", "crop"), ("hflip", "flip")) if tr.get(key)]
+    crop = "crop" + (" (TF's box sampler)" if tr.get("crop_sampler") == "tf" else "")  # the finetune recipe's
+    augment = [name for key, name in (("inception_crop", crop), ("hflip", "flip")) if tr.get(key)]
     text = (f"{length}, {tr['optimizer']} lr {tr['lr']:g} ({tr['decay']}, warm-up {_warmup_text(tr, models)}), "
             f"weight decay {tr['weight_decay']:g}, batch {tr['batch_size']}, "
             f"{' + '.join(augment) + ' augmentation' if augment else 'no augmentation'}, seed {tr['seed']}")
