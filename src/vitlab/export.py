@@ -24,13 +24,59 @@ def export_onnx(
 
     `metadata` (class names, preprocessing) is stored as JSON in the file's metadata_props.
     """
+    import shutil
+    import tempfile
+
     from vitlab.engine.onnx_graph import trace_to_onnx
 
     cfg = model.config
     h, w = image_size or cfg.image_size
-    path = trace_to_onnx(model, torch.zeros(1, cfg.in_chans, h, w), path, opset=opset, dynamic_batch=dynamic_batch)
-    if metadata:
-        _write_metadata(path, metadata)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Over protobuf's 2 GB (ViT-H, BiT-R152x4) torch writes every weight as its own file beside the graph, which
+    # then could not be loaded and saved again with the metadata. So the trace goes to a private folder, and one
+    # graph (with its weights in OUT.onnx.data when too large for one file) is written from it.
+    work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        traced = trace_to_onnx(model, torch.zeros(1, cfg.in_chans, h, w), work / "graph.onnx", opset=opset,
+                               dynamic_batch=dynamic_batch)
+        import onnx  # after the trace, which says in one line when it is not installed
+
+        proto = onnx.load(str(traced))
+        if metadata:
+            _set_metadata(proto, metadata)
+        save_graph(proto, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+def _graph_bytes(proto) -> int:
+    """About what one serialized file of `proto` takes: its weights and nodes (the rest is a few bytes). Summed part
+    by part, a weight by the length of its bytes: protobuf cannot measure a message over 2 GB (ByteSize raises
+    EncodeError), and one weight can be that large (a 1M-class head)."""
+    graph = proto.graph
+    return sum(len(t.raw_data) or t.ByteSize() for t in graph.initializer) + sum(n.ByteSize() for n in graph.node)
+
+
+def external_data_path(path: Path) -> Path:
+    """Where the weights of a graph too large for one protobuf file go: OUT.onnx.data beside OUT.onnx."""
+    return path.with_name(path.name + ".data")
+
+
+def save_graph(proto, path: str | Path) -> Path:
+    """Write `proto` to `path`: one file, or over protobuf's 2 GB limit the graph in `path` and every weight in
+    `external_data_path(path)` (ONNX's external data, which ONNX Runtime reads from beside the graph)."""
+    import onnx
+
+    path = Path(path)
+    data = external_data_path(path)
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file: an earlier export's would be kept
+    if _graph_bytes(proto) + (1 << 20) <= onnx.checker.MAXIMUM_PROTOBUF:
+        onnx.save(proto, str(path))
+    else:
+        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data.name, size_threshold=1024)
     return path
 
 
@@ -68,13 +114,17 @@ def onnx_difference(model: nn.Module, path: str | Path, batch: int = 2, seed: in
     return float(np.abs(out - ref).max()), float(np.abs(ref).max())
 
 
+def _set_metadata(proto, metadata: dict) -> None:
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = "vitlab", json.dumps(metadata)
+
+
 def _write_metadata(path: Path, metadata: dict) -> None:
     import onnx
 
     proto = onnx.load(str(path))
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = "vitlab", json.dumps(metadata)
-    onnx.save(proto, str(path))
+    _set_metadata(proto, metadata)
+    save_graph(proto, path)
 
 
 PORTABLE = "portable ONNX (standard operators)"
@@ -97,6 +147,10 @@ def check_export_engine(engine: str, path: str | Path | None = None) -> None:
     if engine == "openvino" and path is not None and Path(path).suffix != ".xml":
         raise VitlabError(f"--engine openvino writes an OpenVINO model: name it OUT.xml (its weights go to OUT.bin "
                           f"beside it), not {Path(path).name}")
+    if engine != "openvino" and path is not None and Path(path).suffix.lower() != ".onnx":
+        # `vitlab export MODEL out/` wrote a file named `out`: a folder meant, or a name no tool takes for ONNX
+        raise VitlabError(f"export writes one ONNX model file: name it OUT.onnx, not {Path(path).name or path}"
+                          + (" (a folder)" if str(path).endswith(("/", "\\")) or Path(path).is_dir() else ""))
 
 
 def _copy_openvino(built, path: Path, metadata: dict | None) -> tuple[Path, str]:

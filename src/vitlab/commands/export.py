@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from vitlab.commands._load_args import load_overrides
     from vitlab.errors import VitlabError
-    from vitlab.export import export_onnx, matches_pytorch, onnx_difference
+    from vitlab.export import export_onnx, external_data_path, matches_pytorch, onnx_difference
     from vitlab.runtime import setup_runtime
     from vitlab.weights import load_with_meta
 
@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine != "torch" or args.int8:
         return _export_for_engine(args, model, meta, metadata)
     path = export_onnx(model, args.output, opset=args.opset, dynamic_batch=not args.static_batch, metadata=metadata)
+    data = external_data_path(path)
     checked = "not checked (--no-check)"
     if not args.no_check:
         try:
@@ -67,15 +68,19 @@ def run(args: argparse.Namespace) -> int:
             checked = f"not checked: {exc}"
         except Exception as exc:  # the file does not run in ONNX Runtime: it is not left behind as if it did
             path.unlink(missing_ok=True)
+            data.unlink(missing_ok=True)
             raise VitlabError(f"the exported file does not run in ONNX Runtime ({type(exc).__name__}: "
                               f"{str(exc).strip()[:160]}); nothing written, please report this") from exc
         else:
             if not matches_pytorch(diff, scale):
                 path.unlink(missing_ok=True)
+                data.unlink(missing_ok=True)
                 raise VitlabError(f"the ONNX model differs from PyTorch by {diff:.2e} (largest logit {scale:.3g}); "
                                   "nothing written, please report this")
             checked = f"ONNX Runtime vs PyTorch: max abs logit difference {diff:.2e}"
-    print(f"wrote {path} ({_inputs_and_outputs(model, '1' if args.static_batch else 'B')})")
+    # a graph over protobuf's 2 GB keeps its weights in OUT.onnx.data, which must travel with it
+    beside = f"; its weights in {data.name} beside it (keep the two together)" if data.exists() else ""
+    print(f"wrote {path} ({_inputs_and_outputs(model, '1' if args.static_batch else 'B')}{beside})")
     if not args.quiet:
         print(checked)
     return 0

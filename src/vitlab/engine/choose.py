@@ -357,6 +357,10 @@ def prepare_engine(
     size = tuple(image_size or cfg.image_size)
     threads = torch.get_num_threads()
     folder = artefact_folder(model, source)
+    if size != tuple(cfg.image_size):
+        # the built graphs fix the image size, and the fingerprint knows only the config's: another size keeps its
+        # own graphs (a 32 px graph was run on 48 px images, and ONNX Runtime refused them)
+        folder = folder.with_name(f"{folder.name}-{size[0]}x{size[1]}")
     show = (not quiet) if progress is None else progress
 
     def say(text: str) -> None:

@@ -85,7 +85,7 @@ def _save(model, xml: Path) -> Path:
 def build_fp32_ir(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
     """`folder/openvino-fp32.xml`: the portable ONNX export as OpenVINO reads it (its own fusions happen when it
     compiles the model)."""
-    from vitlab.export import export_onnx
+    from vitlab.export import export_onnx, external_data_path
 
     require_openvino()  # before the export: without OpenVINO or onnx, one line instead of an exporter error
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,6 +94,7 @@ def build_fp32_ir(model: nn.Module, folder: Path, image_size: tuple[int, int]) -
         return _save(core().read_model(str(raw)), folder / FP32_IR)
     finally:
         raw.unlink(missing_ok=True)
+        external_data_path(raw).unlink(missing_ok=True)  # a model over 2 GB has its weights there
 
 
 # ---------------------------------------------------------------------------------------------------- int8
