@@ -340,3 +340,14 @@ def test_interleaved_speeds_times_each_engine_once_a_round(monkeypatch):
     timed = calls[3:]  # after one warm-up call each
     assert [sorted(timed[i:i + 3]) for i in range(0, 18, 3)] == [["a", "b", "c"]] * 6
     assert all(timed[i] != timed[i + 1] for i in range(17))
+
+
+def test_an_engines_failure_reason_is_one_line_cut_at_a_word():
+    exc = RuntimeError("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx:\n"
+                       + "Set TORCHINDUCTOR_CXX to a working compiler " * 5)
+    text = choose.reason(exc)
+    assert "\n" not in text and text.startswith("RuntimeError: InvalidCxxCompiler: No working C++ compiler")
+    assert text.endswith(" ...") and len(text) < 200
+    assert not text[:-4].endswith(("TOR", "Set TOR"))  # whole words only
+    assert choose.reason(RuntimeError("short")) == "RuntimeError: short"
+    assert choose.reason(VitlabError("vitlab's own line")) == "vitlab's own line"

@@ -184,7 +184,12 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def reason(exc: BaseException) -> str:
     """One line for why an engine could not be built: vitlab's own message, else the exception's type and start."""
-    return str(exc) if isinstance(exc, VitlabError) else f"{type(exc).__name__}: {str(exc).strip()[:120]}"
+    if isinstance(exc, VitlabError):
+        return str(exc)
+    text = " ".join(str(exc).split())  # one line: Inductor's errors run over several
+    if len(text) > 160:  # cut at a word, and say so: "Set TOR" read like the whole message
+        text = text[:160].rsplit(" ", 1)[0] + " ..."
+    return f"{type(exc).__name__}: {text}"
 
 
 def open_or_rebuild(make: Callable, files: list[Path], say_building: Callable[[str], None]):
