@@ -59,6 +59,14 @@ def _graph_bytes(proto) -> int:
     return sum(len(t.raw_data) or t.ByteSize() for t in graph.initializer) + sum(n.ByteSize() for n in graph.node)
 
 
+def fits_one_protobuf(nbytes: int) -> bool:
+    """Whether a graph of about `nbytes` (its weights and nodes) can be one ONNX file: protobuf's 2 GB limit, less
+    1 MiB for everything else the file holds."""
+    import onnx
+
+    return nbytes + (1 << 20) <= onnx.checker.MAXIMUM_PROTOBUF
+
+
 def external_data_path(path: Path) -> Path:
     """Where the weights of a graph too large for one protobuf file go: OUT.onnx.data beside OUT.onnx."""
     return path.with_name(path.name + ".data")
@@ -72,7 +80,7 @@ def save_graph(proto, path: str | Path) -> Path:
     path = Path(path)
     data = external_data_path(path)
     data.unlink(missing_ok=True)  # onnx appends to an existing data file: an earlier export's would be kept
-    if _graph_bytes(proto) + (1 << 20) <= onnx.checker.MAXIMUM_PROTOBUF:
+    if fits_one_protobuf(_graph_bytes(proto)):
         onnx.save(proto, str(path))
     else:
         onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

@@ -79,8 +79,7 @@ def run_calibration(spec, preprocess):
     source = settings.pop("data", None)
     if not source:
         return None
-    data = load_data(str(source), progress=False, report=False, model_side=preprocess.model_side,
-                     squash=preprocess.squashes, **settings)
+    data = load_data(str(source), progress=False, report=False, **preprocess.storage(), **settings)
     return calibration_from_dataset(data.train, preprocess)
 
 

@@ -216,8 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if weights_path(args.model) is not None:
         overrides, image_size = load_overrides(args)
         loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
-        pre = loaded.preprocess
-        data = load_splits(args, loaded.run_config, pre.model_side if pre else None, bool(pre and pre.squashes))
+        data = load_splits(args, loaded.run_config, **(loaded.preprocess.storage() if loaded.preprocess else {}))
     else:  # a model name: build it for the data's classes, channels and (by default) image size
         if args.zero_shot_map:  # it used to be ignored without a word
             raise VitlabError(f"{args.model} is built untrained from its name: it has no pretrained head for "

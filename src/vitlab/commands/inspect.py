@@ -152,7 +152,7 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
 
         # a run's own data comes with its class subset and split settings, as `vitlab evaluate RUN` reads it
         splits = load_data(args.data, **{"seed": args.seed, **getattr(args, "run_data", {})},
-                           model_side=preprocess.model_side, squash=preprocess.squashes)  # as the model reads them
+                           **preprocess.storage())  # the photos as the model reads them
         # the asked-for split, else the first non-empty one (a source without a test split still gives images)
         split = next((name for name in (args.split, "test", "val", "train")
                       if getattr(splits, name, None) is not None and len(getattr(splits, name))), None)

@@ -196,6 +196,11 @@ class Preprocess:
         ViTImageProcessor. File data for such a model is stored squashed too (`load_data(squash=True)`)."""
         return self.effective_resize is None
 
+    def storage(self) -> dict:
+        """`load_data`'s storage arguments for file images this preprocessing will read: stored at least at
+        `model_side`, and squashed where it `squashes` (`load_data(..., **preprocess.storage())`)."""
+        return {"model_side": self.model_side, "squash": self.squashes}
+
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
         x = match_channels(images, self.channels).float()

@@ -55,6 +55,5 @@ def calibration_from_source(source: str, preprocess, limit: int = CALIBRATION_IM
         return calibration_from_files(collect_images([p])[0], preprocess, limit)
     from vitlab.data import load_data
 
-    splits = load_data(source, progress=False, report=False, model_side=preprocess.model_side,
-                       squash=preprocess.squashes)
+    splits = load_data(source, progress=False, report=False, **preprocess.storage())
     return calibration_from_dataset(splits.train, preprocess, limit)

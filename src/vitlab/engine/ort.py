@@ -92,10 +92,10 @@ def refuse_over_protobuf_limit(model: nn.Module) -> None:
     """The fused and int8 graphs are each written as one protobuf file, which cannot exceed 2 GB; a larger model
     (ViT-H, BiT-R152x4) is refused in one line before torch writes gigabytes of per-weight files into the engine
     folder only for the optimizer or quantizer to fail on them (EncodeError)."""
-    import onnx
+    from vitlab.export import fits_one_protobuf
 
     size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    if size + (1 << 20) > onnx.checker.MAXIMUM_PROTOBUF:
+    if not fits_one_protobuf(size):
         raise VitlabError(f"ONNX Runtime's engine graphs are one ONNX file of at most 2 GB, and this model's weights "
                           f"take {size / 2**30:.1f} GiB: use --engine torch or openvino (`vitlab export` writes the "
                           "portable graph with its weights in OUT.onnx.data)")
