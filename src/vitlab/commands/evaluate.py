@@ -146,7 +146,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_side: int | None = None,
-                squash: bool = False):
+                squash: bool = False, antialias: bool = True, shrink_to_model: bool = False):
     from vitlab.data import load_data
     from vitlab.evaluate.loading import run_data_kwargs
 
@@ -175,6 +175,8 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_
         eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
         model_side=model_side,  # file images stored at least as large as the model reads them (up to their own size)
         squash=squash,  # and whole, not cropped, for a model whose preprocessing is a plain resize (as predict gives it)
+        antialias=antialias,  # and shrunk as its preprocessing shrinks (official models: TensorFlow's resize)
+        shrink_to_model=shrink_to_model,  # in one resize, as predict does
     )
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vitlab.data.images import BadImageError, one_line, open_image, pil_to_tensor, resize_shorter_center_crop
+from vitlab.data.images import BadImageError, StoredSquare, one_line, open_image
 from vitlab.errors import VitlabError
 from vitlab.progress import bar_options
 
@@ -93,7 +93,7 @@ class FileImageDataset(ImageDataset):
     """
 
     in_memory = False
-    squash = False  # store the whole image squashed to the square, not its centre square (load_data(squash=))
+    stored = StoredSquare()  # the centre square, anti-aliased; load_data(squash=, antialias=) sets another
 
     def __init__(self, paths: Sequence[str], labels, class_names: Sequence[str], channels: int, size: int,
                  name: str = "", original_sizes: Sequence[tuple[int, int]] | None = None, *,
@@ -125,7 +125,7 @@ class FileImageDataset(ImageDataset):
     def load(self, i: int) -> torch.Tensor:
         """Decode item i to uint8 (C, size, size); raises BadImageError."""
         img = open_image(self.paths[i], mode="L" if self._channels == 1 else "RGB")
-        return pil_to_tensor(resize_shorter_center_crop(img, self.size, squash=self.squash))
+        return self.stored.tensor(img, self.size)
 
     def _record(self, exc: BadImageError) -> None:
         if exc.path not in {p for p, _ in self.failures}:
@@ -153,7 +153,7 @@ class FileImageDataset(ImageDataset):
         sizes = [self.original_sizes[i] for i in idx] if self.original_sizes is not None else None
         out = FileImageDataset([self.paths[i] for i in idx], labels, class_names, self._channels, size, self.name,
                                sizes, substitute=self.substitute, failures=failures)
-        out.squash = self.squash
+        out.stored = self.stored
         return out
 
     def subset(self, indices) -> FileImageDataset:

@@ -24,8 +24,6 @@ from vitlab.data.images import (
     BadImageError,
     check_image_header,
     open_image,
-    pil_to_tensor,
-    resize_shorter_center_crop,
 )
 from vitlab.data.labels import class_number_names, read_label
 from vitlab.errors import VitlabError
@@ -170,12 +168,12 @@ class HFImageDataset(FileImageDataset):
             img = open_image(cell["path"], mode=mode)
         else:
             raise BadImageError("missing image", self.paths[i], "empty image cell")
-        return pil_to_tensor(resize_shorter_center_crop(img, self.size, squash=self.squash))
+        return self.stored.tensor(img, self.size)
 
     def _copy(self, idx, labels, class_names, size: int, failures) -> HFImageDataset:
         out = HFImageDataset(self.table, self.rows[np.asarray(list(idx), dtype=np.int64)], self.image_col, labels,
                              class_names, self.channels, size, self.name, substitute=self.substitute, failures=failures)
-        out.squash = self.squash
+        out.stored = self.stored
         return out
 
 

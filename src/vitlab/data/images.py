@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -245,6 +246,29 @@ def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Imag
         left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
         img = img.crop((left, top, left + size, top + size))
     return img
+
+
+@dataclass(frozen=True)
+class StoredSquare:
+    """How a file image becomes the stored `size` x `size` square of a file dataset (`load_data`'s storage).
+
+    squash: the whole image resized to the square, not its centre square (a model whose preprocessing is a plain
+    resize). antialias: False shrinks as TensorFlow's `tf.image.resize` does (no anti-aliasing; the official ViT
+    and BiT evaluation, `Preprocess.antialias`), so a stored photo is the official input but for rounding to 8 bits.
+    """
+
+    squash: bool = False
+    antialias: bool = True
+
+    def tensor(self, img: Image.Image, size: int) -> torch.Tensor:
+        """The stored uint8 (C, size, size) of a decoded image."""
+        if self.antialias or img.size == (size, size):
+            return pil_to_tensor(resize_shorter_center_crop(img, size, squash=self.squash))
+        from vitlab.data.preprocess import resize_crop_batch  # torch's resize: PIL's always anti-aliases
+
+        x = pil_to_tensor(img).float().unsqueeze(0)
+        x = resize_crop_batch(x, (size, size), None if self.squash else size, "bilinear", antialias=False)
+        return x[0].round().clamp_(0, 255).to(torch.uint8)
 
 
 def is_image_file(path: str | os.PathLike) -> bool:

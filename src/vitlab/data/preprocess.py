@@ -56,15 +56,18 @@ def _check_sizes(image_size: tuple[int, int], resize: int | None) -> None:
                           f"1-{MAX_IMAGE_SIZE} px; the stored preprocessing is broken (fix 'image_size' in config.json)")
 
 
-def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear") -> torch.Tensor:
-    """Resize a float batch (B, C, H, W) of 0..255 values to `size` (h, w), anti-aliased when shrinking."""
+def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "bilinear",
+                 antialias: bool = True) -> torch.Tensor:
+    """Resize a float batch (B, C, H, W) of 0..255 values to `size` (h, w), anti-aliased when shrinking unless
+    `antialias=False`: then bilinear is TensorFlow's `tf.image.resize` (half-pixel centres, no anti-aliasing),
+    what the official ViT and BiT evaluation pipelines call."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
     kwargs = {}
     if interpolation in ("bilinear", "bicubic"):
-        kwargs = {"align_corners": False, "antialias": True}
+        kwargs = {"align_corners": False, "antialias": bool(antialias)}
     if interpolation == "bicubic":
         # bicubic overshoots at edges. PIL (what timm's and torchvision's PIL eval transforms call) resizes in two
         # passes, horizontal first, keeping the intermediate in 8 bits, so the overshoot is clipped in between; one
@@ -90,18 +93,19 @@ def center_crop_batch(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 
 def resize_crop_batch(
-    x: torch.Tensor, image_size: tuple[int, int], resize: int | None, interpolation: str = "bilinear"
+    x: torch.Tensor, image_size: tuple[int, int], resize: int | None, interpolation: str = "bilinear",
+    antialias: bool = True,
 ) -> torch.Tensor:
     """`resize=None`: plain resize to `image_size` (official eval). Else shorter side -> `resize`, centre crop."""
     if resize is None:
-        return resize_batch(x, image_size, interpolation)
+        return resize_batch(x, image_size, interpolation, antialias)
     h, w = x.shape[-2:]
     # torchvision's Resize(int) sizes (timm's eval and HF's shortest_edge resize compute the same): the long
     # side is truncated, int(resize * long / short); rounding it made e.g. 382 px of 381 (a 383x257 image to 256).
     long = int(resize * max(h, w) / min(h, w))
     nh, nw = (long, resize) if w <= h else (resize, long)
     nh, nw = max(image_size[0], nh), max(image_size[1], nw)
-    return center_crop_batch(resize_batch(x, (nh, nw), interpolation), image_size)
+    return center_crop_batch(resize_batch(x, (nh, nw), interpolation, antialias), image_size)
 
 
 def match_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
@@ -139,7 +143,9 @@ class Preprocess:
     image_size: (h, w) of the model input. resize: shorter side before a centre crop of image_size;
     None = plain resize to image_size (the official ViT evaluation) unless crop_fraction < 1, which
     then sets resize = floor(max(image_size) / crop_fraction) (timm's rule). mean/std are on the [0, 1] scale:
-    the default 0.5/0.5 gives values in [-1, 1] like the paper.
+    the default 0.5/0.5 gives values in [-1, 1] like the paper. antialias: shrink with anti-aliasing (PIL's
+    resize, what timm's and Hugging Face's processors call); False is TensorFlow's `tf.image.resize`, the
+    official ViT and BiT evaluation, which the official checkpoints' records ask for.
     """
 
     image_size: tuple[int, int] = (224, 224)
@@ -149,6 +155,7 @@ class Preprocess:
     crop_fraction: float = 1.0
     interpolation: str = "bilinear"
     channels: int = 3
+    antialias: bool = True
 
     def __post_init__(self) -> None:
         # Stored records are read from files a user may have edited: every refusal is one VitlabError line.
@@ -174,6 +181,9 @@ class Preprocess:
         if self.interpolation not in INTERPOLATIONS:
             raise VitlabError(f"the preprocessing's interpolation must be one of {', '.join(INTERPOLATIONS)}, "
                               f"got {self.interpolation!r}")
+        if not isinstance(self.antialias, bool):  # a JSON "false" string would be truthy
+            raise VitlabError(f"the preprocessing's antialias must be true or false, got {self.antialias!r}; "
+                              "fix it in the weights' config.json")
 
     @property
     def effective_resize(self) -> int | None:
@@ -198,13 +208,17 @@ class Preprocess:
 
     def storage(self) -> dict:
         """`load_data`'s storage arguments for file images this preprocessing will read: stored at least at
-        `model_side`, and squashed where it `squashes` (`load_data(..., **preprocess.storage())`)."""
-        return {"model_side": self.model_side, "squash": self.squashes}
+        `model_side` (and, for larger photos, exactly at it), squashed where it `squashes`, and shrunk as it shrinks
+        (`antialias`), so that a stored image is the one this preprocessing would make of the file, but for 8-bit
+        rounding (`load_data(..., **preprocess.storage())`)."""
+        return {"model_side": self.model_side, "squash": self.squashes, "antialias": self.antialias,
+                "shrink_to_model": True}
 
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
         x = match_channels(images, self.channels).float()
-        x = resize_crop_batch(x, self.image_size, self.effective_resize, self.interpolation)  # bicubic: clipped
+        x = resize_crop_batch(x, self.image_size, self.effective_resize, self.interpolation,  # bicubic: clipped
+                              self.antialias)
         return normalize_batch(x, self.mean, self.std)
 
     def __call__(self, image) -> torch.Tensor:

@@ -29,8 +29,6 @@ from vitlab.data.images import (
     IMAGE_EXTENSIONS,
     BadImageError,
     pil_open,
-    pil_to_tensor,
-    resize_shorter_center_crop,
 )
 from vitlab.data.labels import class_number_names
 from vitlab.data.tars import TarHeaderTooLarge, open_tar
@@ -345,7 +343,7 @@ class ShardDataset(FileImageDataset):
 
     def decode(self, data: bytes, i: int) -> torch.Tensor:
         img = decode_image_bytes(data, self.paths[i], "L" if self.channels == 1 else "RGB")
-        return pil_to_tensor(resize_shorter_center_crop(img, self.size, squash=self.squash))
+        return self.stored.tensor(img, self.size)
 
     def load(self, i: int) -> torch.Tensor:
         """Decode sample i to uint8 (C, size, size); raises BadImageError."""
@@ -358,7 +356,7 @@ class ShardDataset(FileImageDataset):
     def _copy(self, idx, labels, class_names, size: int, failures) -> ShardDataset:
         out = ShardDataset([self.samples[i] for i in idx], labels, class_names, self.channels, size, self.name,
                            substitute=self.substitute, failures=failures)
-        out.squash = self.squash
+        out.stored = self.stored
         return out
 
     def shard_runs(self) -> list[np.ndarray]:

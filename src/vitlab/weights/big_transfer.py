@@ -169,10 +169,11 @@ def _describe(config: ViTConfig) -> str:
 
 
 def bit_preprocess(config: ViTConfig) -> dict:
-    """BiT's evaluation transform: a square resize (warp, no crop) to the model size, values to [-1, 1]."""
+    """BiT's evaluation transform: a square resize (warp, no crop) to the model size, values to [-1, 1], with
+    TensorFlow's `tf.image.resize` (no anti-aliasing; big_transfer's input_pipeline_tf2_or_jax.py)."""
     c = config.in_chans
     return {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
-            "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c}
+            "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c, "antialias": False}
 
 
 def read_arrays(arrays: dict[str, np.ndarray], source: str = "checkpoint",

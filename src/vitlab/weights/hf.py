@@ -527,9 +527,22 @@ def crop_note(pre: dict) -> str | None:
             "For the original evaluation, resize and crop the images before calling the processor.")
 
 
+def antialias_note(pre: dict) -> str | None:
+    """What the export changes in a preprocessing that shrinks without anti-aliasing (the official checkpoints'
+    TensorFlow resize): ViTImageProcessor always resizes with PIL, which anti-aliases."""
+    if pre.get("antialias", True):
+        return None
+    h, w = pre.get("image_size", ("?", "?"))
+    return (f"The preprocessing shrinks images to {h}x{w} without anti-aliasing (TensorFlow's tf.image.resize, "
+            "the official evaluation); ViTImageProcessor's resize anti-aliases, so an image larger than that gives "
+            "the model a slightly different input (vitlab reads the export back with anti-aliasing too). For the "
+            "official evaluation's inputs, resize with tf.image.resize or torch's interpolate(antialias=False) "
+            "before calling the processor.")
+
+
 def export_notes(config: Any, pre: dict) -> list[str]:
     """What a user of a ViT export must know (README.md, printed by `vitlab convert`)."""
-    return [n for n in (channels_note(config), crop_note(pre)) if n]
+    return [n for n in (channels_note(config), crop_note(pre), antialias_note(pre)) if n]
 
 
 def _per_channel(values: Any, channels: int, what: str) -> list[float]:

@@ -110,4 +110,7 @@ def validate_preprocess(pre: dict | None, config: Any, source: str = "checkpoint
     if pre.get("interpolation", "bilinear") not in INTERPOLATIONS:
         raise VitlabError(f"{source}: preprocessing interpolation must be one of {INTERPOLATIONS}, "
                           f"got {pre.get('interpolation')!r}")
+    if not isinstance(pre.get("antialias", True), bool):  # a string "false" would read as true
+        raise VitlabError(f"{source}: preprocessing antialias must be true or false, got {pre.get('antialias')!r}; "
+                          "fix it in the file")
     return pre

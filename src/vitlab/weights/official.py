@@ -517,7 +517,8 @@ def read_official(path: str | Path, size_hint: Any = None, **overrides) -> tuple
     zero_head = "head.weight" in sd and not torch.any(sd["head.weight"]).item()
     c = config.in_chans
     pre = {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
-           "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c}
+           "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c,
+           "antialias": False}  # the official evaluation's tf.image.resize (vit_jax/input_pipeline.py)
     meta = {"format": "big_vision" if big_vision else "official", "class_names": None,
             "preprocess": pre, "zero_head": zero_head}
     return config, sd, meta
