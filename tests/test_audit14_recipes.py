@@ -214,16 +214,21 @@ def test_small_data_recipe_keeps_torchvisions_crop():
         assert resolve_config(name).crop_sampler == "torchvision"
 
 
-def test_resume_of_a_run_recorded_before_crop_sampler_keeps_its_crops():
+def test_resume_of_a_run_recorded_before_crop_sampler_keeps_its_crops(tmp_path):
     """A finetune run's config.yaml from before the setting has no crop_sampler: it trained with torchvision's
-    boxes, and its resume must go on with them (the recipe's new default would change the run mid-way)."""
+    boxes, and its resume must go on with them (the recipe's new default would change the run mid-way).
+    tests/test_resume_added_later.py has the command line's side."""
+    import yaml
+
     from vitlab.train.resume import check_run_settings
 
-    cfg = resolve_config("finetune")
-    recorded = {k: v for k, v in cfg.to_dict().items() if k != "crop_sampler"}
-    cfg.resume = "somewhere"
-    assert check_run_settings(cfg, (), recorded) == {}
+    run = tmp_path / "run"
+    run.mkdir()
+    recorded = {k: v for k, v in resolve_config("finetune").to_dict().items() if k != "crop_sampler"}
+    (run / "config.yaml").write_text(yaml.safe_dump(recorded, sort_keys=False))
+    cfg = resolve_config("finetune", overrides={"resume": str(run)})
     assert cfg.crop_sampler == "torchvision"
+    assert check_run_settings(cfg, (), recorded) == {}
     cfg2 = resolve_config("finetune")
     cfg2.resume = "somewhere"
     check_run_settings(cfg2, (), cfg2.to_dict())  # a run recorded with the setting keeps its value

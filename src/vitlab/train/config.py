@@ -317,9 +317,24 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# Settings added after runs were recorded without them: a record that lacks one trained with the value here (the
+# behaviour before the setting existed), which its resume keeps, whatever the recipe now says; a different value
+# given for the resume is a change of the run (refused unless allowed, `resume.check_run_settings`).
+ADDED_LATER: dict[str, Any] = {"crop_sampler": "torchvision"}
+
+
+def settings_of_older_runs(resume: str | Path) -> dict[str, Any]:
+    """For `--resume RUN`: the ADDED_LATER settings RUN's record lacks, with the values it trained with."""
+    from vitlab.train.resume import recorded_config  # torch: only a resume reads a checkpoint's record
+
+    recorded = recorded_config(resume)
+    return {k: v for k, v in ADDED_LATER.items() if k not in recorded} if recorded else {}
+
+
 def resolve_config(recipe: str | None = None, yaml_path: str | Path | dict[str, Any] | None = None,
                    overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults < recipe (or preset) < YAML file < explicit overrides; the result is what the run saves.
+    """Defaults < recipe (or preset) < YAML file < (on resume) ADDED_LATER settings the run's record lacks <
+    explicit overrides; the result is what the run saves.
     `yaml_path` may also be the file's settings as a dict (a checkpoint's record of a run without config.yaml)."""
     if isinstance(yaml_path, dict):
         file_values, file_source = dict(yaml_path), "from the checkpoint's record of the run's settings"
@@ -327,7 +342,10 @@ def resolve_config(recipe: str | None = None, yaml_path: str | Path | dict[str, 
         file_values, file_source = (load_yaml(yaml_path) if yaml_path else {}), f"from {yaml_path}"
     name = recipe or file_values.get("recipe") or "small-data"
     cfg = apply_overrides(TrainConfig(), recipe_overrides(str(name)), source=f"from recipe {name}")
-    for values, source in ((file_values, file_source), (overrides or {}, "from the command line")):
+    resume = (overrides or {}).get("resume")
+    older = settings_of_older_runs(resume) if resume else {}  # below the command line: a value given there wins
+    layers = ((file_values, file_source), (older, "as the resumed run trained"), (overrides or {}, "from the command line"))
+    for values, source in layers:
         cfg = apply_overrides(cfg, values, source=source)
         epochs_win_over_earlier_steps(cfg, values, source)
     validate(cfg)

@@ -18,7 +18,7 @@ import torch.nn as nn
 from vitlab.errors import VitlabError
 from vitlab.runtime import auto_threads
 from vitlab.train.checkpoint import checkpoint_folder, load_resume_state
-from vitlab.train.config import TrainConfig, load_yaml, recorded_values
+from vitlab.train.config import ADDED_LATER, TrainConfig, load_yaml, recorded_values
 from vitlab.train.run_dir import RunDir
 
 # Decided once when a run starts, recorded in config.yaml and each checkpoint, restored by --resume:
@@ -32,9 +32,6 @@ NEUTRAL_SETTINGS = ("out_dir", "name", "resume", "quiet", "log_every", "ckpt_eve
 # Filled in by the run when not given, then recorded: a resume that leaves them unset continues with the
 # record (a study rebuilding its settings from scratch passes them unset).
 FILLED_BY_THE_RUN: dict[str, Any] = {"image_size": None, "model_args": {}}
-# Settings added after runs were recorded without them: a config.yaml that lacks one trained with the value here
-# (the behaviour before the setting existed), which its resume keeps, whatever the recipe now says.
-ADDED_LATER: dict[str, Any] = {"crop_sampler": "torchvision"}
 
 
 def resolve_threads(cfg: TrainConfig) -> int:
@@ -113,10 +110,8 @@ def check_run_settings(cfg: TrainConfig, allow_change: tuple[str, ...],
     """Model, data and split, batch, seed, optimizer, schedule, augmentation...: every setting that shapes the
     run must match the record (else config.yaml would describe another run). Differences not allowed are
     refused in one line naming each with both values; returns the allowed ones."""
-    if recorded:
-        for name, old in ADDED_LATER.items():
-            if name not in recorded:
-                setattr(cfg, name, old)
+    if recorded:  # a setting the run was recorded without: it trained with the value before the setting existed
+        recorded = {**{k: v for k, v in ADDED_LATER.items() if k not in recorded}, **recorded}
     differences = {}
     for name, before in recorded.items():
         if name in NEUTRAL_SETTINGS or name in NUMERIC_SETTINGS:
