@@ -16,6 +16,8 @@ from vitlab.commands._argtypes import (
 )
 
 STUDY_THREADS_HELP = THREADS_HELP + "; decided once for all the study's runs and recorded; a rerun uses the recorded count"
+STUDY_DEVICE_HELP = ("every run's device: auto (the GPU where there is one, else the CPU), cpu, cuda, cuda:1 "
+                     "(default auto); recorded, a rerun must give the same")
 
 
 def _names(text: str) -> list[str]:
@@ -90,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fine-tuning steps at the least, where --finetune-epochs of a small size are fewer")
     t.add_argument("--seed", type=seed_value, default=0, help="seed of the splits, the subsets and every run")
     t.add_argument("--threads", type=positive_int, help=STUDY_THREADS_HELP)
+    t.add_argument("--device", default="auto", help=STUDY_DEVICE_HELP)
     t.add_argument("--out", default="study-transfer", help="study folder (default study-transfer)")
     t.add_argument("--quiet", action="store_true", help="no progress bars, one line per epoch")
     t.set_defaults(func=run_transfer)
@@ -109,6 +112,7 @@ def run_transfer(args: argparse.Namespace) -> int:
         per_class=args.per_class, pretrain_epochs=args.pretrain_epochs, pretrain_lr=args.pretrain_lr,
         finetune_lr=args.finetune_lr, finetune_epochs=args.finetune_epochs,
         finetune_min_steps=args.finetune_min_steps, seed=args.seed, quiet=args.quiet, threads=args.threads,
+        device=args.device,
     )
     from vitlab.train.resume import resume_advice
 
@@ -154,6 +158,7 @@ def _register_scaling(studies: argparse._SubParsersAction) -> None:
     s.add_argument("--evals", type=positive_int, default=d.evals, help="validation passes per run, about (default 8)")
     s.add_argument("--seed", type=seed_value, default=d.seed, help="validation split seed and first run seed (default 0)")
     s.add_argument("--threads", type=positive_int, help=STUDY_THREADS_HELP)
+    s.add_argument("--device", default="auto", help=STUDY_DEVICE_HELP)
     s.add_argument("--out", default="study-scaling", help="study folder (default study-scaling)")
     s.add_argument("--quiet", action="store_true",
                    help="one line per run only; the training's own lines go to each run's train.log")
@@ -175,6 +180,7 @@ def run_scaling(args: argparse.Namespace) -> int:
         data=args.data, models=args.models, sizes=args.sizes, seeds=args.seeds, multi_seed_max=args.multi_seed_max,
         min_epochs=args.min_epochs, min_steps=args.min_steps, batch_size=args.batch_size, lr=args.lr,
         val_fraction=args.val_fraction, evals=args.evals, seed=args.seed, quiet=args.quiet, threads=args.threads,
+        device=args.device,
     )
     from vitlab.train.resume import resume_advice
 

@@ -73,6 +73,7 @@ class ScalingSettings:
     label_smoothing: float = 0.1
     evals: int = 8  # validation passes per run (at most; plus the last epoch)
     threads: int | None = None  # every run's CPU threads; None: decided once at the study's start, then recorded
+    device: str = "auto"  # every run's device (auto: the GPU where there is one)
     quiet: bool = False
 
 
@@ -113,6 +114,9 @@ def _check(st: ScalingSettings, out: Path) -> tuple[ScalingSettings, dict, dict,
     """Refuse bad values and changed settings; (the settings with the thread count decided, the record for
     settings.json once the study can start, the earlier record, why that thread count)."""
     check_models(st.models, "vit,hybrid,resnet26")
+    from vitlab.runtime import resolve_device
+
+    resolve_device(st.device)  # --device cuda without a GPU: one line before the study folder exists
     if not st.sizes or any(n < 1 for n in st.sizes):
         raise VitlabError(f"--sizes must be positive whole numbers, got {st.sizes}")
     if st.seeds < 1 or st.min_steps < 1 or st.min_epochs < 0 or st.evals < 1 or st.batch_size < 1:
@@ -138,7 +142,7 @@ def _train_overrides(name: str, size: int, seed: int, st: ScalingSettings, run: 
     epochs = math.ceil(steps / steps_per_epoch)
     # a validation pass over the fixed split costs about a third of a training epoch on it: cap their number
     return dict(
-        data=st.data, model=spec, model_args=args, image_size=image_size, threads=st.threads,
+        data=st.data, model=spec, model_args=args, image_size=image_size, threads=st.threads, device=st.device,
         out_dir=str(run.parent), name=run.name, steps=steps,
         batch_size=st.batch_size, lr=st.lr, warmup_steps=max(1, round(st.warmup_fraction * steps)),
         weight_decay=st.weight_decay, label_smoothing=st.label_smoothing, inception_crop=False,

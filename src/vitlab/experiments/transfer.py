@@ -73,6 +73,7 @@ class TransferSettings:
     finetune_batch: int = 16
     seed: int = 0
     threads: int | None = None  # every run's CPU threads; None: decided once at the study's start, then recorded
+    device: str = "auto"  # every run's device (auto: the GPU where there is one)
     quiet: bool = False
 
 
@@ -171,7 +172,7 @@ def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
         name=run.name, epochs=st.pretrain_epochs, batch_size=st.pretrain_batch, lr=st.pretrain_lr,
         warmup_epochs=0.5, weight_decay=0.05, label_smoothing=0.1, inception_crop=False, hflip=True,
         random_erasing=0.25, random_shift=1, seed=st.seed, quiet=st.quiet, ckpt_every=200, threads=st.threads,
-        image_size=size,
+        image_size=size, device=st.device,
     )
     if (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir()):
         overrides["resume"] = str(run)
@@ -212,7 +213,7 @@ def downstream(runs: dict[str, Path], per_class: int, data, st: TransferSettings
     steps = max(st.finetune_min_steps, math.ceil(st.finetune_epochs * n_train / batch))
     settings = CompareSettings(
         epochs=0, lr=st.finetune_lr, batch_size=batch, optimizer="adamw", weight_decay=0.0,
-        decay="cosine", seed=st.seed, quiet=st.quiet, eval_batch_size=500, threads=st.threads,
+        decay="cosine", seed=st.seed, quiet=st.quiet, eval_batch_size=500, threads=st.threads, device=st.device,
         # about ten validation passes per run: 10 images per class make 150 one-step "epochs"
         train_overrides={"steps": steps, "eval_every": max(1, round(math.ceil(steps / math.ceil(n_train / batch)) / 10))},
     )
@@ -468,6 +469,9 @@ def _start(st: TransferSettings, out: Path) -> tuple[TransferSettings, dict, str
     from vitlab.data import load_data
 
     check_models(st.models, "vit,hybrid,resnet", compare_folders=True)
+    from vitlab.runtime import resolve_device
+
+    resolve_device(st.device)  # --device cuda without a GPU: one line before the study folder exists
     if not st.per_class or any(n < 1 for n in st.per_class):
         raise VitlabError(f"--per-class sizes must be positive, got {st.per_class}")
     source = load_data(st.data, val_fraction=0.1, seed=st.seed, progress=False)  # a typo in --data fails here
