@@ -74,7 +74,7 @@ def normal_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]
 
 def topk_accuracy(logits: Any, y_true: Any, k: int) -> float:
     """Fraction of examples whose true class is among the k highest logits (ties: lower class index first)."""
-    lg = torch.as_tensor(logits).detach().cpu().float()
+    lg = torch.as_tensor(logits).detach().cpu().double()  # float32 would turn tiny float64 scores into ties at 0
     t = _as_long(y_true, "y_true")
     k = min(k, lg.shape[1])
     # Ties (tied logits, probabilities that underflow to 0, kNN classes without a neighbour) are broken like argmax,

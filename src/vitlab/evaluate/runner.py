@@ -185,8 +185,9 @@ def head_loss(scores: torch.Tensor, labels: Any, mapped: bool = False) -> float:
     if y.numel() == 0:
         return float("nan")
     s = scores.float()
-    if mapped:
-        logp = torch.log(s.clamp_min(1e-30)) - torch.log(s.sum(dim=1, keepdim=True).clamp_min(1e-30))
+    if mapped:  # float64, as mapped_scores gives them: in float32 (and a 1e-30 floor) tiny probabilities read as loss 0
+        s = scores.double()
+        logp = torch.log(s.clamp_min(1e-300)) - torch.log(s.sum(dim=1, keepdim=True).clamp_min(1e-300))
         return float(torch.nn.functional.nll_loss(logp, y))
     return float(torch.nn.functional.cross_entropy(s, y))
 
@@ -292,12 +293,14 @@ def evaluate_model(
                                         train_images=int(np.minimum(counts, r["shots"]).sum()), note=note))
         if tr is not None:
             if frozen.knn:
-                from vitlab.evaluate.knn import knn_scores
+                from vitlab.evaluate.knn import knn_scores, knn_top5
 
                 ks = knn_scores(tr.features, tr.labels, test_x, k, frozen.knn_k, frozen.knn_temperature,
                                 progress=progress)
                 mk = classification_metrics(test_y, ks.argmax(1).numpy(), k, class_names, logits=ks)
                 used = min(frozen.knn_k, len(tr.labels))  # knn_scores takes every image when there are fewer than k
+                if "top5" in mk:  # DINO's: top-min(5, k); classes without a vote are no hits
+                    mk["top5"] = knn_top5(ks, test_y, used)
                 asked = {} if used == frozen.knn_k else {"k_asked": frozen.knn_k}
                 result.knn = {"k": used, **asked, "temperature": frozen.knn_temperature, "n_train": len(tr.labels),
                               **mk}

@@ -226,8 +226,12 @@ def check_every_class_mapped(mapping: dict[int, list[int]], names: list[str]) ->
 
 
 def mapped_scores(logits: torch.Tensor, class_map: Sequence[Sequence[int]]) -> torch.Tensor:
-    """(B, K_new) scores: summed pretrained probabilities of each new class's head classes."""
-    probs = logits.float().softmax(dim=-1)
+    """(B, K_new) scores: summed pretrained probabilities of each new class's head classes (float64).
+
+    float64 because in float32 a probability underflows to 0 once its logit is ~104 below the head's largest: a
+    test image the head gives to an unmapped class that confidently tied every data class at 0, and argmax said
+    class 0 whatever the restricted logits said (float64 holds to a gap of ~745)."""
+    probs = logits.double().softmax(dim=-1)
     return torch.stack([probs[:, list(idx)].sum(dim=1) for idx in class_map], dim=1)
 
 
