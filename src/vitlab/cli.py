@@ -70,7 +70,9 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if message.startswith("the following arguments are required"):  # `--weights W` for a positional WEIGHTS
-            message = _with_hint(self, message, _ARGV)
+            # unknown options only: the bare words of the whole command line (the sub-command's name, option
+            # values) are no leftover argument, and `vitlab compare --models a,b` is missing --data, not --weights
+            message = _with_hint(self, message, _ARGV, bare=False)
         elif hint := _choice_hint(self, message):  # `vitlab modles`, `--format tabel`
             message = f"{message}; {hint}"
         self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
@@ -150,6 +152,9 @@ def _choice_hint(parser: argparse.ArgumentParser, message: str) -> str:
     choices = [str(c) for a in parser._actions if argparse._get_action_name(a) == name and a.choices
                for c in a.choices]
     close = difflib.get_close_matches(value.lower(), choices, n=1, cutoff=0.6)
+    if not close and len(value) >= 3:  # cut short (`--engine onnx`): the one choice it begins, if only one
+        close = [c for c in choices if c.startswith(value.lower())]
+        close = close if len(close) == 1 else []
     return f"did you mean {close[0]!r}?" if close else ""
 
 
@@ -166,10 +171,11 @@ def _positional_hint(parser: argparse.ArgumentParser, tokens: list[str]) -> str:
     return ""
 
 
-def _with_hint(parser: argparse.ArgumentParser, message: str, tokens: list[str]) -> str:
-    """`message` and the hint for the first unknown option in `tokens` that has one (else for a bare argument)."""
+def _with_hint(parser: argparse.ArgumentParser, message: str, tokens: list[str], bare: bool = True) -> str:
+    """`message` and the hint for the first unknown option in `tokens` that has one (else, with `bare`, for a
+    bare argument: `tokens` are the leftover arguments)."""
     hints = [h for h in (_hint(parser, o) for o in _unknown_options(parser, tokens)) if h]
-    hints = hints or [h for h in (_positional_hint(parser, tokens),) if h]
+    hints = hints or [h for h in (_positional_hint(parser, tokens) if bare else "",) if h]
     return f"{message}; {hints[0]}" if hints else message
 
 

@@ -119,7 +119,7 @@ def study_threads(given: int | None, recorded: object = None) -> tuple[int, str]
             raise VitlabError(f"--threads must be >= 1, got {given}")
         return int(given), "--threads"
     if isinstance(recorded, int) and recorded >= 1:
-        return recorded, "recorded by the study's first run"
+        return recorded, "decided when the study started"
     return choose_threads(None)
 
 

@@ -16,8 +16,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
                    help=engine_help or "what runs the model on the CPU: auto (time torch, ONNX Runtime and OpenVINO, where "
                         "installed, once per machine and shape, keep the fastest exact one; cached beside the model), "
                         "torch (eager), onnxruntime (fused fp32 graph), compiled (torch.compile), openvino (needs "
-                        f"vitlab[openvino]) (default {default}); with --device auto, onnxruntime, compiled, openvino "
-                        "and --int8 run on the CPU also where a GPU is present")
+                        f"vitlab[openvino]) (default {default}); with --device auto, onnxruntime, compiled"
+                        f"{', openvino and --int8' if int8 else ' and openvino'} run on the CPU also where a GPU is "
+                        "present")  # inspect has no --int8: its help named a flag it refuses
     if int8:
         p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
                        help="int8 inference in ONNX Runtime or OpenVINO (with --engine auto: both, where installed; "

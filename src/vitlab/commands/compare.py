@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if summary["failed"]:
         # non-zero so that scripts notice a missing row; the tables for the others are written anyway
         reasons = "; ".join(f"{r['model']} ({r['error']})" for r in summary["models"] if r["status"] != "ok")
-        raise VitlabError(f"{len(summary['failed'])} of {len(models)} models failed: {reasons}; the others are in "
+        n, total = len(summary["failed"]), len(models)
+        where = ("the others are in" if n < total else "their rows are in")  # "the others" of 1 of 1 are none
+        raise VitlabError(f"{n} of {total} model{'s' if total != 1 else ''} failed: {reasons}; {where} "
                           f"{out / 'compare.md'}; rerun the same command to retry only the failed ones")
     return 0
 

@@ -172,6 +172,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_
         test_fraction=pick("test_fraction", args.test_fraction, 0.1),
         seed=pick("seed", args.seed, 0),
         progress=not getattr(args, "quiet", False),
+        report=True,  # what the loader left out (files in no class folder, tst/ not read) is said under --quiet too
         eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
         model_side=model_side,  # file images stored at least as large as the model reads them (up to their own size)
         squash=squash,  # and whole, not cropped, for a model whose preprocessing is a plain resize (as predict gives it)

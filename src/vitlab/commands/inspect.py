@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--components", type=positive_int, default=28, help="principal components of the embedding filters (default 28)")
     p.add_argument("--image-size", type=int, default=None, help="run at this input size (position embeddings resampled)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per model call")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ... (default auto: cuda when available)")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     p.add_argument("--seed", type=seed_value, default=0, help="which images --data picks (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only notes on what the report leaves out "
@@ -146,7 +146,8 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
         labels.append(f.stem[:16])
     remaining = args.num_images - len(tensors)
     if files and not args.data and remaining > 0 and getattr(args, "num_images_given", False):
-        notes.append(f"-n {args.num_images}: only {len(tensors)} --images given, so {len(tensors)} are used")
+        notes.append(f"-n {args.num_images}: only {len(tensors)} --images given, so {len(tensors)} "
+                     f"{'are' if len(tensors) != 1 else 'is'} used")
     if args.data and remaining > 0:
         from vitlab.data import load_data
 
@@ -163,8 +164,9 @@ def gather_images(args: argparse.Namespace, preprocess) -> tuple[torch.Tensor, l
         ds = getattr(splits, split)
         settings.update(data=args.data, split=split, seed=args.seed)
         if remaining > len(ds):
-            notes.append(f"-n {args.num_images}: the {split} split of {args.data} has only {len(ds)} images, "
-                         f"so {len(tensors) + len(ds)} are used")
+            used = len(tensors) + len(ds)
+            notes.append(f"-n {args.num_images}: the {split} split of {args.data} has only {len(ds)} "
+                         f"image{'s' if len(ds) != 1 else ''}, so {used} {'are' if used != 1 else 'is'} used")
         order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(args.seed))[:remaining]
         for i in order.tolist():
             img, y = ds[i]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 # flag -> (TrainConfig field, type, help)
 _FLAGS: list[tuple[str, str, object, str]] = [
@@ -165,9 +166,14 @@ def print_summary(result, quiet: bool = False) -> None:
                                               "RUN` computes in fp32 and can differ slightly)")
         lines.append(f"accuracy {tm['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}), macro-F1 {tm['macro_f1']:.4f} "
                      f"on {tm['n']} held-out images{how}")
+    else:  # said, not left out: the run ended with no score at all
+        lines.append("no accuracy: the data has no validation or test split to score (none given, and too few images per "
+                     "class to carve one); add images, or give val/ and test/ folders beside train/")
     lines.append(f"wall time {result.wall_time_s:.0f} s, {result.images_per_s:.0f} training images/s")
-    lines.append(f"run folder: {result.run_dir}  (summary.json, metrics.jsonl, loss.png, accuracy.png, "
-                 f"confusion_matrix.png, model/)")
+    # the files this run wrote (no held-out split: no confusion matrix)
+    names = ("summary.json", "metrics.jsonl", "loss.png", "accuracy.png", "confusion_matrix.png", "model")
+    written = [n + ("/" if n == "model" else "") for n in names if (Path(result.run_dir) / n).exists()]
+    lines.append(f"run folder: {result.run_dir}  ({', '.join(written)})")
     if "tensorboard" in str(getattr(result.config, "logger", "")):
         lines.append(f"watch it: tensorboard --logdir {result.run_dir / 'tensorboard'}")
     for line in lines:

@@ -152,6 +152,24 @@ def build_size(spec: str, image_size: int | None, side: int | None) -> int | Non
     return fitted if side else None
 
 
+def check_label_family(ms: ModelSpec, config) -> None:
+    """An entry with --weights is only the tables' name for them, but a registry name of another family is a
+    mix-up (`--models vit-b/16,resnet-50 --weights=resnet50.pth,ViT-B_16.npz`): its row would call a ResNet
+    'vit-b/16'. Refused; a free label (`my-vit`) or a name of the same family is taken as it is."""
+    from vitlab.evaluate.loading import parse_model_spec
+    from vitlab.models.registry import get_config
+
+    try:
+        named = get_config(parse_model_spec(ms.spec)[0]).arch
+    except VitlabError:  # not a registry name: a label
+        return
+    if named != config.arch:
+        kind = {"vit": "ViT", "resnet": "ResNet"}
+        raise VitlabError(f"--models entry {ms.spec!r} names a {kind.get(named, named)}, but its --weights "
+                          f"{ms.weights!r} hold a {kind.get(config.arch, config.arch)} ({config.name}); give "
+                          "--weights in the order of --models, or call the entry by a label of your own")
+
+
 def _load(ms: ModelSpec, data, st: CompareSettings):
     """(loaded model, preprocess, source, local weights path or None) for one entry.
 
@@ -171,6 +189,8 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
     if path is not None:
         lm = load_for_eval(str(path), image_size=st.image_size)
         source = "pretrained" if lm.source == "weights" else "vitlab run"
+        if ms.weights:
+            check_label_family(ms, lm.model.config)
     else:
         size = build_size(ms.spec, st.image_size, _data_side(data))
         lm = load_for_eval(ms.spec, num_classes=data.num_classes, image_size=size,
@@ -265,6 +285,9 @@ def check_data(data, st: CompareSettings) -> None:
     if data.num_classes < 2:
         raise VitlabError(f"the data has {data.num_classes} class ({', '.join(map(str, data.class_names))}); a "
                           "comparison needs at least 2: give more with --classes A,B")
+    if data.test is None or len(data.test) == 0:  # every row is scored on it: each model failed, then a crash
+        raise VitlabError(f"the data has no test split ({data.summary()}): too few images per class to carve one; "
+                          "add images, give a test/ folder beside train/, or raise --test-fraction")
     batch = int(st.train_overrides.get("batch_size", st.batch_size))
     if batch > len(data.train):
         raise VitlabError(f"--batch-size {batch} is larger than the training set ({len(data.train)} images); "

@@ -425,7 +425,7 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
 
     out = Path(out_dir)
     st, now, before, why = _check(st, out)  # bad values fail before the folder exists
-    data = load_data(st.data, val_fraction=st.val_fraction, seed=st.seed, progress=not st.quiet)
+    data = load_data(st.data, val_fraction=st.val_fraction, seed=st.seed, progress=not st.quiet, report=True)
     if data.val is None or data.test is None:
         raise VitlabError(f"{st.data} gave no validation or test split; the study needs both")
     if data.num_classes < 2:  # one class: every prediction is right, 100 % says nothing

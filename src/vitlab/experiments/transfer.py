@@ -110,10 +110,20 @@ def study_model(name: str) -> tuple[str, dict[str, Any], int | None]:
 def model_config(name: str, num_classes: int, side: int, channels: int):
     """The model's config for this data (its classes, channels and size, or the spec's image_size): a name,
     override or size that cannot work fails here, before anything is trained or written."""
+    import difflib
+
     from vitlab.models.registry import get_config
 
     spec, args, size = study_model(name)
-    return get_config(spec, num_classes=num_classes, image_size=size or side, in_chans=channels, **args)
+    try:
+        return get_config(spec, num_classes=num_classes, image_size=size or side, in_chans=channels, **args)
+    except VitlabError as exc:
+        # 'vitt', 'hybird': a slip of the study's own short names, which the registry's hint does not know
+        close = difflib.get_close_matches(name, list(STUDY_MODELS), n=1, cutoff=0.6)
+        if close and str(exc).startswith("unknown model"):
+            raise VitlabError(f"--models entry {name!r} is not one of the study's models ({', '.join(STUDY_MODELS)}) "
+                              f"nor a registry name; did you mean {close[0]!r}?") from None
+        raise
 
 
 def check_models(models: list[str], example: str, *, compare_folders: bool = False) -> None:
@@ -477,6 +487,12 @@ def _start(st: TransferSettings, out: Path) -> tuple[TransferSettings, dict, str
     source = load_data(st.data, val_fraction=0.1, seed=st.seed, progress=False)  # a typo in --data fails here
     names = list(source.class_names)
     up, down = _class_sets(st, names)
+    # the pre-training's batch has no flag here: train's refusal ("use --batch-size N") named a flag the study
+    # lacks, and came after settings.json was written
+    n_up = sum(int(y) in up for y in source.train.labels.tolist())
+    if n_up < st.pretrain_batch:
+        raise VitlabError(f"the upstream classes have {n_up} training images, fewer than one pre-training batch "
+                          f"({st.pretrain_batch}); add images to them, or give more classes with --upstream")
     for name in st.models:
         model_config(name, len(up), int(source.train.image_size[0]), source.channels)
     before = read_settings(out)

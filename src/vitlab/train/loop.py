@@ -290,7 +290,7 @@ class TrainingRun:
         """The data, the model (built, or given) and its train / eval transforms."""
         cfg = self.cfg
         if data is None:
-            data = load_splits(cfg, progress=self.show)
+            data = load_splits(cfg, progress=self.show, report=self.main)  # the data's notes also under --quiet
         if data.train is None or len(data.train) == 0:
             raise VitlabError("the data has no training images")
         if data.num_classes < 2:  # one class: every prediction is right, and the run reports 100 %

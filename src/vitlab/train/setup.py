@@ -42,11 +42,13 @@ def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 9_973 + micro * 131 + rank * 17 + 7) % (2**62)
 
 
-def load_splits(cfg: TrainConfig, progress: bool):
+def load_splits(cfg: TrainConfig, progress: bool, report: bool | None = None):
+    """The run's data; `report` (default: `progress`) prints what the loader noticed (files in no class folder,
+    a --per-class above a class's size, copies across splits): --quiet turns off the progress bars, not those."""
     from vitlab.data import load_data
 
     return load_data(cfg.data, classes=cfg.classes, per_class=cfg.per_class, val_fraction=cfg.val_fraction,
-                     seed=cfg.seed, progress=progress, model_side=training_side(cfg))
+                     seed=cfg.seed, progress=progress, report=report, model_side=training_side(cfg))
 
 
 def training_side(cfg: TrainConfig) -> int | None:
