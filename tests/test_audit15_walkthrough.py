@@ -246,3 +246,20 @@ def test_compare_quiet_still_says_what_the_data_loader_left_out(tmp_path, capsys
     err = capsys.readouterr().err
     assert f"data: {root}: tst/ not read: beside split folders only train/, val/ and test/" in err
     assert err.count("tst/ not read") == 1
+
+
+def test_evaluate_refuses_one_class(tmp_path, capsys):
+    # `vitlab evaluate MODEL --data oneclass/` reported "zero-shot (fresh head, chance) 100.00 %" (any head restricted
+    # to one class is always right); train, compare and the studies refuse one class
+    from vitlab.models.registry import create_model
+    from vitlab.weights import save_native
+
+    root = tmp_path / "one"
+    for i in range(12):
+        _png(root / "a" / f"{i}.png", i)
+    vit = create_model("custom", dim=8, depth=1, heads=1, mlp_dim=16, patch_size=4, image_size=8, num_classes=2,
+                       seed=0)
+    save_native(vit, tmp_path / "vit", class_names=["a", "b"])
+    assert main(["evaluate", str(tmp_path / "vit"), "--data", str(root), "--engine", "torch", "--quiet"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the data has 1 class (a)" in err[0], err

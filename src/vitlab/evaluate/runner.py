@@ -215,6 +215,10 @@ def evaluate_model(
     frozen = frozen or FrozenOptions()
     class_names = list(data.class_names)
     k = len(class_names)
+    if k < 2:  # every head (restricted to the data's classes, or fresh) says that class: 100 % that says nothing
+        raise VitlabError(f"the data has {k} class ({', '.join(map(str, class_names))}): every prediction among its "
+                          "classes is right, so an accuracy would say nothing; give at least 2 classes (--classes A,B), "
+                          "or see what the model says about these images with `vitlab predict`")
     test = _split(data, split)
     if frozen.any and split == "train":  # kNN scored each training image against itself (its own nearest neighbour)
         raise VitlabError("few-shot, kNN and the linear probe learn from the train split, so scoring them on it tests "
