@@ -263,3 +263,21 @@ def test_evaluate_refuses_one_class(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "vit"), "--data", str(root), "--engine", "torch", "--quiet"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the data has 1 class (a)" in err[0], err
+
+
+def test_evaluate_says_why_a_trained_model_got_a_fresh_head(tmp_path, capsys):
+    # data classes a, b, boot on a model of classes a, b, c: "zero-shot (fresh head, chance)" with no word on why
+    from vitlab.models.registry import create_model
+    from vitlab.weights import save_native
+
+    root = tmp_path / "photos"
+    for k, c in enumerate(("a", "b", "boot")):
+        for i in range(10):
+            _png(root / c / f"{i}.png", i + 100 * k)
+    vit = create_model("custom", dim=8, depth=1, heads=1, mlp_dim=16, patch_size=4, image_size=8, num_classes=3,
+                       seed=0)
+    save_native(vit, tmp_path / "vit", class_names=["a", "b", "c"])
+    assert main(["evaluate", str(tmp_path / "vit"), "--data", str(root), "--engine", "torch", "--quiet",
+                 "--out", str(tmp_path / "ev")]) == 0
+    out = capsys.readouterr().out
+    assert "fresh head" in out and "1 of the data's 3 classes are not among the model's class names ('boot')" in out

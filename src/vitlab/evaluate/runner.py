@@ -119,6 +119,17 @@ def choose_head_mode(
     return "fresh", None
 
 
+def fresh_head_reason(data_classes: Sequence[str], model_classes: Sequence[str] | None, n_head: int) -> str:
+    """Why `auto` gave a trained model a fresh head: said in the row's note, not left to the label alone."""
+    if model_classes is None or len(model_classes) != n_head:
+        return (f"the model's {n_head} outputs carry no class names and the data has {len(data_classes)} classes; "
+                "--zero-shot-map maps them")
+    known = {_norm(c) for c in model_classes}
+    missing = [c for c in data_classes if _norm(c) not in known]
+    return (f"{len(missing)} of the data's {len(data_classes)} classes are not among the model's class names "
+            f"({', '.join(map(repr, missing[:3]))}{', ...' if len(missing) > 3 else ''}); --zero-shot-map maps them")
+
+
 def head_label(mode: str, model: nn.Module) -> str:
     if mode == "trained":
         return zs.LABEL_TRAINED
@@ -253,6 +264,8 @@ def evaluate_model(
     if mode == "mapped":
         where = zs.read_class_map(zero_shot_map)[1] if zero_shot_map else "by class name"
         note = f"class map ({where}) {class_map}"
+    elif mode == "fresh" and not untrained and head == "auto":
+        note = fresh_head_reason(class_names, model_classes, int(getattr(model.config, "num_classes", 0)))
     result.rows.append(_row("head", label, m, note=note))
 
     if frozen.any:
