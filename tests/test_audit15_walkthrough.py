@@ -6,6 +6,7 @@ import argparse
 import numpy as np
 import pytest
 from PIL import Image
+from tests.test_cli_usage import usage_error as _usage_error
 
 from vitlab.cli import main
 from vitlab.errors import VitlabError
@@ -17,13 +18,23 @@ def _png(path, value: int) -> None:
     Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(path)
 
 
-def _usage_error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
+def _classes(root, per_class: int, classes=("a", "b")):
+    """`per_class` random 8 px PNGs in each class folder of `root`; returns `root`."""
+    for k, c in enumerate(classes):
+        for i in range(per_class):
+            _png(root / c / f"{i}.png", i + 100 * k)
+    return root
+
+
+def _tiny_vit(path, class_names):
+    """A saved untrained 8 px ViT whose head has `class_names`."""
+    from vitlab.models.registry import create_model
+    from vitlab.weights import save_native
+
+    vit = create_model("custom", dim=8, depth=1, heads=1, mlp_dim=16, patch_size=4, image_size=8,
+                       num_classes=len(class_names), seed=0)
+    save_native(vit, path, class_names=list(class_names))
+    return path
 
 
 def test_a_missing_required_option_gets_no_weights_hint(capsys):
@@ -42,10 +53,7 @@ def test_a_missing_required_option_gets_no_weights_hint(capsys):
 def test_train_quiet_still_says_what_the_data_loader_left_out(tmp_path, capsys):
     # --quiet is "no progress bar"; it also dropped the data's notes: a file in no class folder not read, a
     # --per-class above a class's size, said by `vitlab train` without --quiet and by `vitlab data inspect`
-    root = tmp_path / "photos"
-    for c in ("a", "b"):
-        for i in range(10):
-            _png(root / c / f"{i}.png", i + (0 if c == "a" else 100))
+    root = _classes(tmp_path / "photos", 10)
     _png(root / "stray.png", 999)
     code = main(["train", "--data", str(root), "--model", "custom", "--model-args",
                  "dim=8,depth=1,heads=1,mlp_dim=16,patch_size=4", "--image-size", "8", "--batch-size", "4",
@@ -60,17 +68,10 @@ def test_train_quiet_still_says_what_the_data_loader_left_out(tmp_path, capsys):
 def test_evaluate_quiet_still_says_what_the_data_loader_left_out(tmp_path, capsys):
     # the same for `vitlab evaluate --quiet` (and compare, which loads through it): the stray file was left out
     # without a word
-    from vitlab.models.registry import create_model
-    from vitlab.weights import save_native
 
-    root = tmp_path / "photos"
-    for c in ("a", "b"):
-        for i in range(10):
-            _png(root / c / f"{i}.png", i + (0 if c == "a" else 100))
+    root = _classes(tmp_path / "photos", 10)
     _png(root / "stray.png", 999)
-    vit = create_model("custom", dim=8, depth=1, heads=1, mlp_dim=16, patch_size=4, image_size=8, num_classes=2,
-                       seed=0)
-    save_native(vit, tmp_path / "vit", class_names=["a", "b"])
+    _tiny_vit(tmp_path / "vit", ["a", "b"])
     assert main(["evaluate", str(tmp_path / "vit"), "--data", str(root), "--engine", "torch", "--threads", "1",
                  "--quiet"]) == 0
     err = capsys.readouterr().err
@@ -119,16 +120,9 @@ def test_a_study_model_typo_names_the_study_model(typo, meant):
 def test_compare_refuses_a_registry_name_of_another_family_for_its_weights(tmp_path, capsys):
     # `--models resnet-50 --weights=VIT`: the row called a ViT-Ti 'resnet-50' (its parameter count the only sign),
     # as a --weights list in another order than --models would; a free label stays a label
-    from vitlab.models.registry import create_model
-    from vitlab.weights import save_native
 
-    root = tmp_path / "photos"
-    for c in ("a", "b"):
-        for i in range(10):
-            _png(root / c / f"{i}.png", i + (0 if c == "a" else 100))
-    vit = create_model("custom", dim=8, depth=1, heads=1, mlp_dim=16, patch_size=4, image_size=8, num_classes=2,
-                       seed=0)
-    save_native(vit, tmp_path / "vit", class_names=["a", "b"])
+    root = _classes(tmp_path / "photos", 10)
+    _tiny_vit(tmp_path / "vit", ["a", "b"])
     code = main(["compare", "--data", str(root), "--models", "resnet-50,my-vit",
                  f"--weights={tmp_path / 'vit'},{tmp_path / 'vit'}", "--epochs", "1", "--batch-size", "4",
                  "--precision", "fp32", "--threads", "1", "--out", str(tmp_path / "cmp"), "--quiet"])
@@ -142,10 +136,7 @@ def test_compare_refuses_a_registry_name_of_another_family_for_its_weights(tmp_p
 def test_compare_refuses_data_without_a_test_split_before_any_model(tmp_path, capsys):
     # 3 images per class: --test-fraction 0.1 carves no test split. Each model failed "while evaluating zero-shot"
     # with advice to "choose --split" (compare has none), then the command crashed on len(None)
-    root = tmp_path / "few"
-    for c in ("a", "b"):
-        for i in range(3):
-            _png(root / c / f"{i}.png", i + (0 if c == "a" else 100))
+    root = _classes(tmp_path / "few", 3)
     out = tmp_path / "cmp"
     code = main(["compare", "--data", str(root), "--models", "custom(dim=8,depth=1,heads=1,mlp_dim=16,patch_size=4)",
                  "--epochs", "1", "--batch-size", "2", "--threads", "1", "--out", str(out), "--quiet"])
@@ -160,10 +151,7 @@ def test_compare_refuses_data_without_a_test_split_before_any_model(tmp_path, ca
 def test_train_without_held_out_images_says_there_is_no_accuracy(tmp_path, capsys):
     # 3 images per class carve no validation or test split: the run ended without an accuracy line, without a
     # word why, and listed a confusion_matrix.png it had not written
-    root = tmp_path / "few"
-    for c in ("a", "b"):
-        for i in range(3):
-            _png(root / c / f"{i}.png", i + (0 if c == "a" else 100))
+    root = _classes(tmp_path / "few", 3)
     code = main(["train", "--data", str(root), "--model", "custom", "--model-args",
                  "dim=8,depth=1,heads=1,mlp_dim=16,patch_size=4", "--image-size", "8", "--batch-size", "2",
                  "--steps", "1", "--threads", "1", "--precision", "fp32", "--quiet",
@@ -178,10 +166,7 @@ def test_train_without_held_out_images_says_there_is_no_accuracy(tmp_path, capsy
 
 def test_compare_with_every_model_failed_does_not_speak_of_the_others(tmp_path, capsys):
     # "1 of 1 models failed: ...; the others are in OUT/compare.md": there were no others
-    root = tmp_path / "photos"
-    for c in ("a", "b"):
-        for i in range(10):
-            _png(root / c / f"{i}.png", i + (0 if c == "a" else 100))
+    root = _classes(tmp_path / "photos", 10)
     (tmp_path / "junk.safetensors").write_bytes(b"not a checkpoint")
     out = tmp_path / "cmp"
     code = main(["compare", "--data", str(root), "--models", "bad", f"--weights={tmp_path / 'junk.safetensors'}",
@@ -251,15 +236,11 @@ def test_compare_quiet_still_says_what_the_data_loader_left_out(tmp_path, capsys
 def test_evaluate_refuses_one_class(tmp_path, capsys):
     # `vitlab evaluate MODEL --data oneclass/` reported "zero-shot (fresh head, chance) 100.00 %" (any head restricted
     # to one class is always right); train, compare and the studies refuse one class
-    from vitlab.models.registry import create_model
-    from vitlab.weights import save_native
 
     root = tmp_path / "one"
     for i in range(12):
         _png(root / "a" / f"{i}.png", i)
-    vit = create_model("custom", dim=8, depth=1, heads=1, mlp_dim=16, patch_size=4, image_size=8, num_classes=2,
-                       seed=0)
-    save_native(vit, tmp_path / "vit", class_names=["a", "b"])
+    _tiny_vit(tmp_path / "vit", ["a", "b"])
     assert main(["evaluate", str(tmp_path / "vit"), "--data", str(root), "--engine", "torch", "--quiet"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the data has 1 class (a)" in err[0], err
@@ -267,16 +248,12 @@ def test_evaluate_refuses_one_class(tmp_path, capsys):
 
 def test_evaluate_says_why_a_trained_model_got_a_fresh_head(tmp_path, capsys):
     # data classes a, b, boot on a model of classes a, b, c: "zero-shot (fresh head, chance)" with no word on why
-    from vitlab.models.registry import create_model
-    from vitlab.weights import save_native
 
     root = tmp_path / "photos"
     for k, c in enumerate(("a", "b", "boot")):
         for i in range(10):
             _png(root / c / f"{i}.png", i + 100 * k)
-    vit = create_model("custom", dim=8, depth=1, heads=1, mlp_dim=16, patch_size=4, image_size=8, num_classes=3,
-                       seed=0)
-    save_native(vit, tmp_path / "vit", class_names=["a", "b", "c"])
+    _tiny_vit(tmp_path / "vit", ["a", "b", "c"])
     assert main(["evaluate", str(tmp_path / "vit"), "--data", str(root), "--engine", "torch", "--quiet",
                  "--out", str(tmp_path / "ev")]) == 0
     out = capsys.readouterr().out
