@@ -187,6 +187,16 @@ def lock_run_folder(lock: RunLock, run: RunDir, info: D.DistInfo, force: bool) -
 
 
 
+def stream_order(train) -> dict[str, int] | None:
+    """What the order of streamed shards depends on besides (seed, epoch, world size): DataLoader workers (half the
+    cores) and the shuffle buffer (VITLAB_SHUFFLE_BUFFER). Recorded in each checkpoint and restored by a resume, which
+    read another order on a machine with other cores or another buffer; None for other data (order by seed only)."""
+    from vitlab.data.loader import default_workers
+    from vitlab.data.shards import ShardDataset, shuffle_buffer
+
+    return {"workers": default_workers(), "buffer": shuffle_buffer()} if isinstance(train, ShardDataset) else None
+
+
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.sum(-targets * F.log_softmax(logits, dim=-1), dim=-1).mean()
 
@@ -316,7 +326,12 @@ class TrainingRun:
     def train_loader(self, epoch: int, skip: int):
         """This process's micro-batches of one epoch, the first `skip` left out (a resume mid-epoch)."""
         from vitlab.data import make_loader
+        from vitlab.data.shards import ShardDataset, ShardStreamLoader
 
+        if isinstance(self.data.train, ShardDataset):  # the order depends on workers and buffer: the run's own
+            return ShardStreamLoader(self.data.train, self.micro, seed=self.cfg.seed, epoch=epoch, skip_batches=skip,
+                                     drop_last=True, rank=self.info.rank, world_size=self.info.world_size,
+                                     num_workers=self.stream_order["workers"], buffer=self.stream_order["buffer"])
         return make_loader(self.data.train, self.micro, shuffle=True, seed=self.cfg.seed, epoch=epoch,
                            skip_batches=skip, drop_last=True, rank=self.info.rank, world_size=self.info.world_size,
                            num_workers=None)
@@ -324,6 +339,7 @@ class TrainingRun:
     def setup_batches(self) -> None:
         """Batch arithmetic: global batch = micro x processes x accumulation; steps of an epoch and of the run."""
         cfg, world = self.cfg, self.info.world_size
+        self.stream_order = stream_order(self.data.train)
         self.micro, accum = split_batch(cfg.batch_size, cfg.micro_batch, world)
         batches = self.train_loader(0, 0).total_batches
         self.plan = plan_steps(cfg, self.micro, world, accum, batches, len(self.data.train))
@@ -395,6 +411,8 @@ class TrainingRun:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_state(state)
+        if self.stream_order is not None and state.get("stream_order"):  # as threads: the run's, not this machine's
+            self.stream_order = dict(state["stream_order"])
         restore_rng(state["rng"], self.info.rank)
         step = self.progress.global_step
         self.run.truncate_metrics(step)
@@ -463,7 +481,7 @@ class TrainingRun:
                 "rng": rngs, **self.progress.to_state(), "config": self.cfg.to_dict(),
                 "world_size": self.info.world_size, "wall_time_s": self.wall_time(),
                 "cpu_time_s": self.cpu_time(), META_KEY: self.model_meta(),
-                "data": self.data_identity()}
+                "data": self.data_identity(), "stream_order": self.stream_order}
 
     def data_identity(self) -> dict[str, Any]:
         """What a resume checks it trains on the same data with (`DataSplits.identity`)."""
@@ -569,7 +587,11 @@ class TrainingRun:
         correct = torch.zeros((), device=device)
         seen = 0
         for m in range(self.plan.accum):
-            x, y = next(loader)
+            # the loader leaves the global RNG (dropout, stochastic depth) alone: a DataLoader over streamed files
+            # draws its workers' base seed from it when its iterator starts, at the epoch's first batch in an
+            # uninterrupted run but at the resumed step's after a mid-epoch resume (another dropout from there on)
+            with torch.random.fork_rng(devices=[]):
+                x, y = next(loader)
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
             loss, logits = self.forward_backward(x, y, m)
@@ -669,8 +691,11 @@ class TrainingRun:
         return vm["accuracy"]
 
     def predict(self, split) -> tuple[torch.Tensor, torch.Tensor]:
-        return predict_split(self.eval_model, split, self.eval_tf, self.device, self.precision,
-                             self.cfg.eval_batch_size, self.info)
+        # RNG-neutral as the training batches (accumulate): a DataLoader over streamed files draws from the global
+        # RNG, and --eval-every, which a resume may change, then changed the dropout of every later step
+        with torch.random.fork_rng(devices=[]):
+            return predict_split(self.eval_model, split, self.eval_tf, self.device, self.precision,
+                                 self.cfg.eval_batch_size, self.info)
 
     # ------------------------------------------------------------------------------- finish
     def finish(self) -> TrainResult:
