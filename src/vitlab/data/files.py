@@ -213,7 +213,10 @@ def _dedupe_files(entries: dict[str, list[tuple[str, str]]], skipped: list) -> d
                 again = "listed more than once" if path == first else f"the same file as {first}"
                 skipped.append((path, f"duplicate file ({again}; counted once)"))
         else:
-            where = ", ".join(sorted({f"{split}/{label}" for split, label in kinds}))
+            places_of = sorted({f"{split}/{label}" for split, label in kinds})
+            # a few places and the count: every listed path repeats this text, so all of them (a CSV naming one
+            # file under 200,000 labels) would make the list quadratic in the rows
+            where = ", ".join(places_of[:3]) + (f", ... ({len(places_of)} in all)" if len(places_of) > 3 else "")
             for split, i, path, _ in found:
                 drop.add((split, i))
                 skipped.append((path, f"same file in several classes or splits ({where}; skipped everywhere)"))

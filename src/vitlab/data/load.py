@@ -219,6 +219,10 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       one-line summary to stderr. `write_skipped(splits, run_dir)` writes the list into a run folder.
     """
     raw = read_source(source, storage_size, progress, model_side)
+    if raw.train is None or len(raw.train) == 0:  # every training row skipped (a Hugging Face set of bad cells)
+        first = f" (first: {raw.skipped[0][0]}: {raw.skipped[0][1]})" if raw.skipped else ""
+        raise VitlabError(f"no usable image in {source} for training: {len(raw.skipped)} files skipped{first}; "
+                          "check the files")
     # Splits are carved and --per-class drawn over all the source's classes, before --classes selects some: an
     # image's split must not depend on which other classes were selected, or in which order (a model trained on
     # the whole folder and then evaluated on a class subset was tested on its own training images).

@@ -109,6 +109,16 @@ def detect_format(path: str | Path) -> str:
 
         return "big_transfer" if big_transfer.is_big_transfer_file(p) else "official"
     if p.suffix == ".npz":  # a safetensors or torch file named .npz
+        import zipfile
+
+        try:
+            zipfile.ZipFile(p).close()
+        except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+            with open(p, "rb") as fh:
+                cut_off_zip = fh.read(2) == b"PK"  # a cut-off .npz: not a torch file to report as one
+            if cut_off_zip:
+                raise VitlabError(f"{p} is a damaged zip archive ({type(exc).__name__}: {exc}); is the file "
+                                  "complete? re-download it") from exc
         return "state_dict"
     if p.name == "config.json" and (native.is_native(p.parent) or hf.is_hf_folder(p.parent)):
         return "native" if native.is_native(p.parent) else "hf"

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -379,6 +380,12 @@ class NpzArchive(Mapping):
         if not isinstance(self._npz, np.lib.npyio.NpzFile):
             raise VitlabError(f"{self.path} is a single .npy array, not an .npz checkpoint (a zip of named arrays)")
         self._members = {i.filename[:-4]: i for i in self._npz.zip.infolist() if i.filename.endswith(".npy")}
+        names = Counter(i.filename for i in self._npz.zip.infolist())
+        if len(names) != len(self._npz.zip.infolist()):  # zip tools disagree on which same-named member is the array
+            twice = sorted(n for n, count in names.items() if count > 1)
+            self._npz.close()
+            raise VitlabError(f"{self.path} holds the member {twice[0]} more than once (a damaged or crafted zip: "
+                              "which copy is the array is unclear); re-download or re-save the checkpoint")
         self._headers: dict[str, tuple[tuple[int, ...], np.dtype, int]] = {}
 
     def __getitem__(self, key: str) -> LazyArray:
@@ -449,6 +456,8 @@ class NpzArchive(Mapping):
             )
         try:
             array = self._npz[key]
+            if not array.dtype.isnative:  # big-endian floats (saved on such a machine): torch takes native order only
+                array = array.astype(array.dtype.newbyteorder("="))
             return bfloat16_bits_to_float32(array) if bf16 else array
         except Exception as exc:  # truncated data, CRC error
             raise VitlabError(f"cannot read the array {key!r} of {self.path} ({type(exc).__name__}: {exc}); "

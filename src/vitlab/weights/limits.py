@@ -92,6 +92,9 @@ def validate_preprocess(pre: dict | None, config: Any, source: str = "checkpoint
             f"{list(config.image_size)} in the file"
         )
     channels = check_int(f"{source}: preprocessing channels", pre.get("channels", config.in_chans), 1, MAX_IN_CHANS)
+    if channels != config.in_chans:  # predict would feed the model images it cannot take
+        raise VitlabError(f"{source}: stored preprocessing channels {channels} does not match the model's "
+                          f"in_chans {config.in_chans}; set it to {config.in_chans} in the file")
     _per_channel("mean", pre.get("mean", 0.5), channels, source)
     stds = _per_channel("std", pre.get("std", 0.5), channels, source)
     if any(s == 0 for s in stds):
