@@ -258,3 +258,15 @@ def test_evaluate_says_why_a_trained_model_got_a_fresh_head(tmp_path, capsys):
                  "--out", str(tmp_path / "ev")]) == 0
     out = capsys.readouterr().out
     assert "fresh head" in out and "1 of the data's 3 classes are not among the model's class names ('boot')" in out
+
+
+def test_inspect_summary_rounds_pixel_distances_it_shows():
+    # "uniform 116.4922 px", "< 58.2461 px": more digits than a pixel distance means
+    import numpy as np
+
+    from vitlab.inspect.summary import distance_summary, summary_lines
+
+    distance = np.array([[10.0, 30.0], [40.0, 60.0]])
+    line = next(s for s in summary_lines({"distance": distance_summary(distance, 116.4922, 224)})
+                if s.startswith("attention distance"))
+    assert "(uniform 116.5 px)" in line and "(< " in line and "4922" not in line and "2461" not in line

@@ -356,7 +356,8 @@ def write_tables(rows: list[dict], runs: list[dict], st: ScalingSettings, info: 
         f"size / batch {st.batch_size})), images seen = steps x {st.batch_size}; AdamW lr {st.lr:g}, cosine with "
         f"{100 * st.warmup_fraction:g} % warm-up sized to each run, weight decay {st.weight_decay:g}, label "
         f"smoothing {st.label_smoothing:g}, flip + random erasing + 1-pixel shift. Test numbers are those of the "
-        f"checkpoint with the best validation accuracy (about {st.evals} validation passes per run).", "",
+        f"checkpoint with the best validation accuracy (about {st.evals} validation "
+        f"pass{'es' if st.evals != 1 else ''} per run).", "",
         f"Seeds: {st.seeds} at sizes up to {st.multi_seed_max:,} (subset order, initialisation and data order "
         "re-drawn together), one above. 95 % CI: Wilson for one seed, Student's t over the seeds' accuracies for "
         "several (the seeds' spread, not the test set's sampling error); sd = the seeds' standard deviation. "
@@ -459,7 +460,9 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     jobs = [(name, e, s) for e in entries for s in e["seeds"] for name in st.models]
     for e in entries:
         if e["capped"]:
-            print(f"vitlab study scaling: size {','.join(map(str, e['requested']))} is more than the "
+            sizes = e["requested"]  # several requested sizes can be capped to the one size there is
+            print(f"vitlab study scaling: size{'s' if len(sizes) > 1 else ''} {', '.join(map(str, sizes))} "
+                  f"{'are' if len(sizes) > 1 else 'is'} more than the "
                   f"{len(data.train):,} training images left after the validation split; using all of them",
                   file=sys.stderr)
     runs = []

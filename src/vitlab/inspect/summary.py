@@ -113,7 +113,7 @@ def summary_lines(summary: dict) -> list[str]:
     if d := summary.get("distance"):
         out.append(
             f"attention distance: layer 1 heads {d['layer_min_px'][0]}-{d['layer_max_px'][0]} px, last layer "
-            f"{d['layer_min_px'][-1]}-{d['layer_max_px'][-1]} px (uniform {d['uniform_px']} px); local heads "
-            f"(< {d['local_threshold_px']} px) per layer {d['local_heads_per_layer']}; "
+            f"{d['layer_min_px'][-1]}-{d['layer_max_px'][-1]} px (uniform {d['uniform_px']:.1f} px); local heads "
+            f"(< {d['local_threshold_px']:.1f} px) per layer {d['local_heads_per_layer']}; "
             f"trend {d['slope_px_per_layer']:+} px per layer")
     return out
