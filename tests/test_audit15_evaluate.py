@@ -124,3 +124,21 @@ def test_evaluate_model_knn_top5_with_fewer_than_5_neighbours():
     res = evaluate_model(model, data, Preprocess.for_model(28, channels=1), frozen=FrozenOptions(knn=True, knn_k=1),
                          progress=False)
     assert res.knn["k"] == 1 and res.knn["top5"] == pytest.approx(res.knn["accuracy"])
+
+
+def test_fewshot_plot_marks_incomplete_shot_counts(tmp_path, monkeypatch):
+    """fewshot.png drew a shot count fitted on fewer images (a class smaller than the shots) like the others; the
+    table said "incomplete", the figure nothing. Such points are now hollow and named in the legend."""
+    from vitlab.evaluate import plots
+
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or real_save(fig, path))
+    curves = {"m": ([1, 5, 10, 25], [0.4, 0.6, 0.7, 0.72], [0.1, 0.05, 0.02, 0.0])}
+    plots.plot_fewshot(curves, tmp_path / "a.png", incomplete=[25])
+    plots.plot_fewshot(curves, tmp_path / "b.png")
+    labels = [[t.get_text() for t in fig.axes[0].get_legend().get_texts()] for fig in figures]
+    assert any(text.startswith("incomplete") for text in labels[0])
+    assert not any(text.startswith("incomplete") for text in labels[1])
+    hollow = figures[0].axes[0].collections[-1]
+    assert [tuple(p) for p in hollow.get_offsets()] == [(25.0, 72.0)]

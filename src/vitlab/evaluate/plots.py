@@ -127,13 +127,22 @@ def plot_fewshot(
     path: str | Path,
     title: str = "few-shot linear evaluation (closed-form ridge)",
     chance: float | None = None,
+    incomplete: Sequence[int] = (),
 ) -> Path:
-    """Accuracy vs shots per class, mean with a +-std band: `curves[name] = (shots, mean, std)`."""
+    """Accuracy vs shots per class, mean with a +-std band: `curves[name] = (shots, mean, std)`. Shot counts in
+    `incomplete` (a class had fewer training images than that) are drawn hollow and named in the legend: such a
+    point stands at its nominal shots but was fitted on fewer images."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    short = {int(k) for k in incomplete}
     for name, (shots, mean, std) in curves.items():
         m, s = np.asarray(mean, float), np.asarray(std, float)
-        ax.plot(shots, 100 * m, marker="o", label=name)
+        (line,) = ax.plot(shots, 100 * m, marker="o", label=name)
         ax.fill_between(shots, 100 * (m - s), 100 * (m + s), alpha=0.2)
+        hollow = [i for i, k in enumerate(shots) if int(k) in short]
+        if hollow:
+            ax.scatter([shots[i] for i in hollow], [100 * m[i] for i in hollow], s=80, facecolors="white",
+                       edgecolors=line.get_color(), linewidths=1.5, zorder=3,
+                       label="incomplete: a class has fewer images than the shots")
     if chance is not None:
         ax.axhline(100 * chance, color="grey", ls="--", label="chance")
     ax.set_xscale("log")

@@ -415,7 +415,8 @@ def write_report(result: EvalResult, out_dir: str | Path, title: str | None = No
         res = result.fewshot["results"]
         files["fewshot_png"] = plot_fewshot(
             {result.info["model"]: ([r["shots"] for r in res], [r["mean"] for r in res], [r["std"] for r in res])},
-            out / "fewshot.png", chance=1.0 / len(names))
+            out / "fewshot.png", chance=1.0 / len(names),
+            incomplete=[r["shots"] for r in res if not r.get("complete", True)])
     md = [f"# {title or 'Evaluation of ' + result.info['model']}", "",
           f"Split `{result.info['split']}`, {result.info['n_test']} images, {len(names)} classes. "
           "Accuracy CIs are 95% Wilson score intervals; few-shot rows are means over seeds (no CI).", "",
