@@ -5,15 +5,15 @@ not change what is trained), and when tar shards are streamed on a resume with a
 (the shards' order depends on both)."""
 
 import os
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
+from test_train_lifecycle import sigint_at_step  # a real SIGINT landing in a chosen step
 from test_train_loop import tiny_data  # the three-class 8x8 set shared by the training tests
-from vitlab.train import loop, resolve_config, train
+from vitlab.train import resolve_config, train
 
 pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # tests/conftest.py
 
@@ -59,18 +59,7 @@ def cfg_for(tmp_path, data, name, **kw):
 
 def interrupted(monkeypatch, cfg, step: int) -> Path:
     """Train until a SIGINT (a user's Ctrl-C) lands in step `step`: the run checkpoints that step and stops."""
-    real, calls = loop.params_finite, {"n": 0}
-
-    def spy(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == step:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(loop, "params_finite", spy)
-        with pytest.raises(KeyboardInterrupt):
-            train(cfg)
+    sigint_at_step(monkeypatch, step, lambda: train(cfg))
     return Path(cfg.out_dir) / cfg.name
 
 

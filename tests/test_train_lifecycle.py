@@ -43,8 +43,9 @@ def set_load(monkeypatch, load: float) -> None:
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
 
 
-def run_interrupted(tmp_path, monkeypatch, step=4, **kw) -> Path:
-    """Train until a real SIGINT to this process (a user's Ctrl-C) lands during step `step` (from 1)."""
+def sigint_at_step(monkeypatch, step: int, start) -> None:
+    """Call `start()` (a training) until a real SIGINT to this process (a user's Ctrl-C) lands during step `step`
+    (from 1): the run checkpoints that step and stops with KeyboardInterrupt."""
     real, calls = loop.params_finite, {"n": 0}
 
     def spy(*args, **kwargs):
@@ -56,7 +57,12 @@ def run_interrupted(tmp_path, monkeypatch, step=4, **kw) -> Path:
     with monkeypatch.context() as m:
         m.setattr(loop, "params_finite", spy)
         with pytest.raises(KeyboardInterrupt):
-            train(tiny_cfg(tmp_path, **kw), data=tiny_data())
+            start()
+
+
+def run_interrupted(tmp_path, monkeypatch, step=4, **kw) -> Path:
+    """Train until a real SIGINT to this process (a user's Ctrl-C) lands during step `step` (from 1)."""
+    sigint_at_step(monkeypatch, step, lambda: train(tiny_cfg(tmp_path, **kw), data=tiny_data()))
     return tmp_path / kw.get("name", "run")
 
 
