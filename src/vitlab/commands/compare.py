@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if recorded:
         runtime = dataclasses.replace(runtime, threads_reason=f"recorded by the study in {out}")
     settings = dataclasses.replace(settings, threads=runtime.threads)
-    data = load_splits(args, model_side=args.image_size)  # --image-size 384: photos stored at 384, not 256
+    data = load_splits(args, storage={"model_side": args.image_size})  # --image-size 384: photos stored at 384
     check_study(data, models, settings)  # one class, a batch over the training set, a size a model cannot take
     if not args.quiet:
         print(f"data: {data.summary()}")

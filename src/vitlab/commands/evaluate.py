@@ -145,8 +145,9 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
 
 
-def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_side: int | None = None,
-                squash: bool = False, antialias: bool = True, shrink_to_model: bool = False):
+def load_splits(args: argparse.Namespace, run_config: dict | None = None, storage: dict | None = None):
+    """The data `args` name; `storage`: `load_data`'s storage arguments (`Preprocess.storage()`: file images stored
+    as the model's preprocessing makes them)."""
     from vitlab.data import load_data
     from vitlab.evaluate.loading import run_data_kwargs
 
@@ -174,10 +175,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None, model_
         progress=not getattr(args, "quiet", False),
         report=True,  # what the loader left out (files in no class folder, tst/ not read) is said under --quiet too
         eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
-        model_side=model_side,  # file images stored at least as large as the model reads them (up to their own size)
-        squash=squash,  # and whole, not cropped, for a model whose preprocessing is a plain resize (as predict gives it)
-        antialias=antialias,  # and shrunk as its preprocessing shrinks (official models: TensorFlow's resize)
-        shrink_to_model=shrink_to_model,  # in one resize, as predict does
+        **(storage or {}),
     )
 
 
@@ -219,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     if weights_path(args.model) is not None:
         overrides, image_size = load_overrides(args)
         loaded = load_for_eval(args.model, image_size=image_size, overrides=overrides)
-        data = load_splits(args, loaded.run_config, **(loaded.preprocess.storage() if loaded.preprocess else {}))
+        data = load_splits(args, loaded.run_config, loaded.preprocess.storage() if loaded.preprocess else None)
     else:  # a model name: build it for the data's classes, channels and (by default) image size
         if args.zero_shot_map:  # it used to be ignored without a word
             raise VitlabError(f"{args.model} is built untrained from its name: it has no pretrained head for "

@@ -144,13 +144,14 @@ def default_workers() -> int:
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
                 skip_batches: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                num_workers: int | None = None, size: int | None = None):
+                num_workers: int | None = None, size: int | None = None, buffer: int | None = None):
     """An iterable of (uint8 images (B, C, H, W), int64 labels (B,)) for one epoch.
 
     The order depends only on (seed, epoch); `skip_batches` resumes mid-epoch; rank/world_size shard
     it for DDP (each rank gets the same number of batches). `len()` = batches this iterable yields
     (`.total_batches` = batches in the whole epoch for this rank). `size`: bring images to
-    size x size (shorter side + centre crop) before batching; None keeps the stored size.
+    size x size (shorter side + centre crop) before batching; None keeps the stored size. `buffer`: streamed
+    shards' shuffle buffer (None: `shards.shuffle_buffer()`).
     """
     from vitlab.data.shards import ShardDataset, ShardStreamLoader
 
@@ -158,7 +159,8 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int =
         ds = dataset if size is None or size == dataset.size else dataset.with_size(size)
         workers = default_workers() if num_workers is None else int(num_workers)
         return ShardStreamLoader(ds, batch_size, seed=seed, epoch=epoch, skip_batches=skip_batches,
-                                 drop_last=drop_last, rank=rank, world_size=world_size, num_workers=workers)
+                                 drop_last=drop_last, rank=rank, world_size=world_size, num_workers=workers,
+                                 buffer=buffer)
     n = len(dataset)
     all_batches = batch_indices(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, skip_batches=0,
                                 drop_last=drop_last, rank=rank, world_size=world_size)

@@ -195,12 +195,11 @@ def head_loss(scores: torch.Tensor, labels: Any, mapped: bool = False) -> float:
     y = torch.as_tensor(np.asarray(labels)).long()
     if y.numel() == 0:
         return float("nan")
-    s = scores.float()
     if mapped:  # float64, as mapped_scores gives them: in float32 (and a 1e-30 floor) tiny probabilities read as loss 0
         s = scores.double()
         logp = torch.log(s.clamp_min(1e-300)) - torch.log(s.sum(dim=1, keepdim=True).clamp_min(1e-300))
         return float(torch.nn.functional.nll_loss(logp, y))
-    return float(torch.nn.functional.cross_entropy(s, y))
+    return float(torch.nn.functional.cross_entropy(scores.float(), y))
 
 
 def evaluate_model(

@@ -323,12 +323,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 ADDED_LATER: dict[str, Any] = {"crop_sampler": "torchvision"}
 
 
+def lacked_by(recorded: dict[str, Any]) -> dict[str, Any]:
+    """The ADDED_LATER settings a run's record lacks, with the values the run trained with ({} without a record)."""
+    return {k: v for k, v in ADDED_LATER.items() if k not in recorded} if recorded else {}
+
+
 def settings_of_older_runs(resume: str | Path) -> dict[str, Any]:
-    """For `--resume RUN`: the ADDED_LATER settings RUN's record lacks, with the values it trained with."""
+    """For `--resume RUN`: `lacked_by` RUN's record."""
     from vitlab.train.resume import recorded_config  # torch: only a resume reads a checkpoint's record
 
-    recorded = recorded_config(resume)
-    return {k: v for k, v in ADDED_LATER.items() if k not in recorded} if recorded else {}
+    return lacked_by(recorded_config(resume))
 
 
 def resolve_config(recipe: str | None = None, yaml_path: str | Path | dict[str, Any] | None = None,

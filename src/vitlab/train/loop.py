@@ -326,15 +326,11 @@ class TrainingRun:
     def train_loader(self, epoch: int, skip: int):
         """This process's micro-batches of one epoch, the first `skip` left out (a resume mid-epoch)."""
         from vitlab.data import make_loader
-        from vitlab.data.shards import ShardDataset, ShardStreamLoader
 
-        if isinstance(self.data.train, ShardDataset):  # the order depends on workers and buffer: the run's own
-            return ShardStreamLoader(self.data.train, self.micro, seed=self.cfg.seed, epoch=epoch, skip_batches=skip,
-                                     drop_last=True, rank=self.info.rank, world_size=self.info.world_size,
-                                     num_workers=self.stream_order["workers"], buffer=self.stream_order["buffer"])
+        order = self.stream_order or {}  # streamed shards: the run's own workers and buffer decide the order
         return make_loader(self.data.train, self.micro, shuffle=True, seed=self.cfg.seed, epoch=epoch,
                            skip_batches=skip, drop_last=True, rank=self.info.rank, world_size=self.info.world_size,
-                           num_workers=None)
+                           num_workers=order.get("workers"), buffer=order.get("buffer"))
 
     def setup_batches(self) -> None:
         """Batch arithmetic: global batch = micro x processes x accumulation; steps of an epoch and of the run."""

@@ -18,7 +18,7 @@ import torch.nn as nn
 from vitlab.errors import VitlabError
 from vitlab.runtime import auto_threads
 from vitlab.train.checkpoint import checkpoint_folder, load_resume_state
-from vitlab.train.config import ADDED_LATER, TrainConfig, load_yaml, recorded_values
+from vitlab.train.config import TrainConfig, lacked_by, load_yaml, recorded_values
 from vitlab.train.run_dir import RunDir
 
 # Decided once when a run starts, recorded in config.yaml and each checkpoint, restored by --resume:
@@ -110,8 +110,8 @@ def check_run_settings(cfg: TrainConfig, allow_change: tuple[str, ...],
     """Model, data and split, batch, seed, optimizer, schedule, augmentation...: every setting that shapes the
     run must match the record (else config.yaml would describe another run). Differences not allowed are
     refused in one line naming each with both values; returns the allowed ones."""
-    if recorded:  # a setting the run was recorded without: it trained with the value before the setting existed
-        recorded = {**{k: v for k, v in ADDED_LATER.items() if k not in recorded}, **recorded}
+    # a setting the run was recorded without: it trained with the value before the setting existed
+    recorded = {**lacked_by(recorded), **recorded}
     differences = {}
     for name, before in recorded.items():
         if name in NEUTRAL_SETTINGS or name in NUMERIC_SETTINGS:

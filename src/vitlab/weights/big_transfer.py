@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
+from vitlab.weights.native import default_preprocess
 
 ROOT_KEY = "resnet/root_block/standardized_conv2d/kernel"
 HEAD_KERNEL = "resnet/head/conv2d/kernel"
@@ -171,9 +172,7 @@ def _describe(config: ViTConfig) -> str:
 def bit_preprocess(config: ViTConfig) -> dict:
     """BiT's evaluation transform: a square resize (warp, no crop) to the model size, values to [-1, 1], with
     TensorFlow's `tf.image.resize` (no anti-aliasing; big_transfer's input_pipeline_tf2_or_jax.py)."""
-    c = config.in_chans
-    return {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
-            "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c, "antialias": False}
+    return default_preprocess(config, antialias=False)
 
 
 def read_arrays(arrays: dict[str, np.ndarray], source: str = "checkpoint",

@@ -29,12 +29,13 @@ def _preprocess_dict(preprocess: Any) -> dict | None:
     raise VitlabError(f"preprocess must be a Preprocess or a dict, got {type(preprocess).__name__}")
 
 
-def default_preprocess(config: ViTConfig) -> dict:
-    """The official evaluation preprocessing: plain resize to the model's size, values to [-1, 1]."""
+def default_preprocess(config: ViTConfig, antialias: bool = True) -> dict:
+    """The official evaluation preprocessing: plain resize to the model's size, values to [-1, 1]; the official
+    checkpoints' own records shrink without anti-aliasing (`antialias=False`: TensorFlow's `tf.image.resize`)."""
     c = config.in_chans
     return {
         "image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c,
-        "resize": None, "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c,
+        "resize": None, "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c, "antialias": antialias,
     }
 
 

@@ -33,6 +33,7 @@ from vitlab.models.config import ResNetConfig, ViTConfig
 from vitlab.models.resnet import resnet_channels, resnet_reduction
 from vitlab.weights.io import NpzArchive
 from vitlab.weights.limits import MAX_DEPTH
+from vitlab.weights.native import default_preprocess
 
 # Where a file keeps its parameter set: nowhere (the released files), under `opt/target/` (a Flax optimizer
 # checkpoint: `opt/state/...` beside it), `params/` (a big_vision train state: `opt/...` optax state and
@@ -515,10 +516,7 @@ def read_official(path: str | Path, size_hint: Any = None, **overrides) -> tuple
             raise VitlabError(f"{path}: {exc}") from exc
         big_vision = is_big_vision(a)
     zero_head = "head.weight" in sd and not torch.any(sd["head.weight"]).item()
-    c = config.in_chans
-    pre = {"image_size": list(config.image_size), "mean": [0.5] * c, "std": [0.5] * c, "resize": None,
-           "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c,
-           "antialias": False}  # the official evaluation's tf.image.resize (vit_jax/input_pipeline.py)
+    pre = default_preprocess(config, antialias=False)  # the official evaluation's tf.image.resize (input_pipeline.py)
     meta = {"format": "big_vision" if big_vision else "official", "class_names": None,
             "preprocess": pre, "zero_head": zero_head}
     return config, sd, meta
