@@ -18,6 +18,11 @@ from vitlab.errors import VitlabError
 from vitlab.limits import MAX_IMAGE_SIZE  # the model configs' limit: a larger side is a corrupted record
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area")
+# What happens before the centre crop (timm's `crop_mode` names): "center" resizes the shorter side to `resize`
+# and keeps the aspect ratio (torchvision's Resize(int), timm's default); "squash" resizes the whole image to
+# resize x resize (Hugging Face's DeiT and BEiT processors, `size` {"height": 256, "width": 256} before a 224 crop,
+# and timm's crop_mode "squash").
+CROP_MODES = ("center", "squash")
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -94,16 +99,20 @@ def center_crop_batch(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 def resize_crop_batch(
     x: torch.Tensor, image_size: tuple[int, int], resize: int | None, interpolation: str = "bilinear",
-    antialias: bool = True,
+    antialias: bool = True, squash: bool = False,
 ) -> torch.Tensor:
-    """`resize=None`: plain resize to `image_size` (official eval). Else shorter side -> `resize`, centre crop."""
+    """`resize=None`: plain resize to `image_size` (official eval). Else shorter side -> `resize` (with `squash`:
+    the whole image -> `resize` x `resize`, `CROP_MODES`), then the centre crop."""
     if resize is None:
         return resize_batch(x, image_size, interpolation, antialias)
     h, w = x.shape[-2:]
-    # torchvision's Resize(int) sizes (timm's eval and HF's shortest_edge resize compute the same): the long
-    # side is truncated, int(resize * long / short); rounding it made e.g. 382 px of 381 (a 383x257 image to 256).
-    long = int(resize * max(h, w) / min(h, w))
-    nh, nw = (long, resize) if w <= h else (resize, long)
+    if squash:
+        nh = nw = resize
+    else:
+        # torchvision's Resize(int) sizes (timm's eval and HF's shortest_edge resize compute the same): the long
+        # side is truncated, int(resize * long / short); rounding made e.g. 382 px of 381 (a 383x257 image to 256).
+        long = int(resize * max(h, w) / min(h, w))
+        nh, nw = (long, resize) if w <= h else (resize, long)
     nh, nw = max(image_size[0], nh), max(image_size[1], nw)
     return center_crop_batch(resize_batch(x, (nh, nw), interpolation, antialias), image_size)
 
@@ -145,7 +154,8 @@ class Preprocess:
     then sets resize = floor(max(image_size) / crop_fraction) (timm's rule). mean/std are on the [0, 1] scale:
     the default 0.5/0.5 gives values in [-1, 1] like the paper. antialias: shrink with anti-aliasing (PIL's
     resize, what timm's and Hugging Face's processors call); False is TensorFlow's `tf.image.resize`, the
-    official ViT and BiT evaluation, which the official checkpoints' records ask for.
+    official ViT and BiT evaluation, which the official checkpoints' records ask for. crop_mode: how the image
+    reaches `resize` before the crop, `CROP_MODES` ("center" keeps the aspect ratio, "squash" does not).
     """
 
     image_size: tuple[int, int] = (224, 224)
@@ -156,6 +166,7 @@ class Preprocess:
     interpolation: str = "bilinear"
     channels: int = 3
     antialias: bool = True
+    crop_mode: str = "center"
 
     def __post_init__(self) -> None:
         # Stored records are read from files a user may have edited: every refusal is one VitlabError line.
@@ -184,6 +195,9 @@ class Preprocess:
         if not isinstance(self.antialias, bool):  # a JSON "false" string would be truthy
             raise VitlabError(f"the preprocessing's antialias must be true or false, got {self.antialias!r}; "
                               "fix it in the weights' config.json")
+        if self.crop_mode not in CROP_MODES:
+            raise VitlabError(f"the preprocessing's crop_mode must be one of {', '.join(CROP_MODES)}, got "
+                              f"{self.crop_mode!r}; fix it in the weights' config.json")
 
     @property
     def effective_resize(self) -> int | None:
@@ -202,9 +216,10 @@ class Preprocess:
 
     @property
     def squashes(self) -> bool:
-        """Whether a non-square image is resized whole to the input (no crop): the official evaluation, HF's
-        ViTImageProcessor. File data for such a model is stored squashed too (`load_data(squash=True)`)."""
-        return self.effective_resize is None
+        """Whether a non-square image is resized whole, its aspect ratio lost: a plain resize to the input (the
+        official evaluation, HF's ViTImageProcessor) or crop_mode "squash" before the crop (HF's DeiT processor).
+        File data for such a model is stored squashed too (`load_data(squash=True)`)."""
+        return self.effective_resize is None or self.crop_mode == "squash"
 
     def storage(self) -> dict:
         """`load_data`'s storage arguments for file images this preprocessing will read: stored at least at
@@ -218,7 +233,7 @@ class Preprocess:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
         x = match_channels(images, self.channels).float()
         x = resize_crop_batch(x, self.image_size, self.effective_resize, self.interpolation,  # bicubic: clipped
-                              self.antialias)
+                              self.antialias, squash=self.crop_mode == "squash")
         return normalize_batch(x, self.mean, self.std)
 
     def __call__(self, image) -> torch.Tensor:

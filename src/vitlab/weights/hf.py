@@ -96,8 +96,12 @@ def _weights_files(folder: Path) -> tuple[list[Path], set[str]]:
     transformers' `from_pretrained` (model.safetensors, its shard index, pytorch_model.bin, its shard index): a Hub
     folder holding two of them (old .bin shards beside a later model.safetensors) loads the weights transformers
     loads."""
+    from vitlab.weights.io import not_regular_file
+
     for name in ("model.safetensors", _INDEXES[0], "pytorch_model.bin", _INDEXES[1]):
         if not (folder / name).is_file():
+            if (folder / name).exists():  # a FIFO, a folder, a link to /dev/zero: say so, not that it is missing
+                raise not_regular_file(folder / name)
             continue
         if name in _INDEXES:
             names, tensors = _shard_names(folder / name)
@@ -382,8 +386,54 @@ def hf_default_preprocess(config: ViTConfig) -> dict:
             "crop_fraction": 1.0, "interpolation": "bilinear", "channels": c}
 
 
+# transformers' class defaults for the keys a processor file leaves out (ViTImageProcessor's are the base case);
+# the file's `image_processor_type` (or a legacy `feature_extractor_type`) names the class.
+_PROCESSOR_DEFAULTS = {
+    "DeiT": {"resample": 3, "do_center_crop": True, "size": {"height": 256, "width": 256},
+             "crop_size": {"height": 224, "width": 224}},
+    "Beit": {"resample": 3},
+}
+# Classes whose int `size` is the shortest edge (transformers' `default_to_square = False`); for ViT, DeiT and
+# BEiT an int is a square.
+_INT_SIZE_IS_SHORTEST_EDGE = ("CLIP", "ChineseCLIP", "Siglip", "Bit", "Levit", "MobileViT", "PoolFormer",
+                              "VideoMAE", "Vilt")
+
+
+def _processor_class(pp: dict) -> str:
+    """'DeiT' for DeiTImageProcessor, DeiTImageProcessorFast or the legacy DeiTFeatureExtractor."""
+    kind = str(pp.get("image_processor_type") or pp.get("feature_extractor_type") or "")
+    for suffix in ("ImageProcessorFast", "ImageProcessorPil", "ImageProcessor", "FeatureExtractor"):
+        if kind.endswith(suffix):
+            return kind[: -len(suffix)]
+    return kind
+
+
+def _size_dict(size: Any, kind: str, key: str) -> dict:
+    """transformers' size dict (`get_size_dict`) of a processor file's `size` or `crop_size`."""
+    if isinstance(size, dict):
+        return size
+    if isinstance(size, (list, tuple)) and len(size) == 2:
+        return {"height": int(size[0]), "width": int(size[1])}
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or int(size) != size:
+        raise VitlabError(f"{key} {size!r} is neither a whole number nor a size dict")
+    if key == "size" and kind in _INT_SIZE_IS_SHORTEST_EDGE:
+        return {"shortest_edge": int(size)}
+    return {"height": int(size), "width": int(size)}
+
+
+def _not_reproduced(what: str) -> VitlabError:
+    return VitlabError(f"{what} is a preprocessing vitlab does not reproduce; delete the file to use the "
+                       "model's plain resize, or write the preprocessing the model was trained with")
+
+
 def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
-    """preprocessor_config.json (ViTImageProcessor and friends) -> vitlab preprocessing dict."""
+    """preprocessor_config.json (ViTImageProcessor and friends) -> vitlab preprocessing dict, as transformers'
+    processor computes: `size` {"height", "width"} resizes the whole image (an int is that square, or the shortest
+    edge for CLIP-like classes), {"shortest_edge"} keeps the aspect ratio; `do_center_crop` then cuts `crop_size`.
+    A whole-image resize before a crop is crop_mode "squash" (DeiT's 256 x 256 -> 224). What vitlab cannot
+    reproduce (a crop without a resize, a non-square resize before a crop, longest_edge limits) is refused."""
+    kind = _processor_class(pp)
+    pp = {**_PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pp.items() if v is not None}}
     out = hf_default_preprocess(config)
     c = config.in_chans
     if pp.get("do_normalize", True):
@@ -395,19 +445,28 @@ def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
         out["mean"], out["std"] = [0.0] * c, [1.0] * c
     out["mean"], out["std"] = _fold_rescale(pp, out["mean"], out["std"])
     out["interpolation"] = _interpolation(pp)
-    size = pp.get("size")
-    crop = pp.get("crop_size")
-    if pp.get("do_center_crop") and crop:
-        out["image_size"] = [crop.get("height", crop.get("shortest_edge")), crop.get("width", crop.get("shortest_edge"))] \
-            if isinstance(crop, dict) else [int(crop)] * 2
-        if isinstance(size, dict) and "shortest_edge" in size:
+    size = _size_dict(pp["size"], kind, "size") if pp.get("do_resize", True) and pp.get("size") is not None else None
+    if size is not None and not ({"height", "width"} == set(size) or {"shortest_edge"} == set(size)):
+        raise _not_reproduced(f"size {size}")
+    if pp.get("do_center_crop") and pp.get("crop_size") is not None:
+        crop = _size_dict(pp["crop_size"], kind, "crop_size")
+        side = crop.get("shortest_edge")
+        out["image_size"] = [int(crop.get("height", side)), int(crop.get("width", side))]
+        if pp.get("do_resize", True) is False:
+            raise _not_reproduced("a centre crop without a resize (do_resize false)")
+        if size is None:  # the class's own size, which vitlab does not know
+            raise _not_reproduced(f"a centre crop after the {kind or 'processor'} class's default resize")
+        if "shortest_edge" in size:
             out["resize"] = int(size["shortest_edge"])
-        elif isinstance(size, dict) and "height" in size:
-            out["resize"] = int(min(size["height"], size["width"]))
-    elif isinstance(size, dict) and "height" in size:
-        out["image_size"] = [int(size["height"]), int(size["width"])]
-    elif isinstance(size, int):
-        out["image_size"] = [size, size]
+        elif int(size["height"]) == int(size["width"]):
+            out["resize"], out["crop_mode"] = int(size["height"]), "squash"
+        else:
+            raise _not_reproduced(f"a resize to {size['height']}x{size['width']} before a centre crop")
+    elif size is not None:  # no crop: the resized image is the input (a shortest edge: a square photo's size)
+        side = size.get("shortest_edge")
+        out["image_size"] = [int(size.get("height", side)), int(size.get("width", side))]
+    # do_resize false without a crop: transformers gives the model the image as it is, which the model takes only
+    # at its own size; the plain resize to that size gives the same input there and works on any other size too.
     return out
 
 
@@ -505,8 +564,12 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
             "image_mean": _per_channel(pre.get("mean", 0.5), c, "mean"),
             "image_std": _per_channel(pre.get("std", 0.5), c, "std")}
-    # ViTImageProcessor has no centre crop: a stored resize+crop becomes a plain resize to the crop size.
     proc["size"] = {"height": int(h), "width": int(w)}
+    if _squash_crop(pre):  # DeiTImageProcessor: the whole image to R x R, then the crop (transformers 4 and 5)
+        r = int(pre["resize"])
+        proc.update(image_processor_type="DeiTImageProcessor", size={"height": r, "width": r},
+                    do_center_crop=True, crop_size={"height": int(h), "width": int(w)})
+    # otherwise ViTImageProcessor, which has no centre crop: a resize + crop becomes a plain resize to the crop size
     (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
     notes = export_notes(model.config, pre)
     if notes:
@@ -514,11 +577,16 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     return folder
 
 
+def _squash_crop(pre: dict) -> bool:
+    return pre.get("crop_mode") == "squash" and bool(pre.get("resize"))
+
+
 def crop_note(pre: dict) -> str | None:
-    """What the export changes in a preprocessing with a resize before a centre crop: ViTImageProcessor has no
-    crop, so it is written as a plain resize to the crop size (said, not silently dropped)."""
+    """What the export changes in a preprocessing with a shorter-side resize before a centre crop:
+    ViTImageProcessor has no crop, so it is written as a plain resize to the crop size (said, not silently
+    dropped). A squash before the crop is DeiTImageProcessor's own and needs no note."""
     resize, crop = pre.get("resize"), float(pre.get("crop_fraction", 1.0) or 1.0)
-    if not resize and crop >= 1.0:
+    if (not resize and crop >= 1.0) or _squash_crop(pre):
         return None
     h, w = pre.get("image_size", ("?", "?"))
     before = f"the shorter side to {resize}" if resize else f"by the crop fraction {crop}"

@@ -66,7 +66,7 @@ def unreadable(path: Path, exc: OSError) -> VitlabError:
 def not_regular_file(path: Path) -> VitlabError:
     """One line for a path that exists but is no regular file (a FIFO, a device such as a link to /dev/zero, a
     socket): opening a FIFO waits for a writer forever and a device never ends, so it is refused unread."""
-    return VitlabError(f"{path} is not a regular file (a FIFO, a device or a socket); vitlab reads weights and "
+    return VitlabError(f"{path} is not a regular file (a folder, a FIFO, a device or a socket); vitlab reads weights and "
                        "configs from regular files only: pass the file itself")
 
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
+from vitlab.limits import check_size_pair
 from vitlab.models.config import ResNetConfig, ViTConfig, check_fields
 from vitlab.models.resnet import resnet_reduction
 from vitlab.weights.io import folder_config
@@ -125,7 +126,7 @@ def file_image_size(
             return (h * stride, w * stride), _with_class_slot(pos_embed)
         if must_fit:
             slots = n - 1 if has_class_token else n
-            raise VitlabError(f"image_size {tuple(_pair(size))} gives a {h}x{w} grid, but the file's position "
+            raise VitlabError(f"image_size {check_size_pair('image_size', size)} gives a {h}x{w} grid, but the file's position "
                               f"embedding has {slots} patch slots; pass the size the file was made for")
     side = _square_side(n - 1) if has_class_token else _square_side(n)
     if side is not None:
@@ -143,17 +144,9 @@ def file_image_size(
                       f"= {slots}")
 
 
-def _pair(size: Any) -> tuple[int, int]:
-    if isinstance(size, int):
-        return (size, size)
-    if isinstance(size, (tuple, list)) and len(size) == 2:
-        return (int(size[0]), int(size[1]))
-    raise VitlabError(f"image_size must be an int or (H, W), got {size!r}")
-
-
 def _grid(size: Any, stride: int) -> tuple[int, int]:
-    h, w = _pair(size)
-    if h % stride or w % stride or h <= 0 or w <= 0:
+    h, w = check_size_pair("image_size", size)  # a stored [16.5, 16] is refused, not read as 16
+    if h % stride or w % stride:
         raise VitlabError(f"image_size {(h, w)} is not a multiple of the model's stride {stride}; use multiples of {stride}")
     return h // stride, w // stride
 
@@ -323,7 +316,11 @@ def read_timm_folder(folder: str | Path, size_hint: Any = None,
 
     folder = Path(folder)
     data = read_json(folder / "config.json", "config.json")  # size-bounded (docs/weights.md, Limits)
-    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).is_file()), None)
+    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).exists()), None)
+    if weights is not None and not weights.is_file():  # a FIFO or a folder of that name: say so, not "missing"
+        from vitlab.weights.io import not_regular_file
+
+        raise not_regular_file(weights)
     if weights is None:
         raise VitlabError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin")
     arch = str(data.get("architecture", ""))
@@ -352,10 +349,25 @@ def read_timm_folder(folder: str | Path, size_hint: Any = None,
             pre["image_size"] = list(pc["input_size"][-2:])
         crop = pc.get("crop_pct") or (0.9 if max(pre["image_size"]) <= 224 else 1.0)  # timm's defaults, as above
         meta["preprocess"] = pre = timm_eval_sizes(pre, float(crop))
+    meta["preprocess"] = _with_crop_mode(pre, pc.get("crop_mode") or "center", folder)
     names = data.get("label_names")
     if isinstance(names, list) and len(names) == config.num_classes:
         meta["class_names"] = [str(n) for n in names]
     return config, sd, meta
+
+
+def _with_crop_mode(pre: dict, mode: str, folder: Path) -> dict:
+    """`pre` with timm's pretrained_cfg `crop_mode`: "center" (the shorter side, vitlab's default) or "squash"
+    (both sides to floor(size / crop_pct), then the crop, `timm.data.transforms_imagenet_eval`); "border" (the
+    longer side, then padding) and a squash to a non-square size are refused rather than run another way."""
+    if mode == "center":
+        return pre
+    h, w = pre["image_size"]
+    if mode != "squash" or h != w or pre.get("resize") is None:
+        raise VitlabError(f"{folder}: timm's crop_mode {mode!r} at {h}x{w} is a preprocessing vitlab does not "
+                          "reproduce (it does 'center', and 'squash' at a square size); set pretrained_cfg's "
+                          "crop_mode to 'center' in config.json to run it with a centre crop")
+    return {**pre, "crop_mode": "squash"}
 
 
 def timm_preprocess(config: ViTConfig) -> dict:
