@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from safetensors.torch import save_file
+from tests.test_weights_timm_preprocess import timm_hub_folder
 
 import vitlab
 from vitlab.data.preprocess import Preprocess
@@ -130,17 +131,8 @@ def test_a_squash_crop_exports_as_deits_processor_and_reads_back(tmp_path):
     assert (pre(photo) - ref["pixel_values"][0]).abs().max().item() < 2.0 / 127.5
 
 
-def timm_folder(tmp_path, crop_mode, size=32):
-    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=16, image_size=size,
-                                num_classes=3)
-    folder = tmp_path / "hub"
-    folder.mkdir()
-    save_file(timm_format.to_timm_state_dict(model), str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({
-        "architecture": "vit_tiny", "num_classes": 3, "global_pool": "token",
-        "pretrained_cfg": {"input_size": [3, size, size], "crop_pct": 0.8, "interpolation": "bilinear",
-                           "crop_mode": crop_mode, "mean": [0.5] * 3, "std": [0.5] * 3}}))
-    return folder
+def timm_folder(tmp_path, crop_mode):
+    return timm_hub_folder(tmp_path, 32, crop_pct=0.8, interpolation="bilinear", crop_mode=crop_mode)
 
 
 def test_timms_squash_crop_mode_is_followed(tmp_path):

@@ -35,18 +35,23 @@ def test_timm_state_dict_records_timms_resize_and_crop(tmp_path, size, resize):
     assert float((got - torch.from_numpy(expected).permute(2, 0, 1).float()).abs().max()) < 3.0  # PIL rounding
 
 
-def test_a_timm_folder_at_384_with_crop_pct_1_crops(tmp_path):
-    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=16, image_size=384,
+def timm_hub_folder(tmp_path, size, **pretrained_cfg):
+    """A timm Hub folder (`hf:timm/...` layout) of a tiny token-pooled ViT at `size` with this pretrained_cfg."""
+    from safetensors.torch import save_file
+
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=16, image_size=size,
                                 num_classes=3)
     folder = tmp_path / "hub"
     folder.mkdir()
-    from safetensors.torch import save_file
-
     save_file(timm_format.to_timm_state_dict(model), str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({
-        "architecture": "vit_base_patch16_384", "num_classes": 3, "global_pool": "token",
-        "pretrained_cfg": {"input_size": [3, 384, 384], "crop_pct": 1.0, "interpolation": "bicubic",
-                           "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+        "architecture": f"vit_base_patch16_{size}", "num_classes": 3, "global_pool": "token",
+        "pretrained_cfg": {"input_size": [3, size, size], "mean": [0.5] * 3, "std": [0.5] * 3, **pretrained_cfg}}))
+    return folder
+
+
+def test_a_timm_folder_at_384_with_crop_pct_1_crops(tmp_path):
+    folder = timm_hub_folder(tmp_path, 384, crop_pct=1.0, interpolation="bicubic")
     _, meta = load_with_meta(folder, heads=2)
     assert (meta["preprocess"].resize, meta["preprocess"].image_size) == (384, (384, 384))
     _, meta = load_with_meta(folder, heads=2, image_size=448)  # the margin scales with the size
