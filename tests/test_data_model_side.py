@@ -98,20 +98,24 @@ def test_squash_stores_the_whole_image_for_a_plain_resize_model(tmp_path):
     assert streamed.train.subset([0, 1])[0][0].float().mean() > 100  # kept through copies, when streaming
 
 
-def test_evaluate_gives_a_plain_resize_model_the_photo_predict_gives_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("squash_crop", [False, True])
+def test_evaluate_gives_a_plain_resize_model_the_photo_predict_gives_it(tmp_path, monkeypatch, squash_crop):
     """An official-style model (plain resize) scored the centre square of a wide photo in `vitlab evaluate` and
-    the whole photo squashed in `vitlab predict`: the same file, another input, other answers."""
+    the whole photo squashed in `vitlab predict`: the same file, another input, other answers. Also for a
+    squash before a crop (HF's DeiT processor): evaluate stores the whole photo squashed to the resize side."""
     import vitlab
     from vitlab.commands import evaluate as evaluate_command
     from vitlab.data.images import open_image
+    from vitlab.data.preprocess import Preprocess
     from vitlab.weights import load_with_meta
 
     root = _wide_photo(tmp_path / "wide")
     model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=15, image_size=30,
                                 num_classes=2)
-    vitlab.save(model, tmp_path / "m", class_names=["a", "b"])  # vitlab's default record: a plain resize
+    record = Preprocess(image_size=(30, 30), resize=36, crop_mode="squash") if squash_crop else None
+    vitlab.save(model, tmp_path / "m", class_names=["a", "b"], preprocess=record)  # default: a plain resize
     pre = load_with_meta(tmp_path / "m")[1]["preprocess"]
-    assert pre.squashes and pre.model_side == 30
+    assert pre.squashes and pre.model_side == (36 if squash_crop else 30)
     seen = {}
     real = evaluate_command.load_splits
 

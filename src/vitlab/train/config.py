@@ -412,8 +412,10 @@ def _check_choices(cfg: TrainConfig) -> None:
         raise VitlabError(f"optimizer must be adamw, adam or sgd, got {cfg.optimizer!r}")
     if cfg.decay not in ("cosine", "linear", "constant"):
         raise VitlabError(f"decay must be cosine, linear or constant, got {cfg.decay!r}")
-    if cfg.crop_sampler not in ("torchvision", "tf"):
-        raise VitlabError(f"crop_sampler must be torchvision or tf, got {cfg.crop_sampler!r}")
+    from vitlab.data.transforms import CROP_SAMPLERS  # here, not at the top: the CLI's --help stays light
+
+    if cfg.crop_sampler not in CROP_SAMPLERS:
+        raise VitlabError(f"crop_sampler must be {' or '.join(CROP_SAMPLERS)}, got {cfg.crop_sampler!r}")
     if cfg.batchnorm not in ("train", "frozen", "sync"):
         raise VitlabError(f"batchnorm must be train, frozen or sync, got {cfg.batchnorm!r}")
     if cfg.precision not in ("auto", "bf16", "fp16", "fp32", "bf16-stem"):
