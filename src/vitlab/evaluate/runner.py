@@ -313,9 +313,9 @@ def evaluate_model(
 
                 ks = knn_scores(tr.features, tr.labels, test_x, k, frozen.knn_k, frozen.knn_temperature,
                                 progress=progress)
-                mk = classification_metrics(test_y, ks.argmax(1).numpy(), k, class_names, logits=ks)
+                mk = classification_metrics(test_y, ks.argmax(1).numpy(), k, class_names)
                 used = min(frozen.knn_k, len(tr.labels))  # knn_scores takes every image when there are fewer than k
-                if "top5" in mk:  # DINO's: top-min(5, k); classes without a vote are no hits
+                if k > 5:  # top-5 where classification_metrics gives one, but DINO's: top-min(5, k), no vote no hit
                     mk["top5"] = knn_top5(ks, test_y, used)
                 asked = {} if used == frozen.knn_k else {"k_asked": frozen.knn_k}
                 result.knn = {"k": used, **asked, "temperature": frozen.knn_temperature, "n_train": len(tr.labels),
