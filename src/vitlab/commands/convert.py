@@ -180,12 +180,10 @@ def run(args: argparse.Namespace) -> int:
               f"{c.num_classes} classes, {count_parameters(model):,} parameters, {meta['dtype']})")
         if args.to == "timm":
             print(timm_note(model.config, out))
-        if args.to == "hf" and c.arch == "vit":
-            from vitlab.weights.hf import export_notes, hf_default_preprocess
+        if args.to == "hf":  # ResNets too: their processor cannot hold everything either (antialias)
+            from vitlab.weights.hf import export_notes, export_preprocess
 
-            pre = meta.get("preprocess")
-            pre = pre.to_dict() if hasattr(pre, "to_dict") else (pre or hf_default_preprocess(c))
-            for note in export_notes(c, pre):
+            for note in export_notes(c, export_preprocess(c, meta.get("preprocess"))):
                 print(f"note: {note} (also in {Path(out) / 'README.md'})")
     return 0
 

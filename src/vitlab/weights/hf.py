@@ -10,6 +10,7 @@ exact erf form), qkv bias. `ViTModel`'s tanh pooler on the class token is our re
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -549,17 +550,40 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
     save_safetensors(sd, folder / "model.safetensors", metadata={"format": "pt"})
-    if resnet:
+    pre = export_preprocess(cfg, preprocess)
+    (folder / "preprocessor_config.json").write_text(json.dumps(hf_processor(cfg, pre), indent=2) + "\n")
+    notes = export_notes(cfg, pre)
+    if notes:
+        (folder / "README.md").write_text(f"# {cfg.name} (exported by vitlab)\n\n" + "\n\n".join(notes) + "\n")
+    return folder
+
+
+def export_preprocess(config: Any, preprocess: Any) -> dict:
+    """The preprocessing record `save_hf` writes: the one given, else the format's default (ViTImageProcessor's
+    plain resize; torchvision's V1 evaluation for a ResNet)."""
+    if hasattr(preprocess, "to_dict"):
+        return preprocess.to_dict()
+    if preprocess:
+        return dict(preprocess)
+    if config.arch == "resnet":
         from vitlab.weights.torchvision import resnet_v1_preprocess
 
-        pre = preprocess.to_dict() if hasattr(preprocess, "to_dict") else (preprocess or resnet_v1_preprocess(cfg))
-        proc = convnext_processor(pre)
-        (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
-        return folder
-    pre = preprocess.to_dict() if hasattr(preprocess, "to_dict") else (preprocess or hf_default_preprocess(model.config))
+        return resnet_v1_preprocess(config)
+    return hf_default_preprocess(config)
+
+
+def hf_processor(config: Any, pre: dict) -> dict:
+    """preprocessor_config.json for `pre`: ConvNextImageProcessor where it computes the record exactly (a ResNet's
+    square shorter-side resize + centre crop below 384 px, the microsoft/resnet-* layout); otherwise
+    DeiTImageProcessor for a squash + crop, else ViTImageProcessor (a plain resize; a shorter-side resize + crop
+    becomes a plain resize to the crop size, said by `crop_note`). A ResNet's record went through ConvNext always,
+    which turned a plain resize into a crop, a squash into a shorter-side resize and lost a non-square size, a crop
+    fraction, a resize of 384 px or more and (by float rounding of crop_pct) one pixel of some resizes, unsaid."""
+    if config.arch == "resnet" and (proc := convnext_processor(pre)) is not None:
+        return proc
     resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
-    h, w = pre.get("image_size", model.config.image_size)
-    c = model.config.in_chans
+    h, w = pre.get("image_size", config.image_size)
+    c = config.in_chans
     proc = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": resample,
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
             "image_mean": _per_channel(pre.get("mean", 0.5), c, "mean"),
@@ -570,11 +594,7 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
         proc.update(image_processor_type="DeiTImageProcessor", size={"height": r, "width": r},
                     do_center_crop=True, crop_size={"height": int(h), "width": int(w)})
     # otherwise ViTImageProcessor, which has no centre crop: a resize + crop becomes a plain resize to the crop size
-    (folder / "preprocessor_config.json").write_text(json.dumps(proc, indent=2) + "\n")
-    notes = export_notes(model.config, pre)
-    if notes:
-        (folder / "README.md").write_text(f"# {model.config.name} (exported by vitlab)\n\n" + "\n\n".join(notes) + "\n")
-    return folder
+    return proc
 
 
 def _squash_crop(pre: dict) -> bool:
@@ -597,20 +617,22 @@ def crop_note(pre: dict) -> str | None:
 
 def antialias_note(pre: dict) -> str | None:
     """What the export changes in a preprocessing that shrinks without anti-aliasing (the official checkpoints'
-    TensorFlow resize): ViTImageProcessor always resizes with PIL, which anti-aliases."""
+    TensorFlow resize): the Hugging Face processors always resize with anti-aliasing (PIL)."""
     if pre.get("antialias", True):
         return None
     h, w = pre.get("image_size", ("?", "?"))
     return (f"The preprocessing shrinks images to {h}x{w} without anti-aliasing (TensorFlow's tf.image.resize, "
-            "the official evaluation); ViTImageProcessor's resize anti-aliases, so an image larger than that gives "
-            "the model a slightly different input (vitlab reads the export back with anti-aliasing too). For the "
-            "official evaluation's inputs, resize with tf.image.resize or torch's interpolate(antialias=False) "
-            "before calling the processor.")
+            "the official evaluation); the Hugging Face processor's resize anti-aliases, so an image larger than "
+            "that gives the model a slightly different input (vitlab reads the export back with anti-aliasing too). "
+            "For the official evaluation's inputs, resize with tf.image.resize or torch's "
+            "interpolate(antialias=False) before calling the processor.")
 
 
 def export_notes(config: Any, pre: dict) -> list[str]:
-    """What a user of a ViT export must know (README.md, printed by `vitlab convert`)."""
-    return [n for n in (channels_note(config), crop_note(pre), antialias_note(pre)) if n]
+    """What a user of an export must know (README.md, printed by `vitlab convert`); a crop a ResNet's
+    ConvNextImageProcessor computes needs no note."""
+    cropped = hf_processor(config, pre)["image_processor_type"] == "ConvNextImageProcessor"
+    return [n for n in (channels_note(config), None if cropped else crop_note(pre), antialias_note(pre)) if n]
 
 
 def _per_channel(values: Any, channels: int, what: str) -> list[float]:
@@ -625,18 +647,18 @@ def _per_channel(values: Any, channels: int, what: str) -> list[float]:
 
 
 def channels_note(config: Any) -> str | None:
-    """What a user of the export must know when the model does not take RGB: ViTImageProcessor does not
+    """What a user of the export must know when the model does not take RGB: the Hugging Face processors do not
     convert colour images, so it must be given images with the model's channel count."""
     c = int(config.in_chans)
     if c == 3:
         return None
     if c == 1:
-        return ("This model takes 1-channel (grayscale) images: call ViTImageProcessor with grayscale input, "
+        return ("This model takes 1-channel (grayscale) images: call the image processor with grayscale input, "
                 "e.g. `processor(Image.open(path).convert('L'), return_tensors='pt')`. An RGB image fails: in "
                 "the processor with 'mean must have 3 elements' (image_mean/image_std have one value) where it "
                 "resizes with PIL (transformers 4, or 5 without torchvision), in the model with 'Expected 1 but "
                 "got 3' where it resizes with torchvision (transformers 5).")
-    return (f"This model takes {c}-channel images: call ViTImageProcessor with {c}-channel arrays (H, W, {c}); "
+    return (f"This model takes {c}-channel images: call the image processor with {c}-channel arrays (H, W, {c}); "
             "RGB images fail in the processor or the model (image_mean/image_std have one value per model "
             "channel).")
 
@@ -736,18 +758,36 @@ def preprocess_from_convnext(pp: dict, config: ViTConfig) -> dict:
     return out
 
 
-def convnext_processor(pre: dict) -> dict:
-    """vitlab preprocessing -> the ConvNextImageProcessor config HF ResNets use (resize + centre crop)."""
-    h, _w = pre.get("image_size", [224, 224])
-    resize = pre.get("resize")
-    # ConvNext resizes the shortest edge to int(N / crop_pct), then crops N; without a resize (a plain
-    # warp) crop_pct 1 gives the same square for square images.
-    crop_pct = float(h) / float(resize) if resize else 1.0
+def convnext_processor(pre: dict) -> dict | None:
+    """vitlab preprocessing -> the ConvNextImageProcessor config HF ResNets use, or None where ConvNext would
+    compute something else: it resizes the shortest edge to int(N / crop_pct) and crops N x N below N = 384 (at 384
+    and above it warps to N x N), so only a square shorter-side resize + crop below 384 px is expressed."""
+    h, w = pre.get("image_size", [224, 224])
+    resize = _effective_resize(pre)
+    if resize is None or pre.get("crop_mode", "center") != "center" or h != w or h >= 384:
+        return None
+    # int(h / (h / resize)) is resize - 1 for some pairs (34 / (34 / 50) = 49.99...); the next smaller float
+    # crop_pct gives back resize exactly, as transformers and vitlab's reader compute it
+    crop_pct = float(h) / float(resize)
+    for _ in range(4):
+        if int(h / crop_pct) == resize:
+            break
+        crop_pct = math.nextafter(crop_pct, 0.0)
+    else:
+        return None
     resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
     return {"image_processor_type": "ConvNextImageProcessor", "do_resize": True, "size": {"shortest_edge": int(h)},
             "crop_pct": crop_pct, "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255,
             "do_normalize": True, "image_mean": list(pre.get("mean", [0.485, 0.456, 0.406])),
             "image_std": list(pre.get("std", [0.229, 0.224, 0.225]))}
+
+
+def _effective_resize(pre: dict) -> int | None:
+    """The shorter side before the centre crop of a preprocessing record (`Preprocess.effective_resize`)."""
+    if pre.get("resize"):
+        return int(pre["resize"])
+    crop = float(pre.get("crop_fraction", 1.0) or 1.0)
+    return math.floor(max(pre.get("image_size", [224, 224])) / crop) if crop < 1.0 else None
 
 
 def to_hf_resnet_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -1,0 +1,80 @@
+"""Conversion audit (audit 16): every format vitlab writes, read back (and by transformers where it is installed),
+must give the same model and the same preprocessing, or say in one line (or the export's note) what it cannot keep.
+
+A standard ResNet's `--to hf` wrote every preprocessing record as a ConvNextImageProcessor, which turned a plain
+resize into a shorter-side resize + crop, a squash into a shorter-side resize, lost a crop fraction, a non-square
+size and a crop at 384 px or more, read a resize of 50 before a 34 px crop back as 49 (crop_pct rounding), and
+dropped `antialias=False`, all without a word."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.cli import main
+from vitlab.data.preprocess import Preprocess
+from vitlab.weights import load_with_meta, save_hf, save_native
+
+
+def smooth_photo(h, w):
+    """Smooth gradients, as photos are: resize kernels (PIL's and torch's) differ on noise, not on this."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    channels = [xx * 255 // xx.max(), yy * 255 // yy.max(), (xx + yy) * 255 // (xx + yy).max()]
+    return Image.fromarray(np.stack(channels, -1).astype(np.uint8))
+
+
+def tiny_resnet(size=32):
+    torch.manual_seed(0)
+    return vitlab.create_model("resnet-18", num_classes=3, image_size=size,
+                               resnet={"base_width": 8, "layers": (1, 1)}).eval()
+
+
+RESNET_RECORDS = {
+    "plain": Preprocess(image_size=(32, 32)),
+    "squash": Preprocess(image_size=(32, 32), resize=36, crop_mode="squash"),
+    "crop fraction": Preprocess(image_size=(32, 32), crop_fraction=0.875),
+    "crop 34 of 50": Preprocess(image_size=(34, 34), resize=50),  # int(34 / (34 / 50)) is 49
+    "crop": Preprocess(image_size=(32, 32), resize=36, interpolation="bicubic"),
+}
+
+
+@pytest.mark.parametrize("record", RESNET_RECORDS.values(), ids=RESNET_RECORDS.keys())
+def test_a_resnet_hf_export_keeps_its_preprocessing(tmp_path, record):
+    save_hf(tiny_resnet(record.image_size[0]), tmp_path / "hf", preprocess=record)
+    _, meta = load_with_meta(tmp_path / "hf")
+    back = meta["preprocess"]
+    assert (back.effective_resize, back.crop_mode, back.image_size, back.interpolation) == \
+        (record.effective_resize, record.crop_mode, record.image_size, record.interpolation)
+    photo = smooth_photo(45, 60)
+    assert torch.equal(back(photo), record(photo))
+    assert not (tmp_path / "hf" / "README.md").exists()  # nothing lost, nothing to say
+
+
+@pytest.mark.parametrize("record", RESNET_RECORDS.values(), ids=RESNET_RECORDS.keys())
+def test_a_resnet_hf_export_gives_transformers_the_same_pixels(tmp_path, record):
+    transformers = pytest.importorskip("transformers")
+    save_hf(tiny_resnet(record.image_size[0]), tmp_path / "hf", preprocess=record)
+    kind = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())["image_processor_type"]
+    processor = getattr(transformers, kind.replace("ImageProcessor", "ImageProcessorPil"), None) \
+        or getattr(transformers, kind)
+    photo = smooth_photo(45, 60)
+    ref = processor.from_pretrained(tmp_path / "hf")(photo, return_tensors="pt")["pixel_values"][0]
+    assert ref.shape == record(photo).shape
+    assert (record(photo) - ref).abs().max().item() < 2.0 / 127.5  # PIL's 8-bit resize: a level or so apart
+
+
+@pytest.mark.parametrize("size, record, words", [
+    (32, Preprocess(image_size=(32, 48), resize=40), "crops the centre 32x48"),  # ConvNext crops squares only
+    (384, Preprocess(image_size=(384, 384), resize=438), "crops the centre 384x384"),  # ConvNext warps at 384
+    (32, Preprocess(image_size=(32, 32), resize=36, antialias=False), "without anti-aliasing"),
+])
+def test_what_a_resnet_hf_export_cannot_keep_is_said(tmp_path, capsys, size, record, words):
+    save_native(tiny_resnet(size), tmp_path / "src", preprocess=record)
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    assert any(line.startswith("note: ") and words in line for line in capsys.readouterr().out.splitlines())
+    assert words in (tmp_path / "hf" / "README.md").read_text()
+    back = load_with_meta(tmp_path / "hf")[1]["preprocess"]
+    assert back.image_size == record.image_size  # the size itself is kept (it was cut to a square before)
