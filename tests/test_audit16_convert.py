@@ -78,3 +78,23 @@ def test_what_a_resnet_hf_export_cannot_keep_is_said(tmp_path, capsys, size, rec
     assert words in (tmp_path / "hf" / "README.md").read_text()
     back = load_with_meta(tmp_path / "hf")[1]["preprocess"]
     assert back.image_size == record.image_size  # the size itself is kept (it was cut to a square before)
+
+
+def tiny_vit():
+    torch.manual_seed(0)
+    return vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=4, image_size=16,
+                               num_classes=3).eval()
+
+
+def test_a_forced_hf_export_leaves_no_earlier_notes_behind(tmp_path):
+    """README.md held the notes of the model exported there before (a crop it no longer has) after `--force`."""
+    save_native(tiny_vit(), tmp_path / "crop", preprocess=Preprocess(image_size=(16, 16), resize=20))
+    save_native(tiny_vit(), tmp_path / "plain", preprocess=Preprocess(image_size=(16, 16)))
+    out = tmp_path / "hf"
+    assert main(["convert", str(tmp_path / "crop"), str(out), "--to", "hf", "--quiet"]) == 0
+    assert "crops the centre" in (out / "README.md").read_text()
+    assert main(["convert", str(tmp_path / "plain"), str(out), "--to", "hf", "--quiet", "--force"]) == 0
+    assert not (out / "README.md").exists()
+    (out / "README.md").write_text("# my model card\n")  # a README of the user's own is not vitlab's to remove
+    assert main(["convert", str(tmp_path / "plain"), str(out), "--to", "hf", "--quiet", "--force"]) == 0
+    assert (out / "README.md").read_text() == "# my model card\n"

@@ -553,9 +553,23 @@ def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None 
     pre = export_preprocess(cfg, preprocess)
     (folder / "preprocessor_config.json").write_text(json.dumps(hf_processor(cfg, pre), indent=2) + "\n")
     notes = export_notes(cfg, pre)
+    readme = folder / "README.md"
     if notes:
-        (folder / "README.md").write_text(f"# {cfg.name} (exported by vitlab)\n\n" + "\n\n".join(notes) + "\n")
+        readme.write_text(f"# {cfg.name} {README_MARK}\n\n" + "\n\n".join(notes) + "\n")
+    elif readme.is_file() and not readme.is_symlink() and _written_by_vitlab(readme):
+        # an earlier export's notes (`convert --force` into the same folder) would describe another preprocessing
+        readme.unlink()
     return folder
+
+
+README_MARK = "(exported by vitlab)"  # the end of the first line of the README.md save_hf writes
+
+
+def _written_by_vitlab(readme: Path) -> bool:
+    """Whether README.md is an earlier export's notes (a model card of the user's own is left alone)."""
+    with open(readme, encoding="utf-8", errors="replace") as fh:
+        first = fh.readline(4096)
+    return first.startswith("# ") and first.rstrip("\n").endswith(README_MARK)
 
 
 def export_preprocess(config: Any, preprocess: Any) -> dict:
