@@ -98,3 +98,17 @@ def test_a_forced_hf_export_leaves_no_earlier_notes_behind(tmp_path):
     (out / "README.md").write_text("# my model card\n")  # a README of the user's own is not vitlab's to remove
     assert main(["convert", str(tmp_path / "plain"), str(out), "--to", "hf", "--quiet", "--force"]) == 0
     assert (out / "README.md").read_text() == "# my model card\n"
+
+
+def test_a_squash_by_crop_fraction_goes_to_deit_whole(tmp_path):
+    """Preprocess(crop_fraction=0.8, crop_mode="squash") squashes to floor(16 / 0.8) = 20 before the crop, as
+    resize=20 does; the HF export wrote it as a plain resize to 16 (with a crop note) instead of DeiT's processor."""
+    record = Preprocess(image_size=(16, 16), crop_fraction=0.8, crop_mode="squash")
+    save_hf(tiny_vit(), tmp_path / "hf", preprocess=record)
+    written = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
+    assert (written["image_processor_type"], written["size"]) == ("DeiTImageProcessor", {"height": 20, "width": 20})
+    back = load_with_meta(tmp_path / "hf")[1]["preprocess"]
+    assert (back.effective_resize, back.crop_mode) == (20, "squash")
+    photo = smooth_photo(45, 60)
+    assert torch.equal(back(photo), record(photo))
+    assert not (tmp_path / "hf" / "README.md").exists()

@@ -604,7 +604,7 @@ def hf_processor(config: Any, pre: dict) -> dict:
             "image_std": _per_channel(pre.get("std", 0.5), c, "std")}
     proc["size"] = {"height": int(h), "width": int(w)}
     if _squash_crop(pre):  # DeiTImageProcessor: the whole image to R x R, then the crop (transformers 4 and 5)
-        r = int(pre["resize"])
+        r = _effective_resize(pre)
         proc.update(image_processor_type="DeiTImageProcessor", size={"height": r, "width": r},
                     do_center_crop=True, crop_size={"height": int(h), "width": int(w)})
     # otherwise ViTImageProcessor, which has no centre crop: a resize + crop becomes a plain resize to the crop size
@@ -612,7 +612,9 @@ def hf_processor(config: Any, pre: dict) -> dict:
 
 
 def _squash_crop(pre: dict) -> bool:
-    return pre.get("crop_mode") == "squash" and bool(pre.get("resize"))
+    # a crop fraction sets the squash's size as `resize` does (Preprocess.effective_resize): it went to
+    # ViTImageProcessor as a plain resize to the crop size, where DeiTImageProcessor computes it
+    return pre.get("crop_mode") == "squash" and _effective_resize(pre) is not None
 
 
 def crop_note(pre: dict) -> str | None:
