@@ -111,13 +111,14 @@ def test_hf_folder_with_two_weight_sets_loads_what_transformers_loads():
 
 
 def test_hf_export_says_it_drops_the_centre_crop(tmp_path, capsys):
-    model = tiny()
-    save_native(model, tmp_path / "n", preprocess={"image_size": [16, 16], "mean": [0.5] * 3, "std": [0.5] * 3,
-                                                   "resize": 18, "interpolation": "bicubic", "channels": 3})
+    """At 384 px and above ConvNextImageProcessor warps instead of cropping, so the crop cannot be written."""
+    model = tiny(image_size=384, patch_size=32)
+    save_native(model, tmp_path / "n", preprocess={"image_size": [384, 384], "mean": [0.5] * 3, "std": [0.5] * 3,
+                                                   "resize": 416, "interpolation": "bicubic", "channels": 3})
     convert(tmp_path / "n", tmp_path / "hf", "--to", "hf")
     out = capsys.readouterr().out
-    assert "note:" in out and "shorter side to 18" in out and "no centre crop" in out
-    assert "shorter side to 18" in (tmp_path / "hf" / "README.md").read_text()
+    assert "note:" in out and "shorter side to 416" in out and "no centre crop" in out
+    assert "shorter side to 416" in (tmp_path / "hf" / "README.md").read_text()
     save_native(model, tmp_path / "plain")  # the official plain resize: nothing to say
     convert(tmp_path / "plain", tmp_path / "hf2", "--to", "hf")
     assert "note:" not in capsys.readouterr().out and not (tmp_path / "hf2" / "README.md").exists()

@@ -587,17 +587,22 @@ def export_preprocess(config: Any, preprocess: Any) -> dict:
 
 
 def hf_processor(config: Any, pre: dict) -> dict:
-    """preprocessor_config.json for `pre`: ConvNextImageProcessor where it computes the record exactly (a ResNet's
-    square shorter-side resize + centre crop below 384 px, the microsoft/resnet-* layout); otherwise
-    DeiTImageProcessor for a squash + crop, else ViTImageProcessor (a plain resize; a shorter-side resize + crop
-    becomes a plain resize to the crop size, said by `crop_note`). A ResNet's record went through ConvNext always,
-    which turned a plain resize into a crop, a squash into a shorter-side resize and lost a non-square size, a crop
-    fraction, a resize of 384 px or more and (by float rounding of crop_pct) one pixel of some resizes, unsaid."""
-    if config.arch == "resnet" and (proc := convnext_processor(pre)) is not None:
+    """preprocessor_config.json for `pre`: ConvNextImageProcessor where it computes the record exactly (a square
+    shorter-side resize + centre crop below 384 px: the microsoft/resnet-* layout, and what vitlab's own training
+    records, the centre square); otherwise DeiTImageProcessor for a squash + crop, else ViTImageProcessor (a plain
+    resize; a shorter-side resize + crop above 384 px or at a non-square size becomes a plain resize to the crop
+    size, said by `crop_note`). A ResNet's record went through ConvNext always, which turned a plain resize into a
+    crop, a squash into a shorter-side resize and lost a non-square size, a crop fraction, a resize of 384 px or
+    more and (by float rounding of crop_pct) one pixel of some resizes, unsaid; a ViT's centre crop was always
+    written as a plain resize, which squashes a non-square photo the model was trained to see cropped."""
+    c = config.in_chans
+    if (proc := convnext_processor(pre)) is not None:
+        if config.arch == "vit":  # one value per model channel, as the ViT path below writes them
+            proc["image_mean"] = _per_channel(pre.get("mean", 0.5), c, "mean")
+            proc["image_std"] = _per_channel(pre.get("std", 0.5), c, "std")
         return proc
     resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
     h, w = pre.get("image_size", config.image_size)
-    c = config.in_chans
     proc = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": resample,
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
             "image_mean": _per_channel(pre.get("mean", 0.5), c, "mean"),
