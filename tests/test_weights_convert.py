@@ -63,6 +63,24 @@ def test_convert_surgery_and_class_names(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "none.npz"), str(tmp_path / "y")]) == 2
 
 
+@pytest.mark.parametrize("to", ["native", "timm", "hf"])
+def test_names_the_weights_came_with_may_repeat_as_imagenets_do(tmp_path, capsys, to):
+    """ImageNet-1k's list (google/vit-base-patch16-224's id2label) names two classes 'crane': convert refused to
+    write such a model anywhere. The names come through as they are, with a note."""
+    from vitlab.models.registry import create_model
+    from vitlab.weights import save_hf
+
+    names = ["crane", "bittern", "crane"]
+    save_hf(create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=4, image_size=8, num_classes=3),
+            tmp_path / "src", class_names=names)
+    dst = tmp_path / ("out.safetensors" if to == "timm" else "out")
+    assert main(["convert", str(tmp_path / "src"), str(dst), "--to", to]) == 0
+    out = capsys.readouterr().out
+    assert "note: the class names 'crane' are each given to more than one output" in out
+    assert ("label2id keeps one" in out) == (to == "hf")
+    assert vitlab.weights.load_with_meta(dst)[1]["class_names"] == names
+
+
 def test_convert_refuses_duplicate_class_names_and_says_what_hf_takes(tmp_path, capsys):
     """Duplicate names were accepted and HF's label2id silently kept one; a BiT ResNet's --to hf was told that
     'only plain ViTs' go there and that transformers lacks ViT hybrids."""

@@ -160,9 +160,15 @@ def run(args: argparse.Namespace) -> int:
         names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if names is not None and len(names) != model.config.num_classes:
         raise VitlabError(f"{len(names)} class names for a model with {model.config.num_classes} outputs")
-    if names is not None and len(set(names)) != len(names):  # HF's label2id would keep one of them, silently
-        twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted({n for n in names if names.count(n) > 1}) if names is not None else []
+    if twice and args.class_names:  # a names file repeating a line is a slip (and HF's label2id would keep one)
         raise VitlabError(f"class names must differ: {', '.join(map(repr, twice[:3]))} given more than once")
+    if twice and not args.quiet:
+        # names the weights came with: ImageNet-1k's own list (google/vit-base-patch16-224's id2label) names two
+        # classes 'crane' and two 'maillot'; each output keeps its name, so nothing is lost but a lookup by name
+        print(f"note: the class names {', '.join(map(repr, twice[:3]))} are each given to more than one output, "
+              "as in the source; they are kept as they are" + ("; Hugging Face's label2id keeps one output per "
+                                                              "name" if args.to == "hf" else ""))
     if args.force:
         clear_destination(Path(args.dst), out_path, args.to)
     if args.to == "native":
