@@ -112,3 +112,17 @@ def test_a_squash_by_crop_fraction_goes_to_deit_whole(tmp_path):
     photo = smooth_photo(45, 60)
     assert torch.equal(back(photo), record(photo))
     assert not (tmp_path / "hf" / "README.md").exists()
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_a_timm_export_without_a_record_reads_back_as_vitlab_save_would(tmp_path, suffix):
+    """`save_timm(model, path)` stored no preprocessing, so vitlab read its own export back with timm's defaults
+    (bicubic, a 0.9 crop) where `vitlab.save` records the plain resize; both now give the same record."""
+    from vitlab.weights import save_timm
+
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=4, image_size=16,
+                                num_classes=3)
+    save_native(model, tmp_path / "native")
+    path = save_timm(model, tmp_path / f"m{suffix}")
+    assert load_with_meta(path)[1]["preprocess"].to_dict() == \
+        load_with_meta(tmp_path / "native")[1]["preprocess"].to_dict()

@@ -484,8 +484,11 @@ def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None 
     record: dict[str, Any] = {HINTS_KEY: file_hints(model.config)}
     if class_names is not None:
         record[CLASS_NAMES_KEY] = [str(n) for n in class_names]
-    if preprocess is not None:
-        record[PREPROCESS_KEY] = preprocess.to_dict() if hasattr(preprocess, "to_dict") else dict(preprocess)
+    if preprocess is None:  # vitlab.save's default record, not the timm default a foreign file is read with
+        from vitlab.weights.native import default_preprocess
+
+        preprocess = default_preprocess(model.config)
+    record[PREPROCESS_KEY] = preprocess.to_dict() if hasattr(preprocess, "to_dict") else dict(preprocess)
     args = timm_model_args(model.config)
     if args is not None:
         record["timm_args"] = args
