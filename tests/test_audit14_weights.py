@@ -110,15 +110,19 @@ def test_hf_folder_with_two_weight_sets_loads_what_transformers_loads():
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max())), (got, want)
 
 
-def test_hf_export_says_it_drops_the_centre_crop(tmp_path, capsys):
-    """At 384 px and above ConvNextImageProcessor warps instead of cropping, so the crop cannot be written."""
+def test_hf_export_keeps_a_centre_crop_at_384(tmp_path, capsys):
+    """The crop was written as ViTImageProcessor's plain resize, with a note; ConvNext warps at 384 px and above,
+    so it goes to CLIPImageProcessor (the shortest edge, then the crop), which vitlab reads back the same."""
     model = tiny(image_size=384, patch_size=32)
-    save_native(model, tmp_path / "n", preprocess={"image_size": [384, 384], "mean": [0.5] * 3, "std": [0.5] * 3,
-                                                   "resize": 416, "interpolation": "bicubic", "channels": 3})
+    pre = {"image_size": [384, 384], "mean": [0.5] * 3, "std": [0.5] * 3, "resize": 416,
+           "interpolation": "bicubic", "channels": 3}
+    save_native(model, tmp_path / "n", preprocess=pre)
     convert(tmp_path / "n", tmp_path / "hf", "--to", "hf")
-    out = capsys.readouterr().out
-    assert "note:" in out and "shorter side to 416" in out and "no centre crop" in out
-    assert "shorter side to 416" in (tmp_path / "hf" / "README.md").read_text()
+    assert "note:" not in capsys.readouterr().out and not (tmp_path / "hf" / "README.md").exists()
+    written = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
+    assert (written["image_processor_type"], written["size"]) == ("CLIPImageProcessor", {"shortest_edge": 416})
+    back = vitlab.weights.load_with_meta(tmp_path / "hf")[1]["preprocess"]
+    assert (back.resize, back.image_size, back.crop_mode, back.interpolation) == (416, (384, 384), "center", "bicubic")
     save_native(model, tmp_path / "plain")  # the official plain resize: nothing to say
     convert(tmp_path / "plain", tmp_path / "hf2", "--to", "hf")
     assert "note:" not in capsys.readouterr().out and not (tmp_path / "hf2" / "README.md").exists()

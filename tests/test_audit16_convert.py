@@ -38,6 +38,8 @@ RESNET_RECORDS = {
     "crop fraction": Preprocess(image_size=(32, 32), crop_fraction=0.875),
     "crop 34 of 50": Preprocess(image_size=(34, 34), resize=50),  # int(34 / (34 / 50)) is 49
     "crop": Preprocess(image_size=(32, 32), resize=36, interpolation="bicubic"),
+    "non-square crop": Preprocess(image_size=(32, 48), resize=40),  # ConvNext crops squares only: CLIP's
+    "crop at 384": Preprocess(image_size=(384, 384), resize=438),  # ConvNext warps at 384: CLIP's
 }
 
 
@@ -67,8 +69,6 @@ def test_a_resnet_hf_export_gives_transformers_the_same_pixels(tmp_path, record)
 
 
 @pytest.mark.parametrize("size, record, words", [
-    (32, Preprocess(image_size=(32, 48), resize=40), "crops the centre 32x48"),  # ConvNext crops squares only
-    (384, Preprocess(image_size=(384, 384), resize=438), "crops the centre 384x384"),  # ConvNext warps at 384
     (32, Preprocess(image_size=(32, 32), resize=36, antialias=False), "without anti-aliasing"),
 ])
 def test_what_a_resnet_hf_export_cannot_keep_is_said(tmp_path, capsys, size, record, words):

@@ -172,7 +172,7 @@ def test_a_weights_file_that_is_a_folder_is_named_as_such(tmp_path, layout):
 
 
 @pytest.mark.parametrize("channels", [3, 1])
-def test_a_vits_centre_crop_exports_as_convnext_and_gives_transformers_vitlabs_pixels(tmp_path, channels):
+def test_a_vits_centre_crop_exports_as_clip_and_gives_transformers_vitlabs_pixels(tmp_path, channels):
     """vitlab's training records the centre square (the shorter side to the size, then the crop); `--to hf` wrote
     it as ViTImageProcessor's plain resize, which squashes a wide photo the model only ever saw cropped."""
     transformers = pytest.importorskip("transformers")
@@ -182,7 +182,7 @@ def test_a_vits_centre_crop_exports_as_convnext_and_gives_transformers_vitlabs_p
                      mean=(0.5,) * channels, std=(0.5,) * channels)
     save_hf(model, tmp_path / "out", preprocess=pre)
     written = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
-    assert written["image_processor_type"] == "ConvNextImageProcessor" and len(written["image_mean"]) == channels
+    assert written["image_processor_type"] == "CLIPImageProcessor" and len(written["image_mean"]) == channels
     assert "crop" not in (tmp_path / "out" / "README.md").read_text() if channels == 1 else \
         not (tmp_path / "out" / "README.md").exists()
     assert load_with_meta(tmp_path / "out")[1]["preprocess"].to_dict() == pre.to_dict()
@@ -190,6 +190,6 @@ def test_a_vits_centre_crop_exports_as_convnext_and_gives_transformers_vitlabs_p
     # of 3, 7, 11, ... puts them a pixel apart: docs/weights.md)
     photo = smooth_photo(30, 48)
     photo = photo.convert("L") if channels == 1 else photo
-    processor = getattr(transformers, "ConvNextImageProcessorPil", transformers.ConvNextImageProcessor)
+    processor = getattr(transformers, "CLIPImageProcessorPil", transformers.CLIPImageProcessor)
     ref = processor.from_pretrained(tmp_path / "out")(photo, return_tensors="pt")["pixel_values"][0]
     assert (pre(photo) - ref).abs().max().item() < 2.0 / 127.5

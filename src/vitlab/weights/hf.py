@@ -587,53 +587,33 @@ def export_preprocess(config: Any, preprocess: Any) -> dict:
 
 
 def hf_processor(config: Any, pre: dict) -> dict:
-    """preprocessor_config.json for `pre`: ConvNextImageProcessor where it computes the record exactly (a square
-    shorter-side resize + centre crop below 384 px: the microsoft/resnet-* layout, and what vitlab's own training
-    records, the centre square); otherwise DeiTImageProcessor for a squash + crop, else ViTImageProcessor (a plain
-    resize; a shorter-side resize + crop above 384 px or at a non-square size becomes a plain resize to the crop
-    size, said by `crop_note`). A ResNet's record went through ConvNext always, which turned a plain resize into a
-    crop, a squash into a shorter-side resize and lost a non-square size, a crop fraction, a resize of 384 px or
-    more and (by float rounding of crop_pct) one pixel of some resizes, unsaid; a ViT's centre crop was always
-    written as a plain resize, which squashes a non-square photo the model was trained to see cropped."""
+    """preprocessor_config.json for `pre`, as a transformers processor class that computes it (4.x and 5.x):
+    a plain resize is ViTImageProcessor; a squash + crop DeiTImageProcessor; a shorter-side resize + centre crop
+    ConvNextImageProcessor for a ResNet where it is exact (a square crop below 384 px: the microsoft/resnet-*
+    layout), else CLIPImageProcessor (the shortest edge to N, then the crop, at any size; `do_convert_rgb` off).
+    A ResNet's record went through ConvNext always, which turned a plain resize into a crop, a squash into a
+    shorter-side resize and lost a non-square size, a crop fraction, a resize of 384 px or more and (by float
+    rounding of crop_pct) one pixel of some resizes, unsaid; a ViT's centre crop (every model vitlab trains
+    records its centre square) was written as a plain resize, which squashes a wide photo the model saw cropped.
+    transformers places a crop at floor((H - h) / 2), vitlab at round(): a pixel apart at margins 3, 7, 11, ..."""
     c = config.in_chans
-    if (proc := convnext_processor(pre)) is not None:
-        if config.arch == "vit":  # one value per model channel, as the ViT path below writes them
-            proc["image_mean"] = _per_channel(pre.get("mean", 0.5), c, "mean")
-            proc["image_std"] = _per_channel(pre.get("std", 0.5), c, "std")
+    if config.arch == "resnet" and (proc := convnext_processor(pre)) is not None:
         return proc
     resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
     h, w = pre.get("image_size", config.image_size)
     proc = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": resample,
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
             "image_mean": _per_channel(pre.get("mean", 0.5), c, "mean"),
-            "image_std": _per_channel(pre.get("std", 0.5), c, "std")}
-    proc["size"] = {"height": int(h), "width": int(w)}
-    if _squash_crop(pre):  # DeiTImageProcessor: the whole image to R x R, then the crop (transformers 4 and 5)
-        r = _effective_resize(pre)
-        proc.update(image_processor_type="DeiTImageProcessor", size={"height": r, "width": r},
-                    do_center_crop=True, crop_size={"height": int(h), "width": int(w)})
-    # otherwise ViTImageProcessor, which has no centre crop: a resize + crop becomes a plain resize to the crop size
-    return proc
-
-
-def _squash_crop(pre: dict) -> bool:
-    # a crop fraction sets the squash's size as `resize` does (Preprocess.effective_resize): it went to
-    # ViTImageProcessor as a plain resize to the crop size, where DeiTImageProcessor computes it
-    return pre.get("crop_mode") == "squash" and _effective_resize(pre) is not None
-
-
-def crop_note(pre: dict) -> str | None:
-    """What the export changes in a preprocessing with a shorter-side resize before a centre crop:
-    ViTImageProcessor has no crop, so it is written as a plain resize to the crop size (said, not silently
-    dropped). A squash before the crop is DeiTImageProcessor's own and needs no note."""
-    resize, crop = pre.get("resize"), float(pre.get("crop_fraction", 1.0) or 1.0)
-    if (not resize and crop >= 1.0) or _squash_crop(pre):
-        return None
-    h, w = pre.get("image_size", ("?", "?"))
-    before = f"the shorter side to {resize}" if resize else f"by the crop fraction {crop}"
-    return (f"The preprocessing resizes {before}, then crops the centre {h}x{w}; ViTImageProcessor has no centre "
-            f"crop, so preprocessor_config.json resizes the whole image to {h}x{w} (vitlab reads it back so too). "
-            "For the original evaluation, resize and crop the images before calling the processor.")
+            "image_std": _per_channel(pre.get("std", 0.5), c, "std"),
+            "size": {"height": int(h), "width": int(w)}}
+    resize = _effective_resize(pre)
+    if resize is None:
+        return proc
+    crop = {"do_center_crop": True, "crop_size": {"height": int(h), "width": int(w)}}
+    if pre.get("crop_mode") == "squash":  # the whole image to R x R, then the crop
+        return {**proc, **crop, "image_processor_type": "DeiTImageProcessor", "size": {"height": resize, "width": resize}}
+    return {**proc, **crop, "image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": resize},
+            "do_convert_rgb": False}  # CLIP's default would make a grey image RGB, which a 1-channel model refuses
 
 
 def antialias_note(pre: dict) -> str | None:
@@ -650,10 +630,9 @@ def antialias_note(pre: dict) -> str | None:
 
 
 def export_notes(config: Any, pre: dict) -> list[str]:
-    """What a user of an export must know (README.md, printed by `vitlab convert`); a crop a ResNet's
-    ConvNextImageProcessor computes needs no note."""
-    cropped = hf_processor(config, pre)["image_processor_type"] == "ConvNextImageProcessor"
-    return [n for n in (channels_note(config), None if cropped else crop_note(pre), antialias_note(pre)) if n]
+    """What a user of an export must know (README.md, printed by `vitlab convert`): every resize and crop has its
+    processor (`hf_processor`), the channel count and a resize without anti-aliasing do not."""
+    return [n for n in (channels_note(config), antialias_note(pre)) if n]
 
 
 def _per_channel(values: Any, channels: int, what: str) -> list[float]:
