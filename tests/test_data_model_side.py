@@ -132,3 +132,19 @@ def test_evaluate_gives_a_plain_resize_model_the_photo_predict_gives_it(tmp_path
     evaluated = pre.batch(test.images[:1])[0]
     predicted = pre(open_image(test.paths[0]))
     assert (evaluated - predicted).abs().mean() < 0.05  # the same photo, squashed both ways
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "nearest", "area"])
+def test_stored_photos_are_resized_with_the_models_filter(tmp_path, interpolation):
+    """File data was stored with PIL's bilinear whatever the model's filter, so a bicubic model (timm's ViTs, DeiT)
+    was evaluated on other pixels than `vitlab predict` gives it from the same file."""
+    from vitlab.data.images import open_image
+
+    root = _photos(tmp_path / "photos", side=(150, 100), per_class=2)  # noise: the filters differ most on it
+    pre = Preprocess(image_size=(40, 40), resize=50, interpolation=interpolation, crop_mode="squash")
+    stored = load_data(str(root), progress=False, **pre.storage()).train
+    bilinear = load_data(str(root), progress=False, **{**pre.storage(), "interpolation": "bilinear"}).train
+    for i in range(len(stored)):
+        predicted = pre(open_image(stored.paths[i]))
+        assert (pre.batch(stored.images[i:i + 1])[0] - predicted).abs().max() < 1 / 127.5  # 8-bit storage
+        assert (pre.batch(bilinear.images[i:i + 1])[0] - predicted).abs().max() > 10 / 127.5

@@ -228,6 +228,10 @@ def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     return Image.fromarray(arr[0]) if arr.shape[0] == 1 else Image.fromarray(arr.transpose(1, 2, 0))
 
 
+# PIL's filters that compute what torch's anti-aliased resize of `Preprocess` computes (within a level of 255).
+PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+
+
 def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Image.BILINEAR,
                                squash: bool = False) -> Image.Image:
     """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format); with
@@ -255,19 +259,25 @@ class StoredSquare:
     squash: the whole image resized to the square, not its centre square (a model whose preprocessing is a plain
     resize). antialias: False shrinks as TensorFlow's `tf.image.resize` does (no anti-aliasing; the official ViT
     and BiT evaluation, `Preprocess.antialias`), so a stored photo is the official input but for rounding to 8 bits.
+    interpolation: the model's filter (`Preprocess.interpolation`): a bicubic model (timm's ViTs, DeiT) evaluated on
+    files was given bilinear photos where `vitlab predict` gives it bicubic ones.
     """
 
     squash: bool = False
     antialias: bool = True
+    interpolation: str = "bilinear"
 
     def tensor(self, img: Image.Image, size: int) -> torch.Tensor:
         """The stored uint8 (C, size, size) of a decoded image."""
-        if self.antialias or img.size == (size, size):
-            return pil_to_tensor(resize_shorter_center_crop(img, size, squash=self.squash))
-        from vitlab.data.preprocess import resize_crop_batch  # torch's resize: PIL's always anti-aliases
+        if img.size == (size, size) or (self.antialias and self.interpolation in PIL_FILTERS):
+            resample = PIL_FILTERS.get(self.interpolation, Image.BILINEAR)
+            return pil_to_tensor(resize_shorter_center_crop(img, size, resample, squash=self.squash))
+        # torch's resize, as `Preprocess.batch` computes it: PIL always anti-aliases, and its nearest and box pick
+        # and average other pixels than torch's nearest and area (up to 250 levels apart on noise)
+        from vitlab.data.preprocess import resize_crop_batch
 
         x = pil_to_tensor(img).float().unsqueeze(0)
-        x = resize_crop_batch(x, (size, size), None if self.squash else size, "bilinear", antialias=False)
+        x = resize_crop_batch(x, (size, size), None if self.squash else size, self.interpolation, self.antialias)
         return x[0].round().clamp_(0, 255).to(torch.uint8)
 
 

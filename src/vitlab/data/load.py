@@ -191,7 +191,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
               test_fraction: float = 0.1, seed: int = 0, storage_size: int | None = None,
               in_memory: bool | None = None, progress: bool = True, report: bool | None = None,
               eval_splits: Sequence[str] = ("val", "test"), model_side: int | None = None,
-              squash: bool = False, antialias: bool = True, shrink_to_model: bool = False) -> DataSplits:
+              squash: bool = False, antialias: bool = True, shrink_to_model: bool = False,
+              interpolation: str = "bilinear") -> DataSplits:
     """Load a data source as seeded, stratified train / val / test splits.
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
@@ -207,7 +208,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       `model_side` where that is more: the side the model reads, `Preprocess.model_side`) as the centre square,
       or with `squash` as the whole image resized to the square (a model whose preprocessing is a plain resize,
       `Preprocess.squashes`, so that evaluation sees a photo as `vitlab predict` gives it to the model), shrunk
-      without anti-aliasing with `antialias=False` (TensorFlow's resize, `Preprocess.antialias`), with
+      without anti-aliasing with `antialias=False` (TensorFlow's resize, `Preprocess.antialias`), with the
+      model's filter (`interpolation`, `Preprocess.interpolation`), with
       `shrink_to_model` never stored above `model_side` (one resize from the file to what the model reads, as
       `vitlab predict` makes it; else a photo may be stored at 256 and resized again for a 224 model), and decoded
       into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk. When
@@ -243,7 +245,7 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     file_parts = {k: v for k, v in parts.items() if isinstance(v, FileImageDataset)}
     if file_parts:
         for ds in file_parts.values():
-            ds.stored = StoredSquare(squash, antialias)  # before anything is decoded; copies made from here on keep it
+            ds.stored = StoredSquare(squash, antialias, interpolation)  # before anything is decoded; copies keep it
             if shrink_to_model and model_side and ds.size > model_side:
                 ds.size = int(model_side)  # a second resize (256 -> 224) would give the model another input
         if in_memory is None:

@@ -224,10 +224,10 @@ class Preprocess:
     def storage(self) -> dict:
         """`load_data`'s storage arguments for file images this preprocessing will read: stored at least at
         `model_side` (and, for larger photos, exactly at it), squashed where it `squashes`, and shrunk as it shrinks
-        (`antialias`), so that a stored image is the one this preprocessing would make of the file, but for 8-bit
-        rounding (`load_data(..., **preprocess.storage())`)."""
+        (`antialias`) with its filter (`interpolation`), so that a stored image is the one this preprocessing would
+        make of the file, but for 8-bit rounding (`load_data(..., **preprocess.storage())`)."""
         return {"model_side": self.model_side, "squash": self.squashes, "antialias": self.antialias,
-                "shrink_to_model": True}
+                "shrink_to_model": True, "interpolation": self.interpolation}
 
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
