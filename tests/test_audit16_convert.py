@@ -8,22 +8,14 @@ dropped `antialias=False`, all without a word."""
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from tests.test_crop_mode import smooth_photo
 
 import vitlab
 from vitlab.cli import main
 from vitlab.data.preprocess import Preprocess
 from vitlab.weights import load_with_meta, save_hf, save_native
-
-
-def smooth_photo(h, w):
-    """Smooth gradients, as photos are: resize kernels (PIL's and torch's) differ on noise, not on this."""
-    yy, xx = np.mgrid[0:h, 0:w]
-    channels = [xx * 255 // xx.max(), yy * 255 // yy.max(), (xx + yy) * 255 // (xx + yy).max()]
-    return Image.fromarray(np.stack(channels, -1).astype(np.uint8))
 
 
 def tiny_resnet(size=32):

@@ -29,6 +29,7 @@ _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gel
 # averaging) are the same filters; LANCZOS (1) and HAMMING (5) have no torch counterpart and run as bicubic,
 # the closest (docs/weights.md). Any other code is refused: it is no filter PIL or transformers knows.
 _PIL_RESAMPLE = {0: "nearest", 1: "bicubic", 2: "bilinear", 3: "bicubic", 4: "area", 5: "bicubic"}
+_RESAMPLE_CODE = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}  # what the exports write (2: bilinear)
 HF_RESCALE = 1 / 255  # ViTImageProcessor's default rescale_factor: pixel values 0..255 -> 0..1, vitlab's own scale
 
 # HF key (after dropping `vit.`, 4.x and 5.x names) -> vitlab key, per encoder layer.
@@ -97,12 +98,10 @@ def _weights_files(folder: Path) -> tuple[list[Path], set[str]]:
     transformers' `from_pretrained` (model.safetensors, its shard index, pytorch_model.bin, its shard index): a Hub
     folder holding two of them (old .bin shards beside a later model.safetensors) loads the weights transformers
     loads."""
-    from vitlab.weights.io import not_regular_file
+    from vitlab.weights.io import is_regular_file
 
     for name in ("model.safetensors", _INDEXES[0], "pytorch_model.bin", _INDEXES[1]):
-        if not (folder / name).is_file():
-            if (folder / name).exists():  # a FIFO, a folder, a link to /dev/zero: say so, not that it is missing
-                raise not_regular_file(folder / name)
+        if not is_regular_file(folder / name):
             continue
         if name in _INDEXES:
             names, tensors = _shard_names(folder / name)
@@ -599,7 +598,7 @@ def hf_processor(config: Any, pre: dict) -> dict:
     c = config.in_chans
     if config.arch == "resnet" and (proc := convnext_processor(pre)) is not None:
         return proc
-    resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
+    resample = _RESAMPLE_CODE.get(pre.get("interpolation", "bilinear"), 2)
     h, w = pre.get("image_size", config.image_size)
     proc = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "resample": resample,
             "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
@@ -775,7 +774,7 @@ def convnext_processor(pre: dict) -> dict | None:
         crop_pct = math.nextafter(crop_pct, 0.0)
     else:
         return None
-    resample = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}.get(pre.get("interpolation", "bilinear"), 2)
+    resample = _RESAMPLE_CODE.get(pre.get("interpolation", "bilinear"), 2)
     return {"image_processor_type": "ConvNextImageProcessor", "do_resize": True, "size": {"shortest_edge": int(h)},
             "crop_pct": crop_pct, "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255,
             "do_normalize": True, "image_mean": list(pre.get("mean", [0.485, 0.456, 0.406])),
@@ -783,11 +782,10 @@ def convnext_processor(pre: dict) -> dict | None:
 
 
 def _effective_resize(pre: dict) -> int | None:
-    """The shorter side before the centre crop of a preprocessing record (`Preprocess.effective_resize`)."""
-    if pre.get("resize"):
-        return int(pre["resize"])
-    crop = float(pre.get("crop_fraction", 1.0) or 1.0)
-    return math.floor(max(pre.get("image_size", [224, 224])) / crop) if crop < 1.0 else None
+    """The side a preprocessing record resizes to before its centre crop (`Preprocess.effective_resize`)."""
+    from vitlab.data.preprocess import Preprocess
+
+    return Preprocess.from_dict(pre).effective_resize
 
 
 def to_hf_resnet_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:

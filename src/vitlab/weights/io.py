@@ -70,6 +70,16 @@ def not_regular_file(path: Path) -> VitlabError:
                        "configs from regular files only: pass the file itself")
 
 
+def is_regular_file(path: Path) -> bool:
+    """True for a regular file, False where nothing is; anything else of that name (a folder, a FIFO, a link to a
+    device) is refused in one line (`not_regular_file`) rather than reported as missing or opened."""
+    if path.is_file():
+        return True
+    if path.exists():
+        raise not_regular_file(path)
+    return False
+
+
 def sniff_format(path: str | Path) -> str:
     """What a weights file holds, from its first bytes rather than its name: 'safetensors' (an 8-byte
     little-endian header length, then the JSON header's '{'), 'torch' (torch.save's zip, 'PK', or a legacy

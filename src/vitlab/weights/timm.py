@@ -28,7 +28,7 @@ from vitlab.errors import VitlabError
 from vitlab.limits import check_size_pair
 from vitlab.models.config import ResNetConfig, ViTConfig, check_fields
 from vitlab.models.resnet import resnet_reduction
-from vitlab.weights.io import folder_config
+from vitlab.weights.io import folder_config, is_regular_file
 
 # Attention heads of the published ViT widths: the paper's Ti, S, B, L, H (192, 384, 768, 1024, 1280) and
 # timm's giant / gigantic (1408, 1664). timm and torchvision files do not store the heads; for any other
@@ -316,11 +316,8 @@ def read_timm_folder(folder: str | Path, size_hint: Any = None,
 
     folder = Path(folder)
     data = read_json(folder / "config.json", "config.json")  # size-bounded (docs/weights.md, Limits)
-    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if (folder / n).exists()), None)
-    if weights is not None and not weights.is_file():  # a FIFO or a folder of that name: say so, not "missing"
-        from vitlab.weights.io import not_regular_file
-
-        raise not_regular_file(weights)
+    weights = next((folder / n for n in ("model.safetensors", "pytorch_model.bin") if is_regular_file(folder / n)),
+                   None)
     if weights is None:
         raise VitlabError(f"{folder} has a timm config.json but no model.safetensors or pytorch_model.bin")
     arch = str(data.get("architecture", ""))
