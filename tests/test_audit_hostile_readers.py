@@ -27,10 +27,11 @@ from vitlab.errors import VitlabError
 # ------------------------------------------------------------------------------------- not regular files
 def _run_capped(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """`code` in a child capped at 3 GiB of address space above the imports: a reader that blocks on a FIFO or reads
-    /dev/zero to the end fails the test by timing out or running out of memory, never the machine."""
+    /dev/zero to the end fails the test by timing out or running out of memory, never the machine. torch is imported
+    before the cap: a CUDA build maps gigabytes of address space as it loads (a MemoryError on an H200 machine)."""
     prog = textwrap.dedent("""
         import resource, sys
-        import vitlab, vitlab.weights
+        import torch, vitlab, vitlab.weights
         soft = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize() + 3 * 2**30
         resource.setrlimit(resource.RLIMIT_AS, (soft, resource.RLIM_INFINITY))
     """) + textwrap.dedent(code)
