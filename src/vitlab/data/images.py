@@ -233,21 +233,24 @@ PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Image.BILINEAR,
-                               squash: bool = False) -> Image.Image:
-    """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format); with
-    `squash`, resize the whole image to the square instead (for a model whose own preprocessing is a plain resize:
-    the official ViT pipeline and Hugging Face's ViTImageProcessor squash a wide photo, they do not crop it)."""
+                               squash: bool = False, crop_offset: str = "round") -> Image.Image:
+    """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format), placed
+    as `crop_offset` says (`preprocess.CROP_OFFSETS`); with `squash`, resize the whole image to the square instead
+    (for a model whose own preprocessing is a plain resize: the official ViT pipeline and Hugging Face's
+    ViTImageProcessor squash a wide photo, they do not crop it)."""
+    from vitlab.data.preprocess import crop_start
+
     w, h = img.size
     if squash and (w, h) != (size, size):
         return img.resize((size, size), resample=resample, reducing_gap=3.0)
     if (w, h) != (size, size):
         # torchvision's Resize(int) + CenterCrop arithmetic, as the evaluation's resize_crop_batch (preprocess.py):
-        # the long side truncated, the offsets rounded; rounding and flooring here put a stored image one pixel
-        # off the crop `vitlab predict` takes from the same file
+        # the long side truncated, the offsets placed as the model's record places them; rounding in one and
+        # flooring in the other put a stored image one pixel off the crop `vitlab predict` takes from the file
         long = int(size * max(w, h) / min(w, h))
         nw, nh = (size, long) if w <= h else (long, size)
         img = img.resize((nw, nh), resample=resample, reducing_gap=3.0)
-        left, top = int(round((nw - size) / 2.0)), int(round((nh - size) / 2.0))
+        left, top = crop_start(nw - size, crop_offset), crop_start(nh - size, crop_offset)
         img = img.crop((left, top, left + size, top + size))
     return img
 
@@ -260,24 +263,28 @@ class StoredSquare:
     resize). antialias: False shrinks as TensorFlow's `tf.image.resize` does (no anti-aliasing; the official ViT
     and BiT evaluation, `Preprocess.antialias`), so a stored photo is the official input but for rounding to 8 bits.
     interpolation: the model's filter (`Preprocess.interpolation`): a bicubic model (timm's ViTs, DeiT) evaluated on
-    files was given bilinear photos where `vitlab predict` gives it bicubic ones.
+    files was given bilinear photos where `vitlab predict` gives it bicubic ones. crop_offset: where the centre
+    square starts (`Preprocess.crop_offset`): a Hugging Face model floors where torchvision rounds.
     """
 
     squash: bool = False
     antialias: bool = True
     interpolation: str = "bilinear"
+    crop_offset: str = "round"
 
     def tensor(self, img: Image.Image, size: int) -> torch.Tensor:
         """The stored uint8 (C, size, size) of a decoded image."""
         if img.size == (size, size) or (self.antialias and self.interpolation in PIL_FILTERS):
             resample = PIL_FILTERS.get(self.interpolation, Image.BILINEAR)
-            return pil_to_tensor(resize_shorter_center_crop(img, size, resample, squash=self.squash))
+            return pil_to_tensor(resize_shorter_center_crop(img, size, resample, squash=self.squash,
+                                                            crop_offset=self.crop_offset))
         # torch's resize, as `Preprocess.batch` computes it: PIL always anti-aliases, and its nearest and box pick
         # and average other pixels than torch's nearest and area (up to 250 levels apart on noise)
         from vitlab.data.preprocess import resize_crop_batch
 
         x = pil_to_tensor(img).float().unsqueeze(0)
-        x = resize_crop_batch(x, (size, size), None if self.squash else size, self.interpolation, self.antialias)
+        x = resize_crop_batch(x, (size, size), None if self.squash else size, self.interpolation, self.antialias,
+                              crop_offset=self.crop_offset)
         return x[0].round().clamp_(0, 255).to(torch.uint8)
 
 

@@ -192,7 +192,7 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
               in_memory: bool | None = None, progress: bool = True, report: bool | None = None,
               eval_splits: Sequence[str] = ("val", "test"), model_side: int | None = None,
               squash: bool = False, antialias: bool = True, shrink_to_model: bool = False,
-              interpolation: str = "bilinear") -> DataSplits:
+              interpolation: str = "bilinear", crop_offset: str = "round") -> DataSplits:
     """Load a data source as seeded, stratified train / val / test splits.
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
@@ -209,7 +209,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       or with `squash` as the whole image resized to the square (a model whose preprocessing is a plain resize,
       `Preprocess.squashes`, so that evaluation sees a photo as `vitlab predict` gives it to the model), shrunk
       without anti-aliasing with `antialias=False` (TensorFlow's resize, `Preprocess.antialias`), with the
-      model's filter (`interpolation`, `Preprocess.interpolation`), with
+      model's filter (`interpolation`, `Preprocess.interpolation`), the centre square placed as the model places
+      its crop (`crop_offset`, `Preprocess.crop_offset`: Hugging Face's models floor where torchvision rounds), with
       `shrink_to_model` never stored above `model_side` (one resize from the file to what the model reads, as
       `vitlab predict` makes it; else a photo may be stored at 256 and resized again for a 224 model), and decoded
       into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk. When
@@ -245,7 +246,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     file_parts = {k: v for k, v in parts.items() if isinstance(v, FileImageDataset)}
     if file_parts:
         for ds in file_parts.values():
-            ds.stored = StoredSquare(squash, antialias, interpolation)  # before anything is decoded; copies keep it
+            # before anything is decoded; copies keep it
+            ds.stored = StoredSquare(squash, antialias, interpolation, crop_offset)
             if shrink_to_model and model_side and ds.size > model_side:
                 ds.size = int(model_side)  # a second resize (256 -> 224) would give the model another input
         if in_memory is None:

@@ -23,6 +23,10 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area")
 # resize x resize (Hugging Face's DeiT and BEiT processors, `size` {"height": 256, "width": 256} before a 224 crop,
 # and timm's crop_mode "squash").
 CROP_MODES = ("center", "squash")
+# Where a centre crop starts when its margin H - h is odd: "round" at round((H - h) / 2), half to even
+# (torchvision's center_crop, which timm's evaluation and vitlab's own training use); "floor" at (H - h) // 2
+# (Hugging Face transformers' processors, both backends). The two are a pixel apart at margins 3, 7, 11, ...
+CROP_OFFSETS = ("round", "floor")
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -87,22 +91,32 @@ def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "b
     return F.interpolate(x, size=size, mode=interpolation, **kwargs)
 
 
-def center_crop_batch(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Cut the central `size` (h, w) window of a batch (B, C, H, W)."""
+def crop_start(margin: int, crop_offset: str = "round") -> int:
+    """The first row (column) of a centred window in a side `margin` pixels longer than it (`CROP_OFFSETS`)."""
+    if crop_offset not in CROP_OFFSETS:
+        raise ValueError(f"crop_offset must be one of {CROP_OFFSETS}, got {crop_offset!r}")
+    if margin <= 0:
+        return 0
+    # Python's round is half to even, as torchvision's int(round(d / 2.0)): 3 / 2 -> 2, 5 / 2 -> 2
+    return margin // 2 if crop_offset == "floor" else int(round(margin / 2.0))
+
+
+def center_crop_batch(x: torch.Tensor, size: tuple[int, int], crop_offset: str = "round") -> torch.Tensor:
+    """Cut the central `size` (h, w) window of a batch (B, C, H, W), placed as `crop_offset` says."""
     h, w = x.shape[-2:]
     th, tw = size
-    # torchvision's center_crop offsets, int(round(d / 2)) (half to even), which timm's and torchvision's
-    # evaluation transforms use: flooring moved the window one pixel when h - th is 3, 7, 11, ...
-    top, left = max(0, int(round((h - th) / 2.0))), max(0, int(round((w - tw) / 2.0)))
+    # the model's own library decides the window: flooring where torchvision rounds (or the reverse) moved it
+    # one pixel when h - th is 3, 7, 11, ...
+    top, left = crop_start(h - th, crop_offset), crop_start(w - tw, crop_offset)
     return x[..., top : top + th, left : left + tw]
 
 
 def resize_crop_batch(
     x: torch.Tensor, image_size: tuple[int, int], resize: int | None, interpolation: str = "bilinear",
-    antialias: bool = True, squash: bool = False,
+    antialias: bool = True, squash: bool = False, crop_offset: str = "round",
 ) -> torch.Tensor:
     """`resize=None`: plain resize to `image_size` (official eval). Else shorter side -> `resize` (with `squash`:
-    the whole image -> `resize` x `resize`, `CROP_MODES`), then the centre crop."""
+    the whole image -> `resize` x `resize`, `CROP_MODES`), then the centre crop placed by `crop_offset`."""
     if resize is None:
         return resize_batch(x, image_size, interpolation, antialias)
     h, w = x.shape[-2:]
@@ -114,7 +128,7 @@ def resize_crop_batch(
         long = int(resize * max(h, w) / min(h, w))
         nh, nw = (long, resize) if w <= h else (resize, long)
     nh, nw = max(image_size[0], nh), max(image_size[1], nw)
-    return center_crop_batch(resize_batch(x, (nh, nw), interpolation, antialias), image_size)
+    return center_crop_batch(resize_batch(x, (nh, nw), interpolation, antialias), image_size, crop_offset)
 
 
 def match_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
@@ -156,6 +170,8 @@ class Preprocess:
     resize, what timm's and Hugging Face's processors call); False is TensorFlow's `tf.image.resize`, the
     official ViT and BiT evaluation, which the official checkpoints' records ask for. crop_mode: how the image
     reaches `resize` before the crop, `CROP_MODES` ("center" keeps the aspect ratio, "squash" does not).
+    crop_offset: where the centre crop starts at an odd margin, `CROP_OFFSETS` ("round" as torchvision and timm,
+    "floor" as Hugging Face's processors; a pixel apart at margins 3, 7, 11, ...).
     """
 
     image_size: tuple[int, int] = (224, 224)
@@ -167,6 +183,7 @@ class Preprocess:
     channels: int = 3
     antialias: bool = True
     crop_mode: str = "center"
+    crop_offset: str = "round"
 
     def __post_init__(self) -> None:
         # Stored records are read from files a user may have edited: every refusal is one VitlabError line.
@@ -198,6 +215,9 @@ class Preprocess:
         if self.crop_mode not in CROP_MODES:
             raise VitlabError(f"the preprocessing's crop_mode must be one of {', '.join(CROP_MODES)}, got "
                               f"{self.crop_mode!r}; fix it in the weights' config.json")
+        if self.crop_offset not in CROP_OFFSETS:
+            raise VitlabError(f"the preprocessing's crop_offset must be one of {', '.join(CROP_OFFSETS)}, got "
+                              f"{self.crop_offset!r}; fix it in the weights' config.json")
 
     @property
     def effective_resize(self) -> int | None:
@@ -224,16 +244,17 @@ class Preprocess:
     def storage(self) -> dict:
         """`load_data`'s storage arguments for file images this preprocessing will read: stored at least at
         `model_side` (and, for larger photos, exactly at it), squashed where it `squashes`, and shrunk as it shrinks
-        (`antialias`) with its filter (`interpolation`), so that a stored image is the one this preprocessing would
-        make of the file, but for 8-bit rounding (`load_data(..., **preprocess.storage())`)."""
+        (`antialias`) with its filter (`interpolation`) and its crop placement (`crop_offset`), so that a stored
+        image is the one this preprocessing would make of the file, but for 8-bit rounding
+        (`load_data(..., **preprocess.storage())`)."""
         return {"model_side": self.model_side, "squash": self.squashes, "antialias": self.antialias,
-                "shrink_to_model": True, "interpolation": self.interpolation}
+                "shrink_to_model": True, "interpolation": self.interpolation, "crop_offset": self.crop_offset}
 
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
         x = match_channels(images, self.channels).float()
         x = resize_crop_batch(x, self.image_size, self.effective_resize, self.interpolation,  # bicubic: clipped
-                              self.antialias, squash=self.crop_mode == "squash")
+                              self.antialias, squash=self.crop_mode == "squash", crop_offset=self.crop_offset)
         return normalize_batch(x, self.mean, self.std)
 
     def __call__(self, image) -> torch.Tensor:

@@ -108,13 +108,16 @@ def validate_preprocess(pre: dict | None, config: Any, source: str = "checkpoint
     elif crop < 1.0 and round(max(size) / crop) > MAX_IMAGE_SIZE:  # the resize a crop fraction implies
         raise VitlabError(f"{source}: preprocessing crop_fraction {crop} resizes to {round(max(size) / crop)} px, "
                           f"above {MAX_IMAGE_SIZE} ({LIMITS_DOC}); fix crop_fraction in the file")
-    from vitlab.data.preprocess import CROP_MODES, INTERPOLATIONS
+    from vitlab.data.preprocess import CROP_MODES, CROP_OFFSETS, INTERPOLATIONS
 
     if pre.get("interpolation", "bilinear") not in INTERPOLATIONS:
         raise VitlabError(f"{source}: preprocessing interpolation must be one of {INTERPOLATIONS}, "
                           f"got {pre.get('interpolation')!r}")
     if pre.get("crop_mode", "center") not in CROP_MODES:
         raise VitlabError(f"{source}: preprocessing crop_mode must be one of {CROP_MODES}, got {pre.get('crop_mode')!r}")
+    if pre.get("crop_offset", "round") not in CROP_OFFSETS:
+        raise VitlabError(f"{source}: preprocessing crop_offset must be one of {CROP_OFFSETS}, got "
+                          f"{pre.get('crop_offset')!r}")
     if not isinstance(pre.get("antialias", True), bool):  # a string "false" would read as true
         raise VitlabError(f"{source}: preprocessing antialias must be true or false, got {pre.get('antialias')!r}; "
                           "fix it in the file")
