@@ -123,9 +123,9 @@ def test_a_squash_crop_exports_as_deits_processor_and_reads_back(tmp_path):
     save_hf(tiny_vit(), tmp_path / "out", preprocess=pre)
     written = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
     assert written["image_processor_type"] == "DeiTImageProcessor" and written["do_center_crop"] is True
-    assert not (tmp_path / "out" / "README.md").exists()  # nothing changed, nothing to say
+    assert not (tmp_path / "out" / "README.md").exists()  # nothing changed, nothing to say (margin 4: floor = round)
     _, meta = load_with_meta(tmp_path / "out")
-    assert meta["preprocess"].to_dict() == pre.to_dict()
+    assert meta["preprocess"].to_dict() == {**pre.to_dict(), "crop_offset": "floor"}  # transformers' placement
     photo = smooth_photo(40, 24)
     ref = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")(photo, return_tensors="pt")
     assert (pre(photo) - ref["pixel_values"][0]).abs().max().item() < 2.0 / 127.5
@@ -183,9 +183,9 @@ def test_a_vits_centre_crop_exports_as_clip_and_gives_transformers_vitlabs_pixel
     save_hf(model, tmp_path / "out", preprocess=pre)
     written = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
     assert written["image_processor_type"] == "CLIPImageProcessor" and len(written["image_mean"]) == channels
-    assert "crop" not in (tmp_path / "out" / "README.md").read_text() if channels == 1 else \
-        not (tmp_path / "out" / "README.md").exists()
-    assert load_with_meta(tmp_path / "out")[1]["preprocess"].to_dict() == pre.to_dict()
+    readme = (tmp_path / "out" / "README.md").read_text()  # the crop's placement (tests/test_crop_offset.py)
+    assert "(H - h) // 2" in readme and ("grayscale" in readme) == (channels == 1)
+    assert load_with_meta(tmp_path / "out")[1]["preprocess"].to_dict() == {**pre.to_dict(), "crop_offset": "floor"}
     # 48x30 -> 28x18: margins 12 and 2, where transformers' floor((H - h) / 2) and vitlab's round agree (a margin
     # of 3, 7, 11, ... puts them a pixel apart: docs/weights.md)
     photo = smooth_photo(30, 48)

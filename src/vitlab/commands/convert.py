@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {out} ({args.to}; from {meta['format']}: {shape}, image {c.image_size[0]}x{c.image_size[1]}, "
               f"{c.num_classes} classes, {count_parameters(model):,} parameters, {meta['dtype']})")
         if args.to == "timm":
-            print(timm_note(model.config, out))
+            print(timm_note(model.config, out, meta.get("preprocess")))
         if args.to == "hf":  # ResNets too: their processor cannot hold everything either (antialias)
             from vitlab.weights.hf import export_notes, export_preprocess
 
@@ -194,13 +194,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def timm_note(config: Any, out: Path) -> str:
-    """Where the config timm's keys cannot carry went, and what timm itself must be told."""
-    from vitlab.weights.timm import TIMM_LAYER_NORM_EPS, sidecar_path, timm_model_args
+def timm_note(config: Any, out: Path, preprocess: Any = None) -> str:
+    """Where the config timm's keys cannot carry went, and what timm itself must be told (or cannot be)."""
+    from vitlab.weights.timm import TIMM_LAYER_NORM_EPS, crop_offset_note, sidecar_path, timm_model_args
 
     where = "the safetensors header ('vitlab_config')" if out.suffix == ".safetensors" else str(sidecar_path(out))
     note = (f"vitlab's config (heads, GELU, pooling, image size), class names and preprocessing are in {where}; "
             "keep it with the weights")
+    if (crop := crop_offset_note(preprocess)) is not None:
+        note += "; " + crop
     if config.arch != "vit":
         return note
     needs = []

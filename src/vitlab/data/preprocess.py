@@ -241,6 +241,18 @@ class Preprocess:
         File data for such a model is stored squashed too (`load_data(squash=True)`)."""
         return self.effective_resize is None or self.crop_mode == "squash"
 
+    @property
+    def crop_offset_matters(self) -> bool:
+        """Whether "round" and "floor" (`CROP_OFFSETS`) start this record's centre crop on other pixels for some
+        photo: round(m / 2) is half to even, so they differ exactly at margins m = 3, 7, 11, ... After a shorter-side
+        resize the longer side's margin depends on the photo, so any may; after a squash both margins are fixed."""
+        resize = self.effective_resize
+        if resize is None:
+            return False
+        if self.crop_mode != "squash":
+            return True
+        return any((resize - side) % 4 == 3 for side in self.image_size)
+
     def storage(self) -> dict:
         """`load_data`'s storage arguments for file images this preprocessing will read: stored at least at
         `model_side` (and, for larger photos, exactly at it), squashed where it `squashes`, and shrunk as it shrinks

@@ -421,6 +421,11 @@ def _size_dict(size: Any, kind: str, key: str) -> dict:
     return {"height": int(size), "width": int(size)}
 
 
+# transformers places every centre crop at (H - h) // 2, in both backends (PIL/numpy and torchvision), where
+# torchvision's CenterCrop (timm, vitlab's training) rounds: `Preprocess.crop_offset`.
+HF_CROP_OFFSET = "floor"
+
+
 def _not_reproduced(what: str) -> VitlabError:
     return VitlabError(f"{what} is a preprocessing vitlab does not reproduce; delete the file to use the "
                        "model's plain resize, or write the preprocessing the model was trained with")
@@ -430,8 +435,9 @@ def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
     """preprocessor_config.json (ViTImageProcessor and friends) -> vitlab preprocessing dict, as transformers'
     processor computes: `size` {"height", "width"} resizes the whole image (an int is that square, or the shortest
     edge for CLIP-like classes), {"shortest_edge"} keeps the aspect ratio; `do_center_crop` then cuts `crop_size`.
-    A whole-image resize before a crop is crop_mode "squash" (DeiT's 256 x 256 -> 224). What vitlab cannot
-    reproduce (a crop without a resize, a non-square resize before a crop, longest_edge limits) is refused."""
+    A whole-image resize before a crop is crop_mode "squash" (DeiT's 256 x 256 -> 224), and every crop is placed
+    at (H - h) // 2 (crop_offset "floor"), as transformers places it. What vitlab cannot reproduce (a crop without
+    a resize, a non-square resize before a crop, longest_edge limits) is refused."""
     kind = _processor_class(pp)
     pp = {**_PROCESSOR_DEFAULTS.get(kind, {}), **{k: v for k, v in pp.items() if v is not None}}
     out = hf_default_preprocess(config)
@@ -462,6 +468,7 @@ def preprocess_from_hf(pp: dict, config: ViTConfig) -> dict:
             out["resize"], out["crop_mode"] = int(size["height"]), "squash"
         else:
             raise _not_reproduced(f"a resize to {size['height']}x{size['width']} before a centre crop")
+        out["crop_offset"] = HF_CROP_OFFSET
     elif size is not None:  # no crop: the resized image is the input (a shortest edge: a square photo's size)
         side = size.get("shortest_edge")
         out["image_size"] = [int(size.get("height", side)), int(size.get("width", side))]
@@ -594,7 +601,8 @@ def hf_processor(config: Any, pre: dict) -> dict:
     shorter-side resize and lost a non-square size, a crop fraction, a resize of 384 px or more and (by float
     rounding of crop_pct) one pixel of some resizes, unsaid; a ViT's centre crop (every model vitlab trains
     records its centre square) was written as a plain resize, which squashes a wide photo the model saw cropped.
-    transformers places a crop at floor((H - h) / 2), vitlab at round(): a pixel apart at margins 3, 7, 11, ..."""
+    Every one of these processors places its crop at (H - h) // 2: a crop_offset "floor" record is written exactly,
+    a "round" one (torchvision's placement, vitlab's training) with a note (`crop_offset_note`)."""
     c = config.in_chans
     if config.arch == "resnet" and (proc := convnext_processor(pre)) is not None:
         return proc
@@ -628,10 +636,23 @@ def antialias_note(pre: dict) -> str | None:
             "interpolate(antialias=False) before calling the processor.")
 
 
+def crop_offset_note(pre: dict) -> str | None:
+    """What the export changes in a centre crop placed as torchvision places it: transformers' processors floor."""
+    from vitlab.data.preprocess import Preprocess
+
+    record = Preprocess.from_dict(pre)
+    if record.crop_offset != "round" or not record.crop_offset_matters:
+        return None
+    return ("The preprocessing places its centre crop at round((H - h) / 2) (torchvision's and timm's placement); "
+            "the Hugging Face processor places it at (H - h) // 2, one pixel away where the margin H - h is 3, 7, "
+            "11, ... (vitlab reads the export back with transformers' placement too).")
+
+
 def export_notes(config: Any, pre: dict) -> list[str]:
     """What a user of an export must know (README.md, printed by `vitlab convert`): every resize and crop has its
-    processor (`hf_processor`), the channel count and a resize without anti-aliasing do not."""
-    return [n for n in (channels_note(config), antialias_note(pre)) if n]
+    processor (`hf_processor`), the channel count, a resize without anti-aliasing and a rounded crop placement
+    do not."""
+    return [n for n in (channels_note(config), antialias_note(pre), crop_offset_note(pre)) if n]
 
 
 def _per_channel(values: Any, channels: int, what: str) -> list[float]:
@@ -747,6 +768,8 @@ def preprocess_from_convnext(pp: dict, config: ViTConfig) -> dict:
     crop_pct = float(pp.get("crop_pct") or 224 / 256)
     out = {"image_size": [edge, edge], "resize": int(edge / crop_pct) if edge < 384 else None,
            "crop_fraction": 1.0, "interpolation": _interpolation(pp), "channels": c}
+    if out["resize"] is not None:  # ConvNext's crop is transformers' center_crop: floor
+        out["crop_offset"] = HF_CROP_OFFSET
     if pp.get("do_normalize", True):
         mean, std = pp.get("image_mean", [0.5] * 3), pp.get("image_std", [0.5] * 3)
         out["mean"] = list(mean)[:c] if isinstance(mean, (list, tuple)) else [float(mean)] * c

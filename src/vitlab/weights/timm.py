@@ -501,6 +501,21 @@ def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None 
     return path
 
 
+def crop_offset_note(preprocess: Any) -> str | None:
+    """What timm cannot be told of a preprocessing: its evaluation transform (torchvision's CenterCrop) rounds the
+    crop's start, so a crop_offset "floor" record (Hugging Face's placement) that crops has no timm setting."""
+    from vitlab.data.preprocess import Preprocess
+
+    if preprocess is None:  # save_timm stores vitlab.save's default record: round
+        return None
+    record = preprocess if isinstance(preprocess, Preprocess) else Preprocess.from_dict(dict(preprocess))
+    if record.crop_offset != "floor" or not record.crop_offset_matters:
+        return None
+    return ("the preprocessing places its centre crop at (H - h) // 2 (Hugging Face's placement), which timm's "
+            "transforms cannot (torchvision's CenterCrop rounds: a pixel away where the margin H - h is 3, 7, 11, "
+            "...); vitlab reads it back from the stored record exactly")
+
+
 def stored_record(path: str | Path, sd: dict[str, torch.Tensor]) -> dict[str, Any]:
     """What vitlab's own export stored with a timm file ({} for a foreign file): config hints, class names,
     preprocessing, timm keywords; from the safetensors header or the sidecar of a torch file."""
