@@ -148,3 +148,38 @@ def test_stored_photos_are_resized_with_the_models_filter(tmp_path, interpolatio
         predicted = pre(open_image(stored.paths[i]))
         assert (pre.batch(stored.images[i:i + 1])[0] - predicted).abs().max() < 1 / 127.5  # 8-bit storage
         assert (pre.batch(bilinear.images[i:i + 1])[0] - predicted).abs().max() > 10 / 127.5
+
+
+@pytest.mark.parametrize("crop_offset", ["round", "floor"])
+def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, crop_offset):
+    """A Hugging Face model's crop starts at (H - h) // 2 (Preprocess.crop_offset "floor"), torchvision's at
+    round((H - h) / 2): 115x100 photos -> 55x48, a margin of 7 for the stored square, where the two place it a
+    pixel apart. `vitlab evaluate` must store the square where the model's own crop puts it."""
+    import vitlab
+    from vitlab.cli import main
+    from vitlab.commands import evaluate as evaluate_command
+    from vitlab.data.images import open_image
+    from vitlab.weights import load_with_meta
+
+    root = _photos(tmp_path / "photos", side=(115, 100))  # noise: a one-pixel shift shows everywhere
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=8, image_size=40,
+                                num_classes=2)
+    vitlab.save(model, tmp_path / "m", class_names=["a", "b"],
+                preprocess=Preprocess(image_size=(40, 40), resize=48, crop_offset=crop_offset))
+    pre = load_with_meta(tmp_path / "m")[1]["preprocess"]
+    assert pre.crop_offset == crop_offset
+    seen = {}
+    real = evaluate_command.load_splits
+
+    def spy(*args, **kwargs):
+        seen["data"] = real(*args, **kwargs)
+        return seen["data"]
+
+    monkeypatch.setattr(evaluate_command, "load_splits", spy)
+    assert main(["evaluate", str(tmp_path / "m"), "--data", str(root), "--out", str(tmp_path / "ev"), "--quiet",
+                 "--engine", "torch"]) == 0
+    test = seen["data"].test
+    assert test.image_size == (48, 48)
+    for i in range(len(test)):
+        evaluated = pre.batch(test.images[i:i + 1])[0]
+        assert (evaluated - pre(open_image(test.paths[i]))).abs().max() < 1 / 127.5  # 8-bit storage only

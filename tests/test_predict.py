@@ -109,10 +109,12 @@ def test_predict_errors_are_one_line(setup, capsys):
 
 @pytest.mark.parametrize("processor_kind, shape", [("ViTImageProcessor", (16, 16, 3)),
                                                     ("DeiTImageProcessor", (30, 52, 3)),
-                                                    ("CLIPImageProcessor", (44, 24, 3))])
+                                                    ("CLIPImageProcessor", (44, 24, 3)),
+                                                    ("CLIPImageProcessor", (30, 35, 3))])
 def test_predict_hf_folder_uses_its_preprocessing(tmp_path, capsys, processor_kind, shape):
     """vitlab predict on a Hugging Face folder gives transformers' own probabilities (its processor, its model),
-    for a plain resize, DeiT's squash + crop and CLIP's shortest edge + crop, on photos of other shapes."""
+    for a plain resize, DeiT's squash + crop and CLIP's shortest edge + crop, on photos of other shapes (30x35:
+    20x23 after the resize, a margin of 7, where transformers' crop starts at 3 and torchvision's at 4)."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                                  image_size=16, patch_size=4, num_labels=3, id2label={0: "x", 1: "y", 2: "z"},
