@@ -118,11 +118,13 @@ def test_hf_export_keeps_a_centre_crop_at_384(tmp_path, capsys):
            "interpolation": "bicubic", "channels": 3}
     save_native(model, tmp_path / "n", preprocess=pre)
     convert(tmp_path / "n", tmp_path / "hf", "--to", "hf")
-    assert "note:" not in capsys.readouterr().out and not (tmp_path / "hf" / "README.md").exists()
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "(H - h) // 2" in notes[0]  # only the crop's place (tests/test_crop_offset.py)
     written = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
     assert (written["image_processor_type"], written["size"]) == ("CLIPImageProcessor", {"shortest_edge": 416})
     back = vitlab.weights.load_with_meta(tmp_path / "hf")[1]["preprocess"]
     assert (back.resize, back.image_size, back.crop_mode, back.interpolation) == (416, (384, 384), "center", "bicubic")
+    assert back.crop_offset == "floor"  # as transformers places it
     save_native(model, tmp_path / "plain")  # the official plain resize: nothing to say
     convert(tmp_path / "plain", tmp_path / "hf2", "--to", "hf")
     assert "note:" not in capsys.readouterr().out and not (tmp_path / "hf2" / "README.md").exists()
