@@ -150,11 +150,14 @@ def test_stored_photos_are_resized_with_the_models_filter(tmp_path, interpolatio
         assert (pre.batch(bilinear.images[i:i + 1])[0] - predicted).abs().max() > 10 / 127.5
 
 
+@pytest.mark.parametrize("resize", [48, 50, 51])
 @pytest.mark.parametrize("crop_offset", ["round", "floor"])
-def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, crop_offset):
+def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, crop_offset, resize):
     """A Hugging Face model's crop starts at (H - h) // 2 (Preprocess.crop_offset "floor"), torchvision's at
     round((H - h) / 2): 115x100 photos -> 55x48, a margin of 7 for the stored square, where the two place it a
-    pixel apart. `vitlab evaluate` must store the square where the model's own crop puts it."""
+    pixel apart. `vitlab evaluate` must store the square where the model's own crop puts it. And the model's crop
+    is cut from the stored square later: centred twice (57 -> 50 -> 40, 58 -> 51 -> 40) landed a pixel off
+    predict's one crop (57 -> 40) unless the inner margin is a multiple of 4 (round) or even (floor)."""
     import vitlab
     from vitlab.cli import main
     from vitlab.commands import evaluate as evaluate_command
@@ -165,7 +168,7 @@ def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, 
     model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=8, image_size=40,
                                 num_classes=2)
     vitlab.save(model, tmp_path / "m", class_names=["a", "b"],
-                preprocess=Preprocess(image_size=(40, 40), resize=48, crop_offset=crop_offset))
+                preprocess=Preprocess(image_size=(40, 40), resize=resize, crop_offset=crop_offset))
     pre = load_with_meta(tmp_path / "m")[1]["preprocess"]
     assert pre.crop_offset == crop_offset
     seen = {}
@@ -179,7 +182,25 @@ def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, 
     assert main(["evaluate", str(tmp_path / "m"), "--data", str(root), "--out", str(tmp_path / "ev"), "--quiet",
                  "--engine", "torch"]) == 0
     test = seen["data"].test
-    assert test.image_size == (48, 48)
+    assert test.image_size == (resize, resize)
     for i in range(len(test)):
         evaluated = pre.batch(test.images[i:i + 1])[0]
         assert (evaluated - pre(open_image(test.paths[i]))).abs().max() < 1 / 127.5  # 8-bit storage only
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest", "area"])
+def test_the_stored_square_holds_predicts_crop_on_both_storage_paths(interpolation):
+    """PIL stores bilinear and bicubic photos, torch's resize the nearest and area ones (`StoredSquare.tensor`):
+    both place the square so that the model's crop, cut from it later, is the crop predict cuts from the photo."""
+    from PIL import Image
+
+    from vitlab.data.images import StoredSquare
+
+    photo = Image.fromarray(np.random.RandomState(3).randint(0, 256, (100, 115, 3), dtype=np.uint8))
+    for crop_offset in ("round", "floor"):
+        pre = Preprocess(image_size=(40, 40), resize=51, interpolation=interpolation, crop_offset=crop_offset)
+        args = pre.storage()
+        stored = StoredSquare(args["squash"], args["antialias"], interpolation, crop_offset, args["model_crop"])
+        square = stored.tensor(photo, pre.model_side)
+        assert tuple(square.shape) == (3, 51, 51)
+        assert (pre.batch(square[None])[0] - pre(photo)).abs().max() < 1 / 127.5

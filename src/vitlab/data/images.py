@@ -233,12 +233,15 @@ PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Image.BILINEAR,
-                               squash: bool = False, crop_offset: str = "round") -> Image.Image:
+                               squash: bool = False, crop_offset: str = "round",
+                               inner_crop: tuple[int, int] | None = None) -> Image.Image:
     """Resize so the shorter side is `size`, then cut the central `size` x `size` square (storage format), placed
     as `crop_offset` says (`preprocess.CROP_OFFSETS`); with `squash`, resize the whole image to the square instead
     (for a model whose own preprocessing is a plain resize: the official ViT pipeline and Hugging Face's
-    ViTImageProcessor squash a wide photo, they do not crop it)."""
-    from vitlab.data.preprocess import crop_start
+    ViTImageProcessor squash a wide photo, they do not crop it). `inner_crop` (h, w): the model's centre crop, cut
+    later from this square; the square is placed so that crop lands where predict's one crop does
+    (`preprocess.square_start`)."""
+    from vitlab.data.preprocess import shorter_side_size
 
     w, h = img.size
     if squash and (w, h) != (size, size):
@@ -247,12 +250,21 @@ def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Imag
         # torchvision's Resize(int) + CenterCrop arithmetic, as the evaluation's resize_crop_batch (preprocess.py):
         # the long side truncated, the offsets placed as the model's record places them; rounding in one and
         # flooring in the other put a stored image one pixel off the crop `vitlab predict` takes from the file
-        long = int(size * max(w, h) / min(w, h))
-        nw, nh = (size, long) if w <= h else (long, size)
+        nh, nw = shorter_side_size(h, w, size)
         img = img.resize((nw, nh), resample=resample, reducing_gap=3.0)
-        left, top = crop_start(nw - size, crop_offset), crop_start(nh - size, crop_offset)
+        top, left = square_starts((nh, nw), size, crop_offset, inner_crop)
         img = img.crop((left, top, left + size, top + size))
     return img
+
+
+def square_starts(resized: tuple[int, int], size: int, crop_offset: str,
+                  inner_crop: tuple[int, int] | None) -> tuple[int, int]:
+    """(top, left) of the stored `size` square in a photo resized to `resized` (h, w) (`preprocess.square_start`)."""
+    from vitlab.data.preprocess import square_start
+
+    inner = (None, None) if inner_crop is None else (size - inner_crop[0], size - inner_crop[1])
+    return (square_start(resized[0] - size, inner[0], crop_offset),
+            square_start(resized[1] - size, inner[1], crop_offset))
 
 
 @dataclass(frozen=True)
@@ -264,28 +276,32 @@ class StoredSquare:
     and BiT evaluation, `Preprocess.antialias`), so a stored photo is the official input but for rounding to 8 bits.
     interpolation: the model's filter (`Preprocess.interpolation`): a bicubic model (timm's ViTs, DeiT) evaluated on
     files was given bilinear photos where `vitlab predict` gives it bicubic ones. crop_offset: where the centre
-    square starts (`Preprocess.crop_offset`): a Hugging Face model floors where torchvision rounds.
+    square starts (`Preprocess.crop_offset`): a Hugging Face model floors where torchvision rounds. inner_crop: the
+    model's centre crop (h, w), cut later from the square (set only where the square is stored at the side the
+    model crops from): the square is placed so that crop lands where `vitlab predict`'s one crop does.
     """
 
     squash: bool = False
     antialias: bool = True
     interpolation: str = "bilinear"
     crop_offset: str = "round"
+    inner_crop: tuple[int, int] | None = None
 
     def tensor(self, img: Image.Image, size: int) -> torch.Tensor:
         """The stored uint8 (C, size, size) of a decoded image."""
         if img.size == (size, size) or (self.antialias and self.interpolation in PIL_FILTERS):
             resample = PIL_FILTERS.get(self.interpolation, Image.BILINEAR)
             return pil_to_tensor(resize_shorter_center_crop(img, size, resample, squash=self.squash,
-                                                            crop_offset=self.crop_offset))
+                                                            crop_offset=self.crop_offset, inner_crop=self.inner_crop))
         # torch's resize, as `Preprocess.batch` computes it: PIL always anti-aliases, and its nearest and box pick
         # and average other pixels than torch's nearest and area (up to 250 levels apart on noise)
-        from vitlab.data.preprocess import resize_crop_batch
+        from vitlab.data.preprocess import resize_batch, shorter_side_size
 
         x = pil_to_tensor(img).float().unsqueeze(0)
-        x = resize_crop_batch(x, (size, size), None if self.squash else size, self.interpolation, self.antialias,
-                              crop_offset=self.crop_offset)
-        return x[0].round().clamp_(0, 255).to(torch.uint8)
+        resized = (size, size) if self.squash else shorter_side_size(x.shape[-2], x.shape[-1], size)
+        x = resize_batch(x, resized, self.interpolation, self.antialias)
+        top, left = square_starts(resized, size, self.crop_offset, self.inner_crop)
+        return x[0, :, top:top + size, left:left + size].round().clamp_(0, 255).to(torch.uint8)
 
 
 def is_image_file(path: str | os.PathLike) -> bool:

@@ -192,7 +192,8 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
               in_memory: bool | None = None, progress: bool = True, report: bool | None = None,
               eval_splits: Sequence[str] = ("val", "test"), model_side: int | None = None,
               squash: bool = False, antialias: bool = True, shrink_to_model: bool = False,
-              interpolation: str = "bilinear", crop_offset: str = "round") -> DataSplits:
+              interpolation: str = "bilinear", crop_offset: str = "round",
+              model_crop: tuple[int, int] | None = None) -> DataSplits:
     """Load a data source as seeded, stratified train / val / test splits.
 
     - Official splits are kept (train/test of MNIST, Fashion-MNIST, CIFAR, bundled; split folders; a CSV
@@ -210,7 +211,9 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
       `Preprocess.squashes`, so that evaluation sees a photo as `vitlab predict` gives it to the model), shrunk
       without anti-aliasing with `antialias=False` (TensorFlow's resize, `Preprocess.antialias`), with the
       model's filter (`interpolation`, `Preprocess.interpolation`), the centre square placed as the model places
-      its crop (`crop_offset`, `Preprocess.crop_offset`: Hugging Face's models floor where torchvision rounds), with
+      its crop (`crop_offset`, `Preprocess.crop_offset`: Hugging Face's models floor where torchvision rounds) and,
+      given the crop the model cuts from a square stored at `model_side` (`model_crop`), so that crop lands where
+      `vitlab predict`'s one crop of the photo does (`preprocess.square_start`), with
       `shrink_to_model` never stored above `model_side` (one resize from the file to what the model reads, as
       `vitlab predict` makes it; else a photo may be stored at 256 and resized again for a 224 model), and decoded
       into memory once when they fit in 2 GiB (`in_memory=None`), else streamed from disk. When
@@ -246,10 +249,12 @@ def load_data(source: str, *, classes=None, per_class: int | None = None, val_fr
     file_parts = {k: v for k, v in parts.items() if isinstance(v, FileImageDataset)}
     if file_parts:
         for ds in file_parts.values():
-            # before anything is decoded; copies keep it
-            ds.stored = StoredSquare(squash, antialias, interpolation, crop_offset)
             if shrink_to_model and model_side and ds.size > model_side:
                 ds.size = int(model_side)  # a second resize (256 -> 224) would give the model another input
+            # before anything is decoded; copies keep it. The model's crop is cut from the square as stored only
+            # where the square has the side the model crops from (a smaller photo set is enlarged first)
+            inner = tuple(model_crop) if model_crop and ds.size == model_side else None
+            ds.stored = StoredSquare(squash, antialias, interpolation, crop_offset, inner)
         if in_memory is None:
             total = sum(len(v) * v.channels * v.size * v.size for v in file_parts.values())
             in_memory = total <= _memory_budget()

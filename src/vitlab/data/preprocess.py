@@ -101,6 +101,25 @@ def crop_start(margin: int, crop_offset: str = "round") -> int:
     return margin // 2 if crop_offset == "floor" else int(round(margin / 2.0))
 
 
+def square_start(margin: int, inner_margin: int | None, crop_offset: str = "round") -> int:
+    """Where a stored square starts on a side `margin` pixels longer than it, when the model later cuts its own
+    centre crop, `inner_margin` pixels shorter than the square, from it (None: no later crop, the square's own
+    centre). The square starts so that the later crop lands where one crop of the whole resized photo lands
+    (`vitlab predict`): crop_start(margin + inner) - crop_start(inner). Two centred cuts in a row drift a pixel from
+    one unless the inner margin is a multiple of 4 (round) or even (floor): e.g. 57 -> 50 -> 40 px, round."""
+    if inner_margin is None or inner_margin < 0:
+        return crop_start(margin, crop_offset)
+    return crop_start(margin + inner_margin, crop_offset) - crop_start(inner_margin, crop_offset)
+
+
+def shorter_side_size(h: int, w: int, resize: int) -> tuple[int, int]:
+    """(h, w) with the shorter side at `resize`: torchvision's Resize(int) sizes (timm's eval and HF's shortest_edge
+    resize compute the same): the long side is truncated, int(resize * long / short); rounding made e.g. 382 px of
+    381 (a 383x257 image to 256)."""
+    long = int(resize * max(h, w) / min(h, w))
+    return (long, resize) if w <= h else (resize, long)
+
+
 def center_crop_batch(x: torch.Tensor, size: tuple[int, int], crop_offset: str = "round") -> torch.Tensor:
     """Cut the central `size` (h, w) window of a batch (B, C, H, W), placed as `crop_offset` says."""
     h, w = x.shape[-2:]
@@ -123,10 +142,7 @@ def resize_crop_batch(
     if squash:
         nh = nw = resize
     else:
-        # torchvision's Resize(int) sizes (timm's eval and HF's shortest_edge resize compute the same): the long
-        # side is truncated, int(resize * long / short); rounding made e.g. 382 px of 381 (a 383x257 image to 256).
-        long = int(resize * max(h, w) / min(h, w))
-        nh, nw = (long, resize) if w <= h else (resize, long)
+        nh, nw = shorter_side_size(h, w, resize)
     nh, nw = max(image_size[0], nh), max(image_size[1], nw)
     return center_crop_batch(resize_batch(x, (nh, nw), interpolation, antialias), image_size, crop_offset)
 
@@ -256,11 +272,13 @@ class Preprocess:
     def storage(self) -> dict:
         """`load_data`'s storage arguments for file images this preprocessing will read: stored at least at
         `model_side` (and, for larger photos, exactly at it), squashed where it `squashes`, and shrunk as it shrinks
-        (`antialias`) with its filter (`interpolation`) and its crop placement (`crop_offset`), so that a stored
+        (`antialias`) with its filter (`interpolation`) and its crop placement (`crop_offset`, `model_crop`), so that a stored
         image is the one this preprocessing would make of the file, but for 8-bit rounding
         (`load_data(..., **preprocess.storage())`)."""
+        crop = None if self.squashes else tuple(self.image_size)  # cut later from a square stored at model_side
         return {"model_side": self.model_side, "squash": self.squashes, "antialias": self.antialias,
-                "shrink_to_model": True, "interpolation": self.interpolation, "crop_offset": self.crop_offset}
+                "shrink_to_model": True, "interpolation": self.interpolation, "crop_offset": self.crop_offset,
+                "model_crop": crop}
 
     def batch(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 (B, C, H, W) on any device -> normalised float (B, channels, h, w)."""
