@@ -257,7 +257,7 @@ def test_a_given_model_is_recorded_so_its_config_rebuilds_it(tmp_path, capsys):
     train(cfg, model=model)
     recorded = yaml.safe_load((tmp_path / "api" / "config.yaml").read_text())
     assert recorded["model"] == "custom"
-    assert recorded["model_args"] == dict(dim=32, depth=1, heads=2, mlp_dim=48, patch_size=7, gelu="exact")
+    assert recorded["model_args"] == dict(dim=32, depth=1, heads=2, mlp_dim=48, patch_size=7, gelu="exact", in_chans=1)
     assert main(["train", "--config", str(tmp_path / "api" / "config.yaml"), "--name", "again"]) == 0
     assert main(["evaluate", str(tmp_path / "again"), "--quiet", "--engine", "torch"]) == 0
     again = json.loads((tmp_path / "again" / "summary.json").read_text())

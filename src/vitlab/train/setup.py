@@ -206,10 +206,14 @@ def describe_given_model(model: nn.Module) -> tuple[str, dict[str, Any]] | None:
         base = get_config(config.name).to_dict()
     except VitlabError:
         return None
-    set_by_the_run = ("name", "num_classes", "image_size", "in_chans")  # from the data and the run's settings
+    if config.name == "custom":  # training builds "custom" from the small-data ViT, not the registry's ViT-B values
+        base = get_config("custom", **SMALL_VIT).to_dict()
+    set_by_the_run = ("name", "num_classes", "image_size")  # from the data and the run's settings
     args = {k: v for k, v in config.to_dict().items() if k not in set_by_the_run and base.get(k) != v}
-    if config.name == "custom" and not args:  # an empty custom(...) builds the small-data ViT instead
-        args = {"dim": config.dim}
+    # the model's channels, always: a run builds the data's otherwise, and a 3-channel model trained on grey data
+    # (converted on the fly) resumed as a 1-channel one that its checkpoint does not fit
+    if isinstance(getattr(config, "in_chans", None), int):
+        args["in_chans"] = config.in_chans
     return config.name, args
 
 
