@@ -226,3 +226,30 @@ def test_a_run_evaluated_on_its_own_data_named_again_keeps_its_splits(tmp_path, 
     assert "is the run's own data: its split settings" in capsys.readouterr().err
     assert main(["evaluate", str(run), "--out", str(tmp_path / "ev"), "--quiet"]) == 0
     assert [kw["seed"] for kw in seen] == [7, 7]
+
+
+def test_the_runs_own_data_with_other_classes_gets_a_folder_of_its_own(tmp_path, capsys):
+    """docs/evaluation.md's `vitlab evaluate runs/demo --data bundled --classes "Sandal,Sneaker,Ankle boot"`
+    wrote its 3-class report to RUN/eval-test, over the run's own report on all its classes (as other data and
+    int8 evaluations did before they got folders of their own)."""
+    from vitlab.train import resolve_config, train
+
+    cfg = resolve_config("small-data", overrides=dict(
+        data="bundled", classes=CLASSES.split(","), per_class=10, steps=1, batch_size=6, out_dir=str(tmp_path),
+        name="run", model="custom", model_args=dict(dim=16, depth=1, heads=2, mlp_dim=32, patch_size=7),
+        precision="fp32", quiet=True))
+    run = train(cfg).run_dir
+    assert main(["evaluate", str(run), "--quiet", "--engine", "torch"]) == 0
+    before = (run / "eval-test" / "metrics.json").read_text()
+    two = "Sandal,Sneaker"
+    assert main(["evaluate", str(run), "--data", "bundled", "--classes", two, "--quiet", "--engine", "torch"]) == 0
+    assert (run / "eval-test" / "metrics.json").read_text() == before
+    sub = run / "eval-bundled-classes-Sandal-Sneaker-test"
+    assert np.array(_metrics(sub)["head"]["confusion_matrix"]).shape == (2, 2)
+    # the run's own classes, named again or by --data alone, and its own seed are still the run's report
+    assert main(["evaluate", str(run), "--data", "bundled", "--classes", CLASSES, "--seed", "0", "--quiet",
+                 "--engine", "torch"]) == 0
+    assert sorted(p.name for p in run.glob("eval-*")) == ["eval-bundled-classes-Sandal-Sneaker-test", "eval-test"]
+    assert main(["evaluate", str(run), "--per-class", "3", "--seed", "2", "--quiet", "--engine", "torch"]) == 0
+    assert (run / "eval-bundled-per-class-3-seed-2-test" / "metrics.json").is_file()
+    capsys.readouterr()

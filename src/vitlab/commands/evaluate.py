@@ -96,7 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split to evaluate (default test)")
     p.add_argument("--out", help="folder for the report (default: <run>/eval-<split>, <run>/eval-<checkpoint>-<split> "
                                          "for a run's checkpoint, <run>/eval-<data>-<split> for other data than "
-                                         "the run's, else eval-<model>-<split>)")
+                                         "the run's or its own with other classes or split settings, else "
+                                         "eval-<model>-<split>)")
     p.add_argument("--zero-shot-map", metavar="MAP",
                    help="map the data's classes to the pretrained head's: inline 'Sandal=774,Sneaker=770+630,Ankle boot=514', "
                         "a JSON or 'name = index' text file, or a shipped map (fashion-mnist-footwear-in1k)")
@@ -187,6 +188,34 @@ def _is_runs_data(given: str | None, run_config: dict | None) -> bool:
     return not given or (recorded is not None and _same_source(given, recorded))
 
 
+def _own_data_variant(args: argparse.Namespace, run_config: dict | None, run_classes, data_classes) -> str | None:
+    """For an evaluation of a run's own data: None where it is the run's split (classes, per-class, fractions, seed),
+    else a folder-name part that names the data and what differs (`bundled-classes-Sandal-Sneaker-Ankle-boot`)."""
+    from vitlab.evaluate.loading import run_data_kwargs
+    from vitlab.experiments.naming import folder_name
+
+    from_run = run_data_kwargs(run_config)
+    parts = []
+    if run_classes:
+        differ = list(map(str, data_classes)) != list(map(str, run_classes))
+    else:  # weights without class names: the flag against the run's record
+        from vitlab.data.splits import parse_classes
+
+        differ = args.classes is not None and parse_classes(args.classes) != parse_classes(from_run.get("classes"))
+    if differ:
+        parts.append("classes-" + "-".join(map(str, data_classes)))
+    if args.per_class is not None and args.per_class != from_run.get("per_class"):
+        parts.append(f"per-class-{args.per_class}")
+    for key, flag, default in (("val_fraction", "val", 0.1), ("test_fraction", "test", 0.1), ("seed", "seed", 0)):
+        given = getattr(args, key)
+        if given != default and given != from_run.get(key, default):
+            parts.append(f"{flag}-{given:g}")
+    if not parts:
+        return None
+    source = from_run.get("data") or args.data or "data"
+    return folder_name(f"{model_folder_name(str(source))}-{'-'.join(parts)}", collapse=True)
+
+
 def _same_source(given: str, recorded: str) -> bool:
     from vitlab.data.load import absolute_source
 
@@ -245,7 +274,12 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
     elif loaded.run is not None:  # RUN and RUN/model: RUN/eval-test; RUN/checkpoints/best.pt: RUN/eval-best-test
         # other data than the run's gets a folder of its own (it had replaced the run's own report)
-        other = None if _is_runs_data(args.data, loaded.run_config) else model_folder_name(args.data)
+        if _is_runs_data(args.data, loaded.run_config):
+            # the run's own data with other classes or split settings: a folder of its own too (a 3-class
+            # evaluation had replaced the run's own 10-class RUN/eval-test report)
+            other = _own_data_variant(args, loaded.run_config, loaded.class_names, data.class_names)
+        else:
+            other = model_folder_name(args.data)
         out = loaded.run / "-".join(filter(None, ("eval", loaded.checkpoint, other, args.split, int8)))
     else:
         out = Path("-".join(filter(None, ("eval", model_folder_name(args.model), args.split, int8))))
