@@ -351,3 +351,28 @@ def test_what_n_and_rollout_images_leave_out_is_said(trained, tmp_path, capsys):
     report = (tmp_path / "d" / "report.html").read_text()
     assert "Abnar &amp; Zuidema" not in report and "--rollout-images 0" in report
     capsys.readouterr()
+
+
+def test_other_images_than_the_runs_get_a_folder_of_their_own(trained, tmp_path, capsys):
+    """`vitlab inspect RUN --images photos/` (or --data other than the run's) wrote over RUN/inspect/, the run's
+    own report (vitlab demo's, with its curves and confusion matrix, too); evaluate keeps other data apart."""
+    import shutil
+
+    _, run, images = trained
+    mine = tmp_path / "run"
+    shutil.copytree(run, mine)
+    (mine / "config.yaml").write_text("data: digits\n")
+    assert main(["inspect", str(mine), "-n", "8", "--rollout-images", "2", "--quiet", "--engine", "torch"]) == 0
+    own = (mine / "inspect" / "inspect.json").read_text()
+    assert main(["inspect", str(mine), "--images", str(images), "--rollout-images", "2", "--quiet",
+                 "--engine", "torch"]) == 0
+    assert main(["inspect", str(mine), "--data", "bundled", "-n", "8", "--rollout-images", "2", "--quiet",
+                 "--engine", "torch"]) == 0
+    assert (mine / "inspect" / "inspect.json").read_text() == own
+    assert json.loads((mine / "inspect-images" / "inspect.json").read_text())["settings"]["image_paths"]
+    assert json.loads((mine / "inspect-bundled" / "inspect.json").read_text())["settings"]["data"] == "bundled"
+    # the run's own data named again is still the run's folder
+    assert main(["inspect", str(mine), "--data", "digits", "-n", "8", "--rollout-images", "2", "--quiet",
+                 "--engine", "torch"]) == 0
+    assert sorted(p.name for p in mine.glob("inspect*")) == ["inspect", "inspect-bundled", "inspect-images"]
+    capsys.readouterr()

@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="SOURCE", help="take the images from a data set, e.g. fashion-mnist, digits, a folder")
     p.add_argument("--split", default="test", choices=["test", "val", "train"], help="split of --data (default test)")
     p.add_argument("--out", metavar="DIR", help="output folder for the PNGs, report.html and arrays (default: "
-                   "RUN/inspect for a run folder, RUN/inspect-<name> for RUN/checkpoints/<name>.pt, else "
+                   "RUN/inspect for a run folder, RUN/inspect-<name> for RUN/checkpoints/<name>.pt, "
+                   "RUN/inspect-images or RUN/inspect-<data> for --images or other --data than the run's, else "
                    "inspect-<model>)")
     p.add_argument("-n", "--num-images", type=non_negative_int, default=None,
                    help="images the attention distance averages over (default 128, as the paper)")
@@ -206,7 +207,11 @@ def run_defaults(args: argparse.Namespace) -> dict:
     settings: dict = {}
     if args.out is None:
         if run is not None:
-            args.out = str(run / ("inspect" if checkpoint is None else f"inspect-{checkpoint}"))
+            # other images than the run's get a folder of their own, as evaluate's other data does: they replaced
+            # the run's own report (vitlab demo's, with its curves and confusion matrix, too)
+            other = "images" if args.images else (None if _is_runs_source(args.data, run)
+                                                  else model_folder_name(args.data))
+            args.out = str(run / "-".join(filter(None, ("inspect", checkpoint, other))))
         else:
             p = Path(args.model).expanduser()
             # a weights file names the folder without its suffix: inspect-ViT-B_16, not inspect-ViT-B_16.npz
@@ -223,6 +228,17 @@ def run_defaults(args: argparse.Namespace) -> dict:
             if not args.quiet:
                 print(f"images from the run's data ({args.data}); --images or --data choose others", file=sys.stderr)
     return settings
+
+
+def _is_runs_source(data: str | None, run: Path) -> bool:
+    """Whether --data (None: not given) names the data the run trained on."""
+    from vitlab.data.load import absolute_source
+    from vitlab.evaluate.loading import run_data_settings
+
+    if not data:
+        return True
+    recorded = run_data_settings(run).get("data")
+    return recorded is not None and absolute_source(str(data)) == absolute_source(str(recorded))
 
 
 def run(args: argparse.Namespace) -> int:
