@@ -376,3 +376,25 @@ def test_other_images_than_the_runs_get_a_folder_of_their_own(trained, tmp_path,
                  "--engine", "torch"]) == 0
     assert sorted(p.name for p in mine.glob("inspect*")) == ["inspect", "inspect-bundled", "inspect-images"]
     capsys.readouterr()
+
+
+def test_a_runs_report_opens_with_its_curves_as_the_demos_does(tmp_path, capsys):
+    """`vitlab demo` writes RUN/inspect/report.html with the run's curves and confusion matrix and says so;
+    `vitlab inspect RUN` then wrote the same file without them. A run's report has them (linked from where it is)."""
+    assert main(["train", "--data", "bundled", "--classes", "Sandal,Sneaker", "--per-class", "10", "--model", "custom",
+                 "--model-args", "dim=16,depth=1,heads=2,mlp_dim=32,patch_size=7", "--steps", "1", "--batch-size",
+                 "10", "--out", str(tmp_path), "--name", "r", "--quiet"]) == 0
+    run = tmp_path / "r"
+    assert main(["inspect", str(run), "-n", "4", "--rollout-images", "2", "--quiet", "--engine", "torch"]) == 0
+    report = (run / "inspect" / "report.html").read_text()
+    for name in ("accuracy.png", "loss.png", "confusion_matrix.png"):
+        assert f'href="../{name}"' in report, name
+    assert "Training curves: accuracy" in report
+    assert main(["inspect", str(run), "-n", "4", "--rollout-images", "2", "--quiet", "--engine", "torch",
+                 "--out", str(tmp_path / "elsewhere")]) == 0
+    assert 'href="../r/loss.png"' in (tmp_path / "elsewhere" / "report.html").read_text()
+    # a checkpoint's report has no curves: its confusion matrix would be another model's
+    step = next((run / "checkpoints").glob("step-*.pt"))
+    assert main(["inspect", str(step), "-n", "4", "--rollout-images", "2", "--quiet", "--engine", "torch"]) == 0
+    assert "Training curves" not in (run / f"inspect-{step.stem}" / "report.html").read_text()
+    capsys.readouterr()

@@ -230,6 +230,28 @@ def run_defaults(args: argparse.Namespace) -> dict:
     return settings
 
 
+def _run_figures(model: str, out: Path) -> list:
+    """A training run's own figures (curves, test confusion matrix) as the report's first sections, embedded and
+    linked, as `vitlab demo`'s report has them: `vitlab inspect RUN` replaced the demo's report with one without
+    them. None for a checkpoint (the confusion matrix is the final model's) or a model that is no run."""
+    import os
+
+    from vitlab.evaluate.loading import run_of
+    from vitlab.inspect.report import Section
+
+    run, checkpoint = run_of(model)
+    if run is None or checkpoint is not None:
+        return []
+    figures = [("Training curves: accuracy", "accuracy.png", "Training and validation accuracy per epoch of this "
+                "run (its metrics.jsonl)."),
+               ("Training curves: loss", "loss.png", "Training and validation loss per epoch of this run."),
+               ("Confusion matrix (the run's test split)", "confusion_matrix.png",
+                "Rows: true class, columns: predicted; the run's final model on its test split (val where it has "
+                "none), as training wrote it.")]
+    return [Section(title, text, run / name, link=Path(os.path.relpath(run / name, os.path.abspath(out))).as_posix())
+            for title, name, text in figures if (run / name).is_file()]
+
+
 def _is_runs_source(data: str | None, run: Path) -> bool:
     """Whether --data (None: not given) names the data the run trained on."""
     from vitlab.data.load import absolute_source
@@ -273,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
         discard_ratio=args.discard_ratio, cls=args.cls, num_components=args.components,
         title=f"vitlab inspect: {args.model}", progress=not args.quiet, forward=forward,
         settings=settings, notes=notes, position_table=_own_position_table(args, model, image_size, overrides),
+        extra_sections=_run_figures(args.model, Path(args.out)),
     )
     # Notes say what the report leaves out or changed (an analysis skipped, -n capped): one line each, printed
     # even with --quiet, since without them the report's content is a surprise.
