@@ -43,3 +43,16 @@ def test_a_given_small_data_vit_is_recorded_as_one(tmp_path):
     assert recorded["model_args"] == {"in_chans": 1}
     again = train(resolve_config(yaml_path=result.run_dir / "config.yaml", overrides={"name": "b"}))
     assert sum(p.numel() for p in again.model.parameters()) == sum(p.numel() for p in mine.parameters())
+
+
+def test_a_width_the_heads_do_not_divide_names_where_the_heads_came_from_only_when_true(tmp_path, capsys):
+    # `vitlab train --model custom --model-args dim=30` said "dim=30 is not divisible by heads=4; ... (a model not
+    # named by its size, such as custom, starts from ViT-B's 12 heads)": training's custom has the small-data ViT's 4
+    from vitlab.cli import main
+
+    assert main(["train", "--data", "digits", "--model", "custom", "--model-args", "dim=30", "--steps", "1",
+                 "--out", str(tmp_path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("vitlab train: error: dim=30 is not divisible by heads=4;") and "ViT-B" not in line
+    assert main(["evaluate", "custom(dim=30)", "--data", "digits"]) == 2  # the registry's custom: ViT-B's 12 heads
+    assert "starts from ViT-B's 12 heads" in capsys.readouterr().err

@@ -275,9 +275,12 @@ class ViTConfig:
         if self.dim % self.heads:
             # the most heads, up to 16, that keep a head at least 16 wide (Ti/S/B keep 64)
             divisors = [h for h in range(1, 17) if self.dim % h == 0 and self.dim // h >= 16] or [1]
+            # where the 12 heads are likely ViT-B's, left unchanged by a custom(dim=...): say where they came from
+            # (not otherwise: `vitlab train`'s custom starts from the small-data ViT's 4 heads)
+            origin = (" (a model not named by its size, such as custom, starts from ViT-B's 12 heads)"
+                      if self.heads == 12 else "")
             raise VitlabError(f"dim={self.dim} is not divisible by heads={self.heads}; choose heads that divide the "
-                              f"width, e.g. heads={divisors[-1]} (a model not named by its size, such as custom, "
-                              "starts from ViT-B's 12 heads)")
+                              f"width, e.g. heads={divisors[-1]}{origin}")
         _set(self, "mlp_dim", check_int("mlp_dim", self.mlp_dim, 1, MAX_MLP_DIM))
         if self.representation_size is not None:
             _set(self, "representation_size",
