@@ -220,6 +220,19 @@ def test_data_set_download_resumes_and_checks_md5(server, tmp_path, monkeypatch)
     assert "\n" not in str(err.value) and not (dest / first).exists()
 
 
+def test_a_data_set_that_no_mirror_serves_gives_the_advice_once(server, tmp_path, monkeypatch):
+    """Every mirror's error carried fetch()'s "without a network download it elsewhere and put it at ..." and the
+    whole line added it once more: three times for MNIST's two mirrors, each naming one file of four."""
+    files = data_download.RESOURCES["mnist"]["files"]
+    monkeypatch.setitem(data_download.RESOURCES, "mnist", {
+        "mirrors": [server.url + "/a/", server.url + "/b/"], "files": dict(files)})
+    with pytest.raises(VitlabError) as err:
+        data_download.download("mnist", tmp_path / "mnist", progress=False)
+    line = str(err.value)
+    assert line.count("without a network") == 1 and line.count("HTTP 404") == 2, line
+    assert all(name in line for name in files) and line.endswith("and run the command again")
+
+
 def test_unverified_bucket_file_is_still_caught_by_the_npz_crc(server, tmp_path, monkeypatch):
     """Google publishes no hashes: a corrupted .npz passes the download but fails its zip CRC-32 on reading."""
     monkeypatch.setenv("VITLAB_WEIGHTS_URL", server.url)

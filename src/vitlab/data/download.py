@@ -160,11 +160,14 @@ def _fetch(name: str, fname: str, md5: str, dest: Path, progress: bool, timeout:
             fetch(mirror + fname, target, md5=md5, progress=progress, timeout=timeout)
             return target
         except VitlabError as exc:
-            errors.append(str(exc))
+            # each mirror's reason, without the per-file advice fetch() appends: said once below, for every file
+            errors.append(str(exc).split("; without a network")[0])
             if offline():
                 raise
-    raise VitlabError(f"could not download {fname} ({'; '.join(errors)}); "
-                      f"without a network, copy it from {mirrors(name)[0]}{fname} into {dest}")
+    files = list(RESOURCES[name]["files"])
+    listed = files[0] if len(files) == 1 else f"its {len(files)} files ({', '.join(files)})"
+    raise VitlabError(f"could not download {fname} ({'; '.join(errors)}); without a network, copy "
+                      f"{listed} from {mirrors(name)[0]} into {dest} and run the command again")
 
 
 def download(name: str, root: str | os.PathLike | None = None, progress: bool = True, timeout: float = 30.0) -> Path:
