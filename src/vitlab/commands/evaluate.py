@@ -36,7 +36,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     """The data flags shared by evaluate and compare (passed to `vitlab.data.load_data`)."""
     p.add_argument("--data", required=required,
-                   help="data source: bundled, digits, fashion-mnist, mnist, cifar10:PATH, a folder or a CSV"
+                   help="data source: fashion-mnist, mnist, cifar10:PATH, cifar100:PATH, digits, bundled, a folder, "
+                        "a CSV, tar shards, hf:PATH (docs/data.md)"
                         + ("" if required else " (default for a training run, its model folder or one of its checkpoints: the run's data)"))
     p.add_argument("--classes", help="keep these classes, e.g. 'Sandal,Sneaker,Ankle boot' (names or indices)")
     p.add_argument("--per-class", type=positive_int, help="keep N training images per class (val/test stay whole)")
