@@ -353,7 +353,9 @@ def write_tables(rows: list[dict], runs: list[dict], st: ScalingSettings, info: 
         f"(each smaller one inside each larger one, per seed), from {info['train_pool']:,} remaining images. "
         f"Test: the full test split ({info['test_images']:,} images), the same for every run.", "",
         f"Budget, one rule for every model and size: steps = max({st.min_steps}, ceil({st.min_epochs:g} epochs x "
-        f"size / batch {st.batch_size})), images seen = steps x {st.batch_size}; AdamW lr {st.lr:g}, cosine with "
+        f"size / batch {st.batch_size})), images seen = steps x {st.batch_size}, epochs = images seen / size (a "
+        "run's log counts its own epochs of whole batches, the last partial batch left out, so it may say more); "
+        f"AdamW lr {st.lr:g}, cosine with "
         f"{100 * st.warmup_fraction:g} % warm-up sized to each run, weight decay {st.weight_decay:g}, label "
         f"smoothing {st.label_smoothing:g}, flip + random erasing + 1-pixel shift. Test numbers are those of the "
         f"checkpoint with the best validation accuracy (about {st.evals} validation "
