@@ -104,7 +104,6 @@ def test_evaluate_gives_a_plain_resize_model_the_photo_predict_gives_it(tmp_path
     the whole photo squashed in `vitlab predict`: the same file, another input, other answers. Also for a
     squash before a crop (HF's DeiT processor): evaluate stores the whole photo squashed to the resize side."""
     import vitlab
-    from vitlab.commands import evaluate as evaluate_command
     from vitlab.data.images import open_image
     from vitlab.data.preprocess import Preprocess
     from vitlab.weights import load_with_meta
@@ -116,19 +115,7 @@ def test_evaluate_gives_a_plain_resize_model_the_photo_predict_gives_it(tmp_path
     vitlab.save(model, tmp_path / "m", class_names=["a", "b"], preprocess=record)  # default: a plain resize
     pre = load_with_meta(tmp_path / "m")[1]["preprocess"]
     assert pre.squashes and pre.model_side == (36 if squash_crop else 30)
-    seen = {}
-    real = evaluate_command.load_splits
-
-    def spy(*args, **kwargs):
-        seen["data"] = real(*args, **kwargs)
-        return seen["data"]
-
-    monkeypatch.setattr(evaluate_command, "load_splits", spy)
-    from vitlab.cli import main
-
-    assert main(["evaluate", str(tmp_path / "m"), "--data", str(root), "--out", str(tmp_path / "ev"), "--quiet",
-                 "--engine", "torch"]) == 0
-    test = seen["data"].test
+    test = _evaluated_test_split(tmp_path / "m", root, tmp_path / "ev", monkeypatch)
     evaluated = pre.batch(test.images[:1])[0]
     predicted = pre(open_image(test.paths[0]))
     assert (evaluated - predicted).abs().mean() < 0.05  # the same photo, squashed both ways
@@ -150,6 +137,23 @@ def test_stored_photos_are_resized_with_the_models_filter(tmp_path, interpolatio
         assert (pre.batch(bilinear.images[i:i + 1])[0] - predicted).abs().max() > 10 / 127.5
 
 
+def _evaluated_test_split(model, data, out, monkeypatch):
+    """The test split exactly as `vitlab evaluate MODEL --data DATA` stored it (its load_splits, watched)."""
+    from vitlab.cli import main
+    from vitlab.commands import evaluate as evaluate_command
+
+    seen = {}
+    real = evaluate_command.load_splits
+
+    def spy(*args, **kwargs):
+        seen["data"] = real(*args, **kwargs)
+        return seen["data"]
+
+    monkeypatch.setattr(evaluate_command, "load_splits", spy)
+    assert main(["evaluate", str(model), "--data", str(data), "--out", str(out), "--quiet", "--engine", "torch"]) == 0
+    return seen["data"].test
+
+
 @pytest.mark.parametrize("resize", [48, 50, 51])
 @pytest.mark.parametrize("crop_offset", ["round", "floor"])
 def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, crop_offset, resize):
@@ -159,8 +163,6 @@ def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, 
     is cut from the stored square later: centred twice (57 -> 50 -> 40, 58 -> 51 -> 40) landed a pixel off
     predict's one crop (57 -> 40) unless the inner margin is a multiple of 4 (round) or even (floor)."""
     import vitlab
-    from vitlab.cli import main
-    from vitlab.commands import evaluate as evaluate_command
     from vitlab.data.images import open_image
     from vitlab.weights import load_with_meta
 
@@ -171,17 +173,7 @@ def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, 
                 preprocess=Preprocess(image_size=(40, 40), resize=resize, crop_offset=crop_offset))
     pre = load_with_meta(tmp_path / "m")[1]["preprocess"]
     assert pre.crop_offset == crop_offset
-    seen = {}
-    real = evaluate_command.load_splits
-
-    def spy(*args, **kwargs):
-        seen["data"] = real(*args, **kwargs)
-        return seen["data"]
-
-    monkeypatch.setattr(evaluate_command, "load_splits", spy)
-    assert main(["evaluate", str(tmp_path / "m"), "--data", str(root), "--out", str(tmp_path / "ev"), "--quiet",
-                 "--engine", "torch"]) == 0
-    test = seen["data"].test
+    test = _evaluated_test_split(tmp_path / "m", root, tmp_path / "ev", monkeypatch)
     assert test.image_size == (resize, resize)
     for i in range(len(test)):
         evaluated = pre.batch(test.images[i:i + 1])[0]
