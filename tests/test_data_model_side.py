@@ -58,6 +58,37 @@ def test_training_reads_its_side_from_the_flags_or_the_checkpoint(tmp_path):
     assert training_side(TrainConfig(data=str(tmp_path), weights=str(tmp_path / "missing"))) is None
 
 
+def test_a_finetuning_run_reads_its_checkpoint_once(tmp_path, monkeypatch):
+    """The checkpoint's size decides how the photos are stored, then its weights build the model: the file was
+    read in full for each (a ViT-H checkpoint is gigabytes). The photos are still stored at its side."""
+    import vitlab
+    import vitlab.data
+    import vitlab.weights
+    from vitlab.train import train
+    from vitlab.train.config import resolve_config
+
+    root = _photos(tmp_path / "photos", side=(60, 48), per_class=6)
+    vitlab.save(vitlab.create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=8, image_size=40,
+                                    num_classes=3), tmp_path / "ckpt")
+    reads = []
+    real = vitlab.weights.read_checkpoint
+
+    def counted(*args, **kwargs):
+        reads.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vitlab.weights, "read_checkpoint", counted)
+    sides = []
+    real_load = vitlab.data.load_data
+    monkeypatch.setattr(vitlab.data, "load_data", lambda *a, **k: sides.append(k["model_side"]) or real_load(*a, **k))
+    cfg = resolve_config("finetune", overrides=dict(data=str(root), weights=str(tmp_path / "ckpt"), steps=1,
+                                                    batch_size=4, out_dir=str(tmp_path), name="r", quiet=True,
+                                                    precision="fp32", device="cpu"))
+    train(cfg)
+    assert len(reads) == 1, reads
+    assert sides == [40]  # the photos stored at the checkpoint's side
+
+
 @pytest.mark.parametrize("flag", [[], ["--image-size", "320"]])
 def test_evaluate_stores_at_the_models_side(tmp_path, flag, capsys):
     import json

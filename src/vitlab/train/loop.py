@@ -66,6 +66,7 @@ from vitlab.train.setup import (
     build_transforms,
     convert_sync_batchnorm,
     describe_given_model,
+    finetune_checkpoint,
     init_head,
     load_splits,
     new_head_note,
@@ -299,8 +300,10 @@ class TrainingRun:
     def setup_model(self, model: nn.Module | None, data) -> None:
         """The data, the model (built, or given) and its train / eval transforms."""
         cfg = self.cfg
-        if data is None:
-            data = load_splits(cfg, progress=self.show, report=self.main)  # the data's notes also under --quiet
+        # a fine-tuning's checkpoint, read once: its size decides how the data is stored, then it builds the model
+        checkpoint = finetune_checkpoint(cfg) if model is None else None
+        if data is None:  # the data's notes also under --quiet
+            data = load_splits(cfg, progress=self.show, report=self.main, checkpoint=checkpoint)
         if data.train is None or len(data.train) == 0:
             raise VitlabError("the data has no training images")
         if data.num_classes < 2:  # one class: every prediction is right, and the run reports 100 %
@@ -313,7 +316,7 @@ class TrainingRun:
         given_classes = getattr(getattr(model, "config", None), "num_classes", None)
         kept_head = None
         if model is None:
-            model, preprocess, given_classes, kept_head = build_model_for(cfg, data)
+            model, preprocess, given_classes, kept_head = build_model_for(cfg, data, checkpoint)
         else:
             model = with_regularisation(prepare_given_model(model, len(self.class_names), cfg), cfg)
         init_head(model, cfg)

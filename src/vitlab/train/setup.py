@@ -42,46 +42,60 @@ def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 9_973 + micro * 131 + rank * 17 + 7) % (2**62)
 
 
-def load_splits(cfg: TrainConfig, progress: bool, report: bool | None = None):
+def load_splits(cfg: TrainConfig, progress: bool, report: bool | None = None, checkpoint: tuple | None = None):
     """The run's data; `report` (default: `progress`) prints what the loader noticed (files in no class folder,
-    a --per-class above a class's size, copies across splits): --quiet turns off the progress bars, not those."""
+    a --per-class above a class's size, copies across splits): --quiet turns off the progress bars, not those.
+    `checkpoint`: `finetune_checkpoint(cfg)`, already read."""
     from vitlab.data import load_data
 
     return load_data(cfg.data, classes=cfg.classes, per_class=cfg.per_class, val_fraction=cfg.val_fraction,
-                     seed=cfg.seed, progress=progress, report=report, model_side=training_side(cfg))
+                     seed=cfg.seed, progress=progress, report=report, model_side=training_side(cfg, checkpoint))
 
 
-def training_side(cfg: TrainConfig) -> int | None:
+def finetune_checkpoint(cfg: TrainConfig) -> tuple | None:
+    """`read_checkpoint` of --weights, read once for the run: the data takes its size (`training_side`), the model
+    its weights (`build_model_for`); a ViT-H file is gigabytes. None without --weights, or where the file does not
+    read: the model load then says what is wrong, in its own words."""
+    if not cfg.weights:
+        return None
+    from vitlab.weights import read_checkpoint
+
+    try:
+        return read_checkpoint(cfg.weights, size_hint=cfg.image_size)
+    except (VitlabError, OSError):
+        return None
+
+
+def training_side(cfg: TrainConfig, checkpoint: tuple | None = None) -> int | None:
     """The side the run's model reads (`load_data(model_side=...)`): --image-size, else a fine-tuning's checkpoint
     size (a 384-px checkpoint fine-tuned on photos stored at 256 trained on enlarged, blurred images); None for a
-    from-scratch model sized to the data."""
+    from-scratch model sized to the data. `checkpoint`: `finetune_checkpoint(cfg)` where the caller has it."""
     if cfg.image_size:
         return int(cfg.image_size)
     from vitlab.data.load import is_builtin_source
 
     if not cfg.weights or is_builtin_source(cfg.data):  # built-in sets have a fixed size
         return None
-    from vitlab.weights import read_checkpoint
-
-    try:
-        return int(max(read_checkpoint(cfg.weights)[0].image_size))
-    except (VitlabError, OSError):  # the model load that follows says what is wrong, in its own words
-        return None
+    checkpoint = checkpoint or finetune_checkpoint(cfg)
+    return None if checkpoint is None else int(max(checkpoint[0].image_size))
 
 
 SMALL_VIT = dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4)
 
 
-def build_model_for(cfg: TrainConfig, data) -> tuple[nn.Module, Any, int | None, str | None]:
+def build_model_for(cfg: TrainConfig, data,
+                    checkpoint: tuple | None = None) -> tuple[nn.Module, Any, int | None, str | None]:
     """Fine-tuning: the checkpoint with a new zero head (and resampled position embeddings);
     from scratch: a registry model sized for the data. Returns (model, preprocess or None, the class count of the
-    weights' head where it was replaced for the data's, else None, a note on a kept head's classes or None)."""
+    weights' head where it was replaced for the data's, else None, a note on a kept head's classes or None).
+    `checkpoint`: `finetune_checkpoint(cfg)`, already read."""
     num_classes = data.num_classes
     if cfg.weights:
         from vitlab.weights import load_with_meta
 
         try:
-            model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size)
+            model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size,
+                                         checkpoint=checkpoint)
         except VitlabError:
             if not cfg.resume:
                 raise

@@ -397,6 +397,7 @@ def load_with_meta(
     keep_representation: bool = False,
     *,
     keep_dtype: bool = False,
+    checkpoint: tuple | None = None,
     **overrides: Any,
 ) -> tuple[nn.Module, dict]:
     """Like `load`, also returning meta: `class_names` (list or None), `preprocess` (a `Preprocess`),
@@ -405,14 +406,18 @@ def load_with_meta(
 
     `keep_dtype=True` (what `vitlab convert` uses) returns the model in the file's dtype, loaded without rounding
     (a float64 file is loaded into float64), so that saving it writes the same values in the same dtype; by
-    default the model computes in float32, as every command runs it."""
+    default the model computes in float32, as every command runs it.
+
+    `checkpoint`: what `read_checkpoint(path, size_hint=image_size, **overrides)` already returned, so a caller that
+    had to look into the file first (fine-tuning reads the checkpoint's size before the data) does not read a
+    large file twice."""
     import torch
 
     from vitlab.models.config import size_to_run_at
 
     # timm's img_size is the size to run at (`image_size` here), not the file's own size (an `image_size` override)
     image_size, overrides = size_to_run_at(image_size, overrides)
-    config, sd, meta = read_checkpoint(path, size_hint=image_size, **overrides)
+    config, sd, meta = checkpoint or read_checkpoint(path, size_hint=image_size, **overrides)
     from vitlab.weights.limits import validate_preprocess
 
     # every format's stored preprocessing (timm folders too) must fit the model before anything runs on it
