@@ -44,6 +44,8 @@ def test_study_writes_tables_and_resumes(tmp_path, monkeypatch):
         assert entry["fine_tuned"]["head"]["accuracy"] == r["finetuned_accuracy"]
     md = (out / "study.md").read_text()
     assert "fresh head" in md and "kNN" in md and "chance" in md
+    # compute in MMACs, as the scaling study's table gives it (0.0118 GMACs read as nothing)
+    assert "MMACs/image" in md and f"| {1000 * rows[0]['gmacs']:,.1f} |" in md
 
     # a second run reuses every pre-training run and every finished compare entry
     def boom(*a, **k):
