@@ -151,7 +151,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None, storag
     """The data `args` name; `storage`: `load_data`'s storage arguments (`Preprocess.storage()`: file images stored
     as the model's preprocessing makes them)."""
     from vitlab.data import load_data
-    from vitlab.evaluate.loading import run_data_kwargs
+    from vitlab.evaluate.loading import is_runs_data, run_data_kwargs
 
     from_run = run_data_kwargs(run_config)
     source = args.data or from_run.get("data")
@@ -159,7 +159,7 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None, storag
         raise VitlabError("no data given; add --data (e.g. --data bundled, --data fashion-mnist, --data PATH)")
     # the run's split settings (seed, fractions, classes) whenever its own data is evaluated, named or not: with
     # another seed the carved test split would hold the run's training images
-    same_source = bool(from_run.get("data")) and _is_runs_data(args.data, run_config)
+    same_source = bool(from_run.get("data")) and is_runs_data(args.data, run_config)
     if args.data and same_source and not getattr(args, "quiet", False):
         print(f"data: {args.data} is the run's own data: its split settings (seed, fractions, classes) apply; "
               "flags given here win", file=sys.stderr)
@@ -179,14 +179,6 @@ def load_splits(args: argparse.Namespace, run_config: dict | None = None, storag
         eval_splits=("val", "test", getattr(args, "split", "test")),  # streamed: these never substitute
         **(storage or {}),
     )
-
-
-def _is_runs_data(given: str | None, run_config: dict | None) -> bool:
-    """Whether `--data` (None: not given) is the data the run recorded."""
-    from vitlab.evaluate.loading import run_data_kwargs
-
-    recorded = run_data_kwargs(run_config).get("data")
-    return not given or (recorded is not None and _same_source(given, recorded))
 
 
 def _own_data_variant(args: argparse.Namespace, run_config: dict | None, run_classes, data_classes) -> str | None:
@@ -217,12 +209,6 @@ def _own_data_variant(args: argparse.Namespace, run_config: dict | None, run_cla
     return folder_name(f"{model_folder_name(str(source))}-{'-'.join(parts)}", collapse=True)
 
 
-def _same_source(given: str, recorded: str) -> bool:
-    from vitlab.data.load import absolute_source
-
-    return absolute_source(str(given)) == absolute_source(str(recorded))
-
-
 def _data_image_size(data) -> int | None:
     """The stored image side of the data (for models built from a name), when square."""
     ds = data.train if data.train is not None else data.test
@@ -235,7 +221,7 @@ def _data_image_size(data) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.commands._load_args import load_overrides
-    from vitlab.evaluate.loading import fit_image_size, load_for_eval, weights_path
+    from vitlab.evaluate.loading import fit_image_size, is_runs_data, load_for_eval, weights_path
     from vitlab.evaluate.runner import evaluate_model, rows_markdown, write_report
     from vitlab.runtime import device_for_engine, setup_runtime
 
@@ -275,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
     elif loaded.run is not None:  # RUN and RUN/model: RUN/eval-test; RUN/checkpoints/best.pt: RUN/eval-best-test
         # other data than the run's gets a folder of its own (it had replaced the run's own report)
-        if _is_runs_data(args.data, loaded.run_config):
+        if is_runs_data(args.data, loaded.run_config):
             # the run's own data with other classes or split settings: a folder of its own too (a 3-class
             # evaluation had replaced the run's own 10-class RUN/eval-test report)
             other = _own_data_variant(args, loaded.run_config, loaded.class_names, data.class_names)

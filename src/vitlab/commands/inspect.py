@@ -201,7 +201,7 @@ def run_defaults(args: argparse.Namespace) -> dict:
     data unless --images or --data say otherwise; a run's checkpoint is treated the same, written to
     RUN/inspect-<checkpoint> (RUN/inspect-best); other models write to ./inspect-<model> (file suffix dropped).
     Returns the settings this decided, for the report."""
-    from vitlab.evaluate.loading import run_data_settings, run_of
+    from vitlab.evaluate.loading import is_runs_data, read_run_config, run_data_settings, run_of
 
     run, checkpoint = run_of(args.model)
     settings: dict = {}
@@ -209,7 +209,7 @@ def run_defaults(args: argparse.Namespace) -> dict:
         if run is not None:
             # other images than the run's get a folder of their own, as evaluate's other data does: they replaced
             # the run's own report (vitlab demo's, with its curves and confusion matrix, too)
-            other = "images" if args.images else (None if _is_runs_source(args.data, run)
+            other = "images" if args.images else (None if is_runs_data(args.data, read_run_config(run))
                                                   else model_folder_name(args.data))
             args.out = str(run / "-".join(filter(None, ("inspect", checkpoint, other))))
         else:
@@ -250,17 +250,6 @@ def _run_figures(model: str, out: Path) -> list:
                 "none), as training wrote it.")]
     return [Section(title, text, run / name, link=Path(os.path.relpath(run / name, os.path.abspath(out))).as_posix())
             for title, name, text in figures if (run / name).is_file()]
-
-
-def _is_runs_source(data: str | None, run: Path) -> bool:
-    """Whether --data (None: not given) names the data the run trained on."""
-    from vitlab.data.load import absolute_source
-    from vitlab.evaluate.loading import run_data_settings
-
-    if not data:
-        return True
-    recorded = run_data_settings(run).get("data")
-    return recorded is not None and absolute_source(str(data)) == absolute_source(str(recorded))
 
 
 def run(args: argparse.Namespace) -> int:

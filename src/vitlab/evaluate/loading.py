@@ -78,6 +78,15 @@ def run_data_kwargs(run_config: dict | None) -> dict:
     return {dst: cfg[src] for src, dst in keys.items() if cfg.get(src) is not None}
 
 
+def is_runs_data(given: str | None, run_config: dict | None) -> bool:
+    """Whether `--data` (None: not given) names the data the run recorded (its config.yaml): evaluate and inspect
+    write other data's reports to folders of their own, not over the run's."""
+    from vitlab.data.load import absolute_source
+
+    recorded = run_data_kwargs(run_config).get("data")
+    return not given or (recorded is not None and absolute_source(str(given)) == absolute_source(str(recorded)))
+
+
 def run_data_settings(run: Path) -> dict:
     """The data settings the training run in `run` recorded (its config.yaml), as `load_data` takes them."""
     return run_data_kwargs(read_run_config(run))
