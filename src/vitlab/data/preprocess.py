@@ -257,6 +257,11 @@ class Preprocess:
         File data for such a model is stored squashed too (`load_data(squash=True)`)."""
         return self.effective_resize is None or self.crop_mode == "squash"
 
+    def crop_moves_under(self, placement: str) -> bool:
+        """Whether a library that starts every centre crop at `placement` (`CROP_OFFSETS`) would cut this record's
+        crop from other pixels for some photo: what an export to that library must say."""
+        return self.crop_offset != placement and self.crop_offset_matters
+
     @property
     def crop_offset_matters(self) -> bool:
         """Whether "round" and "floor" (`CROP_OFFSETS`) start this record's centre crop on other pixels for some

@@ -640,8 +640,7 @@ def crop_offset_note(pre: dict) -> str | None:
     """What the export changes in a centre crop placed as torchvision places it: transformers' processors floor."""
     from vitlab.data.preprocess import Preprocess
 
-    record = Preprocess.from_dict(pre)
-    if record.crop_offset != "round" or not record.crop_offset_matters:
+    if not Preprocess.from_dict(pre).crop_moves_under(HF_CROP_OFFSET):
         return None
     return ("The preprocessing places its centre crop at round((H - h) / 2) (torchvision's and timm's placement); "
             "the Hugging Face processor places it at (H - h) // 2, one pixel away where the margin H - h is 3, 7, "

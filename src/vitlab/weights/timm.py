@@ -509,7 +509,7 @@ def crop_offset_note(preprocess: Any) -> str | None:
     if preprocess is None:  # save_timm stores vitlab.save's default record: round
         return None
     record = preprocess if isinstance(preprocess, Preprocess) else Preprocess.from_dict(dict(preprocess))
-    if record.crop_offset != "floor" or not record.crop_offset_matters:
+    if not record.crop_moves_under("round"):  # torchvision's CenterCrop
         return None
     return ("the preprocessing places its centre crop at (H - h) // 2 (Hugging Face's placement), which timm's "
             "transforms cannot (torchvision's CenterCrop rounds: a pixel away where the margin H - h is 3, 7, 11, "
