@@ -9,6 +9,7 @@ from PIL import Image
 
 from vitlab.data import Preprocess, load_data
 from vitlab.data.files import choose_storage_size
+from vitlab.errors import VitlabError
 from vitlab.train.config import TrainConfig
 from vitlab.train.setup import training_side
 
@@ -87,6 +88,16 @@ def test_a_finetuning_run_reads_its_checkpoint_once(tmp_path, monkeypatch):
     train(cfg)
     assert len(reads) == 1, reads
     assert sides == [40]  # the photos stored at the checkpoint's side
+
+    # a file that does not read is not tried again for the size: once there, once by the model load, whose own
+    # error the user gets (a weights name not cached offline waits on the network each time)
+    reads.clear()
+    cfg = resolve_config("finetune", overrides=dict(data=str(root), weights=str(tmp_path / "missing"), steps=1,
+                                                    batch_size=4, out_dir=str(tmp_path), name="r2", quiet=True,
+                                                    precision="fp32", device="cpu"))
+    with pytest.raises(VitlabError):
+        train(cfg)
+    assert len(reads) == 2, reads
 
 
 @pytest.mark.parametrize("flag", [[], ["--image-size", "320"]])

@@ -54,8 +54,9 @@ def load_splits(cfg: TrainConfig, progress: bool, report: bool | None = None, ch
 
 def finetune_checkpoint(cfg: TrainConfig) -> tuple | None:
     """`read_checkpoint` of --weights, read once for the run: the data takes its size (`training_side`), the model
-    its weights (`build_model_for`); a ViT-H file is gigabytes. None without --weights, or where the file does not
-    read: the model load then says what is wrong, in its own words."""
+    its weights (`build_model_for`); a ViT-H file is gigabytes. None without --weights; () where the file does not
+    read, so that it is not tried again for the size (a weights name not cached offline waits on the network each
+    time): the model load then says what is wrong, in its own words."""
     if not cfg.weights:
         return None
     from vitlab.weights import read_checkpoint
@@ -63,7 +64,7 @@ def finetune_checkpoint(cfg: TrainConfig) -> tuple | None:
     try:
         return read_checkpoint(cfg.weights, size_hint=cfg.image_size)
     except (VitlabError, OSError):
-        return None
+        return ()
 
 
 def training_side(cfg: TrainConfig, checkpoint: tuple | None = None) -> int | None:
@@ -76,8 +77,9 @@ def training_side(cfg: TrainConfig, checkpoint: tuple | None = None) -> int | No
 
     if not cfg.weights or is_builtin_source(cfg.data):  # built-in sets have a fixed size
         return None
-    checkpoint = checkpoint or finetune_checkpoint(cfg)
-    return None if checkpoint is None else int(max(checkpoint[0].image_size))
+    if checkpoint is None:
+        checkpoint = finetune_checkpoint(cfg)
+    return int(max(checkpoint[0].image_size)) if checkpoint else None
 
 
 SMALL_VIT = dict(dim=64, depth=6, heads=4, mlp_dim=128, patch_size=4)
@@ -95,7 +97,7 @@ def build_model_for(cfg: TrainConfig, data,
 
         try:
             model, meta = load_with_meta(cfg.weights, num_classes=num_classes, image_size=cfg.image_size,
-                                         checkpoint=checkpoint)
+                                         checkpoint=checkpoint or None)
         except VitlabError:
             if not cfg.resume:
                 raise
