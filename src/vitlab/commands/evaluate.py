@@ -33,6 +33,10 @@ def _int_list(text: str) -> tuple[int, ...]:
     return vals
 
 
+# the split flags' defaults: the parser's, and what a run's own data is compared with (`_own_data_variant`)
+SPLIT_DEFAULTS = {"val_fraction": 0.1, "test_fraction": 0.1, "seed": 0}
+
+
 def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     """The data flags shared by evaluate and compare (passed to `vitlab.data.load_data`)."""
     p.add_argument("--data", required=required,
@@ -41,9 +45,9 @@ def add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
                         + ("" if required else " (default for a training run, its model folder or one of its checkpoints: the run's data)"))
     p.add_argument("--classes", help="keep these classes, e.g. 'Sandal,Sneaker,Ankle boot' (names or indices)")
     p.add_argument("--per-class", type=positive_int, help="keep N training images per class (val/test stay whole)")
-    p.add_argument("--val-fraction", type=fraction, default=0.1, help="validation share carved from train if the source has none")
-    p.add_argument("--test-fraction", type=fraction, default=0.1, help="test share carved from train if the source has none")
-    p.add_argument("--seed", type=seed_value, default=0, help="seed of the splits, the fresh head and the samplers (default 0)")
+    p.add_argument("--val-fraction", type=fraction, default=SPLIT_DEFAULTS["val_fraction"], help="validation share carved from train if the source has none")
+    p.add_argument("--test-fraction", type=fraction, default=SPLIT_DEFAULTS["test_fraction"], help="test share carved from train if the source has none")
+    p.add_argument("--seed", type=seed_value, default=SPLIT_DEFAULTS["seed"], help="seed of the splits, the fresh head and the samplers (default 0)")
 
 
 def add_frozen_args(p: argparse.ArgumentParser) -> None:
@@ -199,8 +203,8 @@ def _own_data_variant(args: argparse.Namespace, run_config: dict | None, run_cla
         parts.append("classes-" + "-".join(map(str, data_classes)))
     if args.per_class is not None and args.per_class != from_run.get("per_class"):
         parts.append(f"per-class-{args.per_class}")
-    for key, flag, default in (("val_fraction", "val", 0.1), ("test_fraction", "test", 0.1), ("seed", "seed", 0)):
-        given = getattr(args, key)
+    for key, flag in (("val_fraction", "val"), ("test_fraction", "test"), ("seed", "seed")):
+        given, default = getattr(args, key), SPLIT_DEFAULTS[key]
         if given != default and given != from_run.get(key, default):
             parts.append(f"{flag}-{given:g}")
     if not parts:
