@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import collections
 import csv
+import fnmatch
 import glob
 import io
 import itertools
 import json
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -60,23 +62,15 @@ def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            # hidden entries are left out, as the data loader leaves them out (data/files.py): macOS's `._x.jpg`
-            # files are metadata, not images, and `.ipynb_checkpoints/` holds copies
-            everything = sorted(f for f in p.rglob("*") if not _hidden(f, p) and not f.is_dir())
-            entries = [f for f in everything if f.is_file()]
-            found = [f for f in entries if is_image_file(f)]
-            skipped += [(str(f), "not an image file name") for f in entries if not is_image_file(f)]
-            # a FIFO, a device or a socket (never opened: a FIFO blocks, /dev/zero never ends) is listed, not dropped
-            skipped += [(str(f), "not a regular file (a FIFO, a device or a socket)") for f in everything
-                        if not f.is_file() and f.exists()]
+            found = [f for f in _walk_files(p, skipped) if _listed(f, skipped)]
             if not found:
                 raise VitlabError(f"no image files in {p} (looked for {', '.join(_extensions())})")
             files += found
         elif p.is_file():
             files.append(p)
         elif glob.has_magic(str(item)):  # a quoted pattern, or a shell that does not expand them (Windows)
-            matched = sorted(Path(m) for m in glob.glob(str(Path(item).expanduser()), recursive=True))
-            matched = [m for m in matched if m.is_file() and is_image_file(m)]
+            matched = [m for m in _expand_pattern(str(Path(item).expanduser()))
+                       if m.is_file() and is_image_file(m)]
             if not matched:
                 raise VitlabError(f"no image file matches {item}")
             files += matched
@@ -87,9 +81,80 @@ def collect_images(inputs: Iterable[str | Path]) -> tuple[list[Path], list[tuple
     return files, skipped
 
 
-def _hidden(path: Path, top: Path) -> bool:
-    """Whether `path` or a folder between `top` and it has a hidden name (a leading dot)."""
-    return any(part.startswith(".") for part in path.relative_to(top).parts)
+def _listed(f: Path, skipped: list[tuple[str, str]]) -> bool:
+    """Whether a file found in a folder is an image to read; anything else is listed in `skipped` with why."""
+    from vitlab.data.images import is_image_file
+
+    if f.is_file():  # through links
+        if is_image_file(f):
+            return True
+        skipped.append((str(f), "not an image file name"))
+    elif f.exists():  # a FIFO, a device or a socket (never opened: a FIFO blocks, /dev/zero never ends)
+        skipped.append((str(f), "not a regular file (a FIFO, a device or a socket)"))
+    else:
+        skipped.append((str(f), "dangling link (its target does not exist)"))
+    return False
+
+
+def _walk_files(top: Path, skipped: list[tuple[str, str]], depth: int | None = None) -> list[Path]:
+    """Every non-folder entry under `top` (sorted; at most `depth` folders down), hidden entries left out.
+
+    Links to folders are followed (a symlink farm holds its photos in other folders, and the data loader reads
+    them), but each folder is walked once, by device and inode, so `ln -s .. up` is listed and ends the walk.
+    An explicit stack, not recursion: a tree 1,500 folders deep raised RecursionError in `Path.rglob`.
+    Hidden entries are left out, as the data loader leaves them out (data/files.py): macOS's `._x.jpg` files
+    are metadata, not images, and `.ipynb_checkpoints/` holds copies."""
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    stack = [(top, 0)]
+    while stack:
+        folder, level = stack.pop()
+        try:
+            st = folder.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                skipped.append((str(folder), "folder already walked (a link loop, or a second link to it); not walked again"))
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            skipped.append((str(folder), f"unreadable folder ({exc.strerror or exc})"))
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_dir = entry.is_dir()  # through links
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                found.append(Path(entry.path))
+            elif depth is None or level < depth:
+                stack.append((Path(entry.path), level + 1))
+    return sorted(found)
+
+
+def _expand_pattern(pattern: str) -> list[Path]:
+    """The paths a glob pattern matches (`**` any number of folders), sorted. glob.glob's `**` follows links into
+    folders without end: two `ln -s .. up` links made `vitlab predict W 'photos/**/*.png'` run forever. So the
+    folder before the first wildcard is walked once (`_walk_files`, as deep as the pattern reaches) and each
+    path matched part by part."""
+    parts = Path(pattern).parts
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    base, rest = Path(*parts[:fixed]) if fixed else Path("."), parts[fixed:]
+    depth = None if "**" in rest else len(rest) - 1
+    found = _walk_files(base, [], depth) if base.is_dir() else []
+    if rest[-1] == "**":  # glob.glob's `DIR/**` also lists the folders; only files are read anyway
+        rest = (*rest, "*")
+    return [f for f in found if _matches(f.relative_to(base).parts, rest)]
+
+
+def _matches(parts: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
+    """Whether path parts match pattern parts, `**` standing for any number of folders (as in glob.glob)."""
+    if not patterns:
+        return not parts
+    if patterns[0] == "**":
+        return any(_matches(parts[i:], patterns[1:]) for i in range(len(parts)))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], patterns[0]) and _matches(parts[1:], patterns[1:])
 
 
 def _extensions() -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 from vitlab.commands._argtypes import THREADS_HELP, positive_int
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from vitlab.commands._engine_args import engine_for, resolved_source, run_calibration
     from vitlab.commands._load_args import load_overrides
-    from vitlab.data.images import BadImageError, is_image_file
+    from vitlab.data.images import BadImageError, is_image_file, one_line
     from vitlab.errors import VitlabError
     from vitlab.predict import collect_images, format_predictions, predict_files, preprocess_for
     from vitlab.runtime import device_for_engine, setup_runtime
@@ -80,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         for _path, reason in failed:
             print(f"vitlab predict: skipped {reason}", file=sys.stderr)
-        if skipped:
-            print(f"vitlab predict: ignored {len(skipped)} non-image file(s) in the folders", file=sys.stderr)
+        if skipped:  # by reason: a dangling link or a link loop is no "non-image file"
+            reasons = Counter(reason for _, reason in skipped)
+            print(f"vitlab predict: ignored {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} in the folders ("
+                  + "; ".join(f"{why}: {n}" for why, n in reasons.items()) + f"; first: {one_line(skipped[0][0])})",
+                  file=sys.stderr)
     if not preds:
         raise VitlabError("no image could be read")
     return 0

@@ -1,0 +1,120 @@
+"""Audit 18: odd and hostile inputs to the folder walk of `vitlab predict`, file names, class names and IDX files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import pytest
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.data.preprocess import Preprocess
+from vitlab.models.registry import create_model
+from vitlab.predict import collect_images
+from vitlab.weights import save_native
+
+
+def picture(path, value: int = 0, size=(20, 20)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (value, 50, 200 - value)).save(path)
+    return path
+
+
+@pytest.fixture()
+def weights(tmp_path):
+    model = create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=4, image_size=16,
+                         num_classes=3, seed=0).eval()
+    save_native(model, tmp_path / "w", class_names=["a", "b", "c"],
+                preprocess=Preprocess(image_size=(16, 16), mean=(0.5,) * 3, std=(0.5,) * 3))
+    return tmp_path / "w"
+
+
+# --- the folder walk of `vitlab predict` ------------------------------------------------------------------
+
+
+def test_predict_follows_linked_folders_and_lists_dangling_links(tmp_path):
+    """A symlink farm's class folders are links: predict found none of their photos (the data loader reads them),
+    and a dangling link was dropped without a word."""
+    picture(tmp_path / "real" / "cats" / "a.png")
+    farm = tmp_path / "farm"
+    picture(farm / "own.png")
+    (farm / "cats").symlink_to(tmp_path / "real" / "cats")
+    (farm / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    files, skipped = collect_images([farm])
+    assert [f.relative_to(farm).as_posix() for f in files] == ["cats/a.png", "own.png"]
+    assert skipped == [(str(farm / "gone.png"), "dangling link (its target does not exist)")]
+
+
+def test_predict_walks_a_link_loop_once(tmp_path):
+    picture(tmp_path / "imgs" / "x" / "a.png")
+    (tmp_path / "imgs" / "x" / "up").symlink_to("..")
+    files, skipped = collect_images([tmp_path / "imgs"])
+    assert [f.name for f in files] == ["a.png"]
+    assert [p for p, why in skipped if "already walked" in why] == [str(tmp_path / "imgs" / "x" / "up")]
+
+
+def test_predict_walks_a_very_deep_tree(tmp_path):
+    """Path.rglob recursed once per folder: a tree 1,200 folders deep raised RecursionError (an 'unexpected
+    failure')."""
+    deep, levels = tmp_path / "deep", 1200
+    deep.mkdir()
+    here = os.getcwd()
+    try:
+        os.chdir(deep)  # short relative names: the full path would pass PATH_MAX
+        for _ in range(levels):
+            os.mkdir("d")
+            os.chdir("d")
+        picture(type(deep)("bottom.png"))
+        os.chdir(here)
+        files, _ = collect_images([deep])
+        assert [f.name for f in files] == ["bottom.png"]
+    finally:  # removed here, bottom up: pytest's own clean-up (shutil.rmtree) recurses and fails on it
+        os.chdir(deep)
+        depth = 0
+        while os.path.isdir("d"):
+            os.chdir("d")
+            depth += 1
+        if os.path.exists("bottom.png"):
+            os.remove("bottom.png")
+        for _ in range(depth):
+            os.chdir("..")
+            os.rmdir("d")
+        os.chdir(here)
+
+
+class Overtime(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail the test when it runs longer (an endless walk fails instead of hanging the suite)."""
+    def stop(*_):  # not TimeoutError: an OSError, which glob swallows while it walks
+        raise Overtime(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_quoted_double_star_pattern_ends_on_link_loops(tmp_path, weights, capsys):
+    """glob.glob's `**` follows every link into folders: two `ln -s .. up` links made `vitlab predict W
+    'imgs/**/*.png'` run for ever (killed after a minute)."""
+    picture(tmp_path / "imgs" / "x" / "a.png")
+    picture(tmp_path / "imgs" / "b.png")
+    (tmp_path / "imgs" / "x" / "up").symlink_to("..")
+    (tmp_path / "imgs" / "x" / "up2").symlink_to("..")
+    with deadline(20):
+        files, _ = collect_images([str(tmp_path / "imgs" / "**" / "*.png")])
+    assert [f.relative_to(tmp_path / "imgs").as_posix() for f in files] == ["b.png", "x/a.png"]
+    assert [f.name for f in collect_images([str(tmp_path / "imgs" / "*" / "*.png")])[0]] == ["a.png"]
+    assert [f.name for f in collect_images([str(tmp_path / "imgs" / "*.png")])[0]] == ["b.png"]
+    assert main(["predict", str(weights), str(tmp_path / "imgs" / "**" / "*.png"), "--engine", "torch",
+                 "--format", "csv", "--quiet"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1 + 2 * 3  # a header, 2 images x 3 classes
