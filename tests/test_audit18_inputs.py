@@ -118,3 +118,34 @@ def test_a_quoted_double_star_pattern_ends_on_link_loops(tmp_path, weights, caps
     assert main(["predict", str(weights), str(tmp_path / "imgs" / "**" / "*.png"), "--engine", "torch",
                  "--format", "csv", "--quiet"]) == 0
     assert capsys.readouterr().out.count("\n") == 1 + 2 * 3  # a header, 2 images x 3 classes
+
+
+# --- file and folder names that are not UTF-8 ------------------------------------------------------------
+
+
+def test_predict_prints_names_that_are_not_utf8_on_a_strict_stdout(tmp_path, weights, capsys):
+    """Linux file names are bytes; one that is not UTF-8 (a Latin-1 `é`) reaches Python as a surrogate escape.
+    Printed as it was, it stopped `vitlab predict` with UnicodeEncodeError on any strict UTF-8 stdout (every UTF-8
+    locale but C.UTF-8; pytest's capture is one), after all the images were classified."""
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    picture(type(folder)(os.fsdecode(os.fsencode(folder) + b"/caf\xe9.png")))
+    for fmt in ("table", "csv"):
+        assert main(["predict", str(weights), str(folder), "--engine", "torch", "--format", fmt, "--quiet"]) == 0
+        assert "caf\\xe9.png" in capsys.readouterr().out
+
+
+def test_class_folder_names_that_are_not_utf8_are_escaped_class_names(tmp_path, capsys):
+    """A class folder `cat<0xff>` became a class name matplotlib cannot draw: `vitlab train` failed at its very end
+    (the confusion matrix) and `vitlab data inspect` on its sample grid, each an 'unexpected failure'."""
+    from vitlab.data import load_data
+
+    root = tmp_path / "data"
+    for name in (b"cat\xff", b"dog"):
+        for i in range(3):
+            picture(type(root)(os.fsdecode(os.fsencode(root) + b"/" + name + b"/%d.png" % i)), 40 * i)
+    (root / "dog" / "3.png").write_bytes(b"junk")
+    os.rename(root / "dog" / "3.png", os.fsencode(root / "dog") + b"/bad\xfe.png")
+    assert load_data(str(root), progress=False).class_names == ["cat\\xff", "dog"]
+    assert main(["data", "inspect", str(root), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert "bad\\xfe.png" in (tmp_path / "out" / "skipped_files.txt").read_text()

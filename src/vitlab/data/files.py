@@ -291,6 +291,14 @@ def _untrained_note(untrained: list[str], source: str) -> str:
             f"a model cannot learn {them}: add training images, or leave {them} out with --classes")
 
 
+def class_name(folder_name: str) -> str:
+    """A class folder's name as its class name. A name that is not UTF-8 (Linux hands its bytes over as surrogate
+    escapes) is written with `\\xNN` for those bytes (`cat\\xff`): as it was, matplotlib could not draw it (`vitlab
+    train` failed at its end, on the confusion matrix; `vitlab data inspect` on its sample grid), nor could a
+    strict UTF-8 terminal print it."""
+    return os.fsencode(folder_name).decode("utf-8", "backslashreplace")  # os.fsencode: the folder's own bytes
+
+
 def _place(split: str, class_dir: Path, n_splits: int) -> str:
     """How a class folder is named in messages: "CLASS", or "SPLIT/CLASS" with split folders."""
     return f"{split}/{class_dir.name}" if n_splits > 1 else class_dir.name
@@ -355,10 +363,11 @@ def load_folder(root: str | os.PathLike, storage_size: int | None = None, progre
         entries[split] = []
         for cdir in classes:
             imgs = walk.images_of(cdir, _place(split, cdir, len(roots)))
-            entries[split].extend((p, cdir.name) for p in imgs)
-            if cdir.name not in class_names:
-                class_names.append(cdir.name)
-                class_paths[cdir.name] = str(cdir) if len(roots) == 1 else str(root / "*" / cdir.name)
+            name = class_name(cdir.name)
+            entries[split].extend((p, name) for p in imgs)
+            if name not in class_names:
+                class_names.append(name)
+                class_paths[name] = str(cdir) if len(roots) == 1 else str(root / "*" / cdir.name)
     skipped.extend(walk.skipped)
     return _build(entries, class_order(class_names), skipped, root.name or str(root), storage_size, progress,
                   str(root), class_paths, _unread_notes(root, splits), model_side)

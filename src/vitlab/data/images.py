@@ -95,7 +95,12 @@ def pil_open(source) -> Image.Image:
 
 
 def one_line(text: str) -> str:
-    """`text` with control characters (a newline in a file name) escaped, so messages stay one line."""
+    """`text` with control characters (a newline in a file name) escaped, so messages stay one line, and the bytes
+    of a file name that is not UTF-8 (which Python hands over as surrogate escapes) written `\\xNN`."""
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte: escaped by repr below
+        pass
     return text if text.isprintable() else repr(text)[1:-1]
 
 
