@@ -149,3 +149,20 @@ def test_class_folder_names_that_are_not_utf8_are_escaped_class_names(tmp_path, 
     assert load_data(str(root), progress=False).class_names == ["cat\\xff", "dog"]
     assert main(["data", "inspect", str(root), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     assert "bad\\xfe.png" in (tmp_path / "out" / "skipped_files.txt").read_text()
+
+
+# --- IDX files ---------------------------------------------------------------------------------------------
+
+
+def test_idx_images_with_an_empty_side_are_one_line(tmp_path, capsys):
+    """An IDX header of N x 0 x 28 loaded (0 bytes of data agree with it) and `vitlab train` failed in the resize
+    of the first batch with an 'unexpected failure'."""
+    import numpy as np
+
+    from vitlab.data.idx import write_idx
+
+    for prefix in ("train", "t10k"):
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", np.zeros((10, 0, 28), np.uint8))
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", np.zeros(10, np.uint8))
+    assert main(["data", "inspect", f"mnist:{tmp_path}", "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert "images of 0x28 pixels" in capsys.readouterr().err

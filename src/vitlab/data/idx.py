@@ -194,6 +194,9 @@ def _check_pair(name: str, split: str, images: Path, labels: Path) -> None:
     if len(x_shape) != 3 or len(y_shape) != 1 or x_shape[0] != y_shape[0] or x_shape[0] == 0:
         raise VitlabError(f"{name} {split}: images {x_shape} and labels {y_shape} do not match (expected "
                           "(N, H, W) and (N,)); check the IDX files")
+    if 0 in x_shape[1:]:  # a run trained up to the first batch and failed inside the resize ("unexpected failure")
+        raise VitlabError(f"{images}: images of {x_shape[1]}x{x_shape[2]} pixels (the header declares an empty side); "
+                          "check the IDX files, or download them again")
     if x_type != np.uint8 or y_type != np.uint8:
         raise VitlabError(f"{name} {split}: IDX data of type {x_type}/{y_type}, expected unsigned bytes; "
                           "check the IDX files")
