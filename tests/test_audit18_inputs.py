@@ -166,3 +166,17 @@ def test_idx_images_with_an_empty_side_are_one_line(tmp_path, capsys):
         write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", np.zeros(10, np.uint8))
     assert main(["data", "inspect", f"mnist:{tmp_path}", "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert "images of 0x28 pixels" in capsys.readouterr().err
+
+
+def test_classes_that_differ_only_in_case_or_accent_encoding_are_noted(tmp_path):
+    """Folders `café` (one character) and `café` (e + a combining accent, as macOS writes names) were two classes
+    printed alike, without a word; `Cat` and `cat` too."""
+    from vitlab.data import load_data
+
+    for i, name in enumerate(("Cat", "cat", "caf\u00e9", "cafe\u0301", "dog")):
+        for j in range(3):
+            picture(tmp_path / "data" / name / f"{j}.png", 40 * i + j)
+    splits = load_data(str(tmp_path / "data"), progress=False)
+    assert len(splits.class_names) == 5
+    note = next(n for n in splits.notes if "differ only in case" in n)
+    assert "Cat and cat" in note and "cafe\\u0301 and caf\\xe9" in note and "dog" not in note

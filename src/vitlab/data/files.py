@@ -13,6 +13,7 @@ import csv
 import itertools
 import os
 import re
+import unicodedata
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -261,6 +262,7 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
         first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
         raise VitlabError(f"no usable image in {source}: {n} file{'s' if n != 1 else ''} skipped{first}; "
                           "check the files or the path")
+    notes += _lookalike_note(classes, source)
     untrained = [c for c in classes if c not in {c for _, c in usable.get("train", [])}]
     if untrained and usable.get("train"):
         notes.append(_untrained_note(untrained, source))
@@ -280,6 +282,22 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
     if parts["train"] is None or len(parts["train"]) == 0:
         raise VitlabError(f"no usable image in the train split of {source}; check the files")
     return DataSplits(parts["train"], parts["val"], parts["test"], classes, skipped, name, channels, notes)
+
+
+def _lookalike_note(classes: list[str], source: str) -> list[str]:
+    """A note for classes whose names differ only in case or in how an accent is encoded (`café` typed as one
+    character, or as `e` and a combining accent, as macOS names files): separate classes that print alike, most
+    often one class copied from two places."""
+    groups: dict[str, list[str]] = {}
+    for c in classes:
+        groups.setdefault(unicodedata.normalize("NFC", c).casefold(), []).append(c)
+    alike = [g for g in groups.values() if len(g) > 1]
+    if not alike:
+        return []
+    shown = "; ".join(" and ".join(c if c.isascii() else ascii(c)[1:-1] for c in g) for g in alike[:5])
+    return [f"{source}: {len(alike)} group{'s' if len(alike) > 1 else ''} of classes whose names differ only in case or "
+            f"in how accents are encoded ({shown}{'; ...' if len(alike) > 5 else ''}) are separate classes; merge "
+            "their folders (or labels) where they are one class"]
 
 
 def _untrained_note(untrained: list[str], source: str) -> str:
