@@ -180,3 +180,27 @@ def test_classes_that_differ_only_in_case_or_accent_encoding_are_noted(tmp_path)
     assert len(splits.class_names) == 5
     note = next(n for n in splits.notes if "differ only in case" in n)
     assert "Cat and cat" in note and "cafe\\u0301 and caf\\xe9" in note and "dog" not in note
+
+
+# --- CSV files ---------------------------------------------------------------------------------------------
+
+
+def test_csv_paths_missing_for_a_known_reason_say_how_to_write_them(tmp_path, monkeypatch):
+    """A CSV written on Windows (`img\\0.png`) or with paths relative to the current folder instead of the CSV's
+    was 'no usable image ... missing file; check the files or the path', which names neither cause nor fix."""
+    from vitlab.data import load_data
+    from vitlab.errors import VitlabError
+
+    data = tmp_path / "data"
+    for i in range(4):
+        picture(data / "img" / f"{i}.png", 40 * i)
+    (data / "win.csv").write_text("".join(f"img\\{i}.png,{i % 2}\n" for i in range(4)))
+    with pytest.raises(VitlabError, match=r"written with Windows separators \(img\\0.png\): write them with / "
+                                          r"\(img/0.png\)"):
+        load_data(str(data / "win.csv"), progress=False)
+    (data / "cwd.csv").write_text("".join(f"data/img/{i}.png,{i % 2}\n" for i in range(4)))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(VitlabError, match=r"data/img/0.png is in the current folder, not in the CSV's folder"):
+        load_data("data/cwd.csv", progress=False)
+    (data / "mixed.csv").write_text("".join(f"img/{i}.png,{i % 2}\n" for i in range(4)) + "img\\1.png,1\n")
+    assert any("Windows separators (img\\1.png)" in n for n in load_data("data/mixed.csv", progress=False).notes)

@@ -551,6 +551,7 @@ def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress:
     skipped: list[tuple[str, str]] = []
     notes: list[str] = []
     entries: dict[str, list[tuple[str, str]]] = {}
+    written: dict[str, str] = {}  # the path each row leads to -> the path as written (for _misplaced_hint)
     delimiter, note = _delimiter(path)
     notes += [note] if note else []
     rows = _csv_rows(path, delimiter)
@@ -577,8 +578,36 @@ def load_csv(path: str | os.PathLike, storage_size: int | None = None, progress:
             skipped.append((where, f"unknown split {split_text[:40]!r} (use train, val or test)"))
             continue
         entries.setdefault(split, []).append((str(p), label))
+        written.setdefault(str(p), file)
     if count == 0:
         raise VitlabError(f"{path} has no rows; expected lines of path,label")
     entries, class_names = _label_names(entries, path, notes)
-    return _build(entries, class_names, skipped, path.stem, storage_size, progress, str(path), notes=notes,
-                  model_side=model_side)
+    try:
+        splits = _build(entries, class_names, skipped, path.stem, storage_size, progress, str(path), notes=notes,
+                        model_side=model_side)
+    except VitlabError as exc:  # every row missing: say why, where it can be seen
+        hint = _misplaced_hint(path, skipped, written)
+        if hint:
+            raise VitlabError(f"{exc}; {hint}") from None
+        raise
+    hint = _misplaced_hint(path, skipped, written)
+    if hint:
+        splits.notes.append(f"{path}: {hint}")
+    return splits
+
+
+def _misplaced_hint(path: Path, skipped: list[tuple[str, str]], written: dict[str, str]) -> str | None:
+    """Why a CSV's files are missing, when the first of them shows it (one stat or two, for missing rows only):
+    paths written with Windows separators (`img\\0.png`, from a CSV made on Windows), or relative to the current
+    folder instead of the CSV's. Neither is read as such, since either reading could pick another file than meant;
+    the line says how to write the paths."""
+    missing = next((written[p] for p, why in skipped if why.startswith("missing file") and p in written), None)
+    if missing is None:
+        return None
+    slashed = missing.replace("\\", "/")
+    if slashed != missing and _is_file(slashed, path.parent):
+        return f"its paths are written with Windows separators ({missing}): write them with / ({slashed}) to read them here"
+    if not Path(missing).is_absolute() and _is_file(missing, Path.cwd()) and path.parent.resolve() != Path.cwd():
+        return (f"{missing} is in the current folder, not in the CSV's folder ({path.parent}): paths in a CSV are "
+                "relative to its own folder; write them so, or absolute")
+    return None
