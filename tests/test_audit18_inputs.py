@@ -204,3 +204,50 @@ def test_csv_paths_missing_for_a_known_reason_say_how_to_write_them(tmp_path, mo
         load_data("data/cwd.csv", progress=False)
     (data / "mixed.csv").write_text("".join(f"img/{i}.png,{i % 2}\n" for i in range(4)) + "img\\1.png,1\n")
     assert any("Windows separators (img\\1.png)" in n for n in load_data("data/mixed.csv", progress=False).notes)
+
+
+# --- tar shards --------------------------------------------------------------------------------------------
+
+
+def shard(folder, labels: dict[str, bytes]):
+    """One training shard: a 20x20 PNG and a .cls member of the given bytes per key."""
+    import io
+    import tarfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(folder / "train-000000.tar", "w") as tar:
+        for i, (key, label) in enumerate(labels.items()):
+            buf = io.BytesIO()
+            Image.new("RGB", (20, 20), (10 * i, 0, 0)).save(buf, "PNG")
+            for name, data in ((f"{key}.png", buf.getvalue()), (f"{key}.cls", label)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return folder
+
+
+def test_an_empty_cls_member_is_one_bad_sample_not_a_refused_set(tmp_path):
+    """An empty .cls was read as the class name '' and refused the whole shard set as a mix of class numbers and
+    names; the docs promise a bad label is one skipped, listed sample."""
+    from vitlab.data import load_data
+
+    good = {k: str(i % 2).encode() for i, k in enumerate("abcdef")}
+    splits = load_data(str(shard(tmp_path / "sh", {**good, "z": b""})), progress=False, val_fraction=0,
+                       test_fraction=0)
+    assert splits.class_names == ["0", "1"] and len(splits.train) == 6
+    assert [(p.rsplit("/", 1)[-1], why) for p, why in splits.all_skipped()] == [("z", "bad label (empty label member)")]
+
+
+@pytest.mark.parametrize("label, culprit", [(b"99999999999999999999", "first such sample: "),
+                                            (b"cat", "e.g. a name in "),
+                                            ("\u0661".encode(), "e.g. a name in ")])  # Arabic-Indic 1: was index 1
+def test_labels_refusing_a_shard_set_name_the_sample(tmp_path, label, culprit):
+    """A label that refuses a whole shard set (a class number too large for an index, or names mixed with numbers)
+    was said without the sample holding it: in a set of a million samples, no way to find it."""
+    from vitlab.data import load_data
+    from vitlab.errors import VitlabError
+
+    good = {k: str(i % 2).encode() for i, k in enumerate("abcdef")}
+    folder = shard(tmp_path / "sh", {**good, "z": label})
+    with pytest.raises(VitlabError, match=f"{culprit}{folder}/train-000000.tar/z "):
+        load_data(str(folder), progress=False)

@@ -30,7 +30,7 @@ from vitlab.data.images import (
     BadImageError,
     pil_open,
 )
-from vitlab.data.labels import class_number_names
+from vitlab.data.labels import MAX_CLASSES, class_number_names
 from vitlab.data.tars import TarHeaderTooLarge, open_tar
 from vitlab.errors import VitlabError
 from vitlab.progress import bar_options
@@ -165,7 +165,9 @@ def _label_of(raw: bytes, ext: str):
             if isinstance(obj, dict) and k in obj and isinstance(obj[k], (int, str)):
                 return obj[k]
         raise ValueError("no label in the .json member")
-    return int(text) if re.fullmatch(r"-?\d+", text) else text
+    if not text:  # an empty .cls: as a name '' it made every other sample's number a "mix" and refused the set
+        raise ValueError("empty label member")
+    return int(text) if re.fullmatch(r"-?[0-9]+", text) else text  # ASCII digits: int() also reads '١' as 1
 
 
 def _group(tar: tarfile.TarFile) -> tuple[dict[str, dict[str, tarfile.TarInfo]], dict[str, str], int, str | None]:
@@ -388,6 +390,22 @@ def _class_names(raw_labels: list, given: list[str] | None, where: str) -> tuple
     return names, {i: i for i in range(len(names))}, note
 
 
+def _culprits(found: dict[str, ShardScan]) -> str:
+    """The samples that make a shard set's labels refused (`_class_names`): the first with a class number too large
+    for an index, else the first with a class name and the first with a class number."""
+    def first(test) -> str | None:
+        return next((f"{s.name} ({y!r})" for scan in found.values() for s, y in zip(scan.samples, scan.labels)
+                     if test(y)), None)
+
+    def number(y) -> bool:
+        return isinstance(y, int) and not isinstance(y, bool) and y >= 0
+
+    huge = first(lambda y: number(y) and y >= MAX_CLASSES)
+    if huge:
+        return f"first such sample: {huge}; fix or remove it"
+    return f"e.g. a name in {first(lambda y: isinstance(y, str))}, a number in {first(number)}"
+
+
 def _bad_label(y, names: list[str]) -> str:
     """Why a raw label is not a class, saying how to name a class whose name is a number."""
     if isinstance(y, int) and str(y) in names:
@@ -441,7 +459,10 @@ def load_shards(source: str, storage_size: int | None = None, progress: bool = T
     raw = [y for scan in found.values() for y in scan.labels]
     label = f"shards:{folder.name or folder}"
     given = read_class_file(folder)
-    names, index, note = _class_names(raw, given, f"{label} (.cls labels)")
+    try:
+        names, index, note = _class_names(raw, given, f"{label} (.cls labels)")
+    except VitlabError as exc:  # which sample: in a set of a million samples the line alone does not find it
+        raise VitlabError(f"{exc} ({_culprits(found)})") from None
     notes = [n for n in (note, given and _numeric_names_note(names, raw, label)) if n]
     channels, size = _storage(list(found.values()), storage_size, model_side)
     parts = {}
