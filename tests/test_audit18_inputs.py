@@ -251,3 +251,15 @@ def test_labels_refusing_a_shard_set_name_the_sample(tmp_path, label, culprit):
     folder = shard(tmp_path / "sh", {**good, "z": label})
     with pytest.raises(VitlabError, match=f"{culprit}{folder}/train-000000.tar/z "):
         load_data(str(folder), progress=False)
+
+
+def test_shard_output_that_is_no_folder_is_refused_first(tmp_path, capsys):
+    """`vitlab data shard SRC OUT` with OUT a file or a dangling link read the whole source, then said "File exists:
+    OUT; check the path, its permissions and the free disk space"."""
+    for i in range(2):
+        picture(tmp_path / "data" / f"c{i}" / "0.png", i)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    for out in ("afile", "gone"):
+        assert main(["data", "shard", str(tmp_path / "data"), str(tmp_path / out), "--quiet"]) == 2
+        assert f"{tmp_path / out} exists and is not a folder" in capsys.readouterr().err

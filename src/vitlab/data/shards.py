@@ -712,9 +712,14 @@ def existing_shards(out: Path) -> list[Path]:
 
 
 def check_target(out: Path, shard_size: int, force: bool) -> list[Path]:
-    """Refuse a bad shard size or existing shards (without `force`) before any work; the shards to replace."""
+    """Refuse a bad shard size, an OUT that is no folder, or existing shards (without `force`) before any work; the
+    shards to replace."""
+    out = Path(out)
     if shard_size < 1:
         raise VitlabError(f"--shard-size must be at least 1, got {shard_size}")
+    if (out.exists() or out.is_symlink()) and not out.is_dir():  # before reading the source, not after: a file,
+        # a device or a dangling link was "File exists: OUT; check ... the free disk space" once all was read
+        raise VitlabError(f"{out} exists and is not a folder; give a new or existing folder for the shards")
     old = existing_shards(Path(out))
     if old and not force:
         raise VitlabError(f"{out} already holds {len(old)} shards ({old[0].name}, ...); pick another folder or "
