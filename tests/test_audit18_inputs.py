@@ -263,3 +263,25 @@ def test_shard_output_that_is_no_folder_is_refused_first(tmp_path, capsys):
     for out in ("afile", "gone"):
         assert main(["data", "shard", str(tmp_path / "data"), str(tmp_path / out), "--quiet"]) == 2
         assert f"{tmp_path / out} exists and is not a folder" in capsys.readouterr().err
+
+
+def test_hugging_face_label_refusing_the_set_names_the_row(tmp_path, monkeypatch):
+    """A label too large for a class index (a corrupt row, an ID in the label column) refuses a Hugging Face data set
+    as it must, but named no row: in 100,000 rows there was no way to find it."""
+    import io
+
+    from vitlab.data import load_data
+    from vitlab.errors import VitlabError
+
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    cells = []
+    for i in range(5):
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(buf, "PNG")
+        cells.append({"bytes": buf.getvalue(), "path": None})
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    datasets.Dataset.from_dict({"image": cells, "label": [0, 1, 0, 99999999999, 1]},
+                               features=feats).save_to_disk(str(tmp_path / "disk"))
+    with pytest.raises(VitlabError, match=r"first such row: train\[3\] \(99999999999\)"):
+        load_data(f"hf:{tmp_path / 'disk'}", progress=False)

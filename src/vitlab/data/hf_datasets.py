@@ -290,9 +290,15 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True,
         values = {v for ys in raw_labels.values() for v in ys if v is not None}
         numbers = {v for v in values if isinstance(v, int)}
         if numbers and len(numbers) != len(values):
-            raise VitlabError(f"{spec}: column {label_col!r} mixes class numbers and class names; give one kind")
+            raise VitlabError(f"{spec}: column {label_col!r} mixes class numbers and class names; give one kind ("
+                              f"e.g. a name in {_first_row(raw_labels, lambda v: isinstance(v, str))}, a number in "
+                              f"{_first_row(raw_labels, lambda v: isinstance(v, int))})")
         if numbers:
-            names, note = class_number_names(numbers, f"{spec} (column {label_col!r})")
+            try:
+                names, note = class_number_names(numbers, f"{spec} (column {label_col!r})")
+            except VitlabError as exc:  # which row: in a large set the line alone does not find it
+                top = max(numbers)
+                raise VitlabError(f"{exc} (first such row: {_first_row(raw_labels, lambda v: v == top)})") from None
             notes += [note] if note else []
         else:
             names = sorted(values)
@@ -327,3 +333,9 @@ def load_hf(spec: str, storage_size: int | None = None, progress: bool = True,
 
 
 __all__ = ["HFImageDataset", "is_hf_source", "load_hf"]
+
+
+def _first_row(raw_labels: dict[str, list], test) -> str:
+    """`split[row] (label)` of the first row whose label passes `test`, for a message that refuses a data set."""
+    return next((f"{split}[{row}] ({v!r})" for split, ys in raw_labels.items() for row, v in enumerate(ys)
+                 if v is not None and test(v)), "?")
