@@ -285,3 +285,18 @@ def test_hugging_face_label_refusing_the_set_names_the_row(tmp_path, monkeypatch
                                features=feats).save_to_disk(str(tmp_path / "disk"))
     with pytest.raises(VitlabError, match=r"first such row: train\[3\] \(99999999999\)"):
         load_data(f"hf:{tmp_path / 'disk'}", progress=False)
+
+
+def test_class_folder_links_whose_target_is_gone_are_listed(tmp_path):
+    """A symlink farm whose class folder links point to a drive not mounted lost those classes without a word: the
+    links are no folders, so they were passed over, and training went on with the classes left."""
+    from vitlab.data import load_data
+
+    for c in ("dogs", "owls"):
+        for i in range(3):
+            picture(tmp_path / "farm" / c / f"{i}.png", 40 * i)
+    (tmp_path / "farm" / "cats").symlink_to(tmp_path / "unmounted" / "cats")
+    splits = load_data(str(tmp_path / "farm"), progress=False)
+    assert splits.class_names == ["dogs", "owls"]
+    assert (str(tmp_path / "farm" / "cats"), "dangling link (its target does not exist; nothing read from it)") \
+        in splits.all_skipped()

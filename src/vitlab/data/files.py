@@ -230,6 +230,13 @@ def _subdirs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def _dangling_links(folder: Path) -> list[tuple[str, str]]:
+    """Links in a folder of class folders whose target is gone (a class folder on a drive not mounted): listed, not
+    passed over as non-folders, which left their classes out of the data without a word."""
+    return [(str(p), "dangling link (its target does not exist; nothing read from it)")
+            for p in sorted(folder.iterdir()) if not p.name.startswith(".") and p.is_symlink() and not p.exists()]
+
+
 def _split_folders(root: Path) -> dict[str, Path]:
     found = {}
     for d in _subdirs(root):
@@ -367,6 +374,7 @@ def load_folder(root: str | os.PathLike, storage_size: int | None = None, progre
     class_paths: dict[str, str] = {}
     class_dirs: dict[str, list[Path]] = {}
     for split, folder in roots.items():
+        skipped += _dangling_links(folder)
         classes = _subdirs(folder)
         if not classes:
             if split == "train":
