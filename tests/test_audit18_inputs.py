@@ -300,3 +300,41 @@ def test_class_folder_links_whose_target_is_gone_are_listed(tmp_path):
     assert splits.class_names == ["dogs", "owls"]
     assert (str(tmp_path / "farm" / "cats"), "dangling link (its target does not exist; nothing read from it)") \
         in splits.all_skipped()
+
+
+# --- the same photo, through predict and through a data set -------------------------------------------------
+
+
+def test_odd_photos_reach_the_model_alike_through_predict_and_a_data_set(tmp_path):
+    """EXIF orientations 1-8, CMYK, RGBA and palette GIFs of other shapes than the model's: the tensor `vitlab predict`
+    gives the model and the one evaluation makes of the stored image agree within 8-bit rounding."""
+    import numpy as np
+
+    from vitlab.data import load_data
+    from vitlab.data.images import open_image
+
+    pre = Preprocess(image_size=(16, 16), mean=(0.5,) * 3, std=(0.5,) * 3)
+    rng = np.random.default_rng(0)
+    for i in range(16):
+        w, h = int(rng.integers(18, 60)), int(rng.integers(18, 60))
+        img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        exif = Image.Exif()
+        exif[0x0112] = i % 8 + 1
+        path = tmp_path / "data" / "test" / "xy"[i % 2] / f"{i}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if i % 4 == 0:
+            img.save(f"{path}.jpg", exif=exif, quality=95)
+        elif i % 4 == 1:
+            img.convert("RGBA").save(f"{path}.png", exif=exif)
+        elif i % 4 == 2:
+            img.convert("CMYK").save(f"{path}.jpg", exif=exif)
+        else:
+            img.convert("P").save(f"{path}.gif")
+        picture(tmp_path / "data" / "train" / "xy"[i % 2] / f"{i}.png", i)
+    test = load_data(str(tmp_path / "data"), progress=False, **pre.storage()).test
+    assert len(test) == 16
+    for i, path in enumerate(test.paths):
+        from_file = pre(open_image(path))
+        from_store = pre.batch(test[i][0].unsqueeze(0))[0]
+        assert from_file.shape == from_store.shape == (3, 16, 16)
+        assert (from_file - from_store).abs().max() <= 1.01 / 127.5, path
