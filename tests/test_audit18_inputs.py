@@ -338,3 +338,15 @@ def test_odd_photos_reach_the_model_alike_through_predict_and_a_data_set(tmp_pat
         from_store = pre.batch(test[i][0].unsqueeze(0))[0]
         assert from_file.shape == from_store.shape == (3, 16, 16)
         assert (from_file - from_store).abs().max() <= 1.01 / 127.5, path
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_a_photo_whose_exif_does_not_parse_is_read_as_stored(tmp_path, fmt):
+    """A PNG (or WebP) with a garbled EXIF block has whole pixels, but applying the orientation raised ("not a TIFF
+    file") and the photo was skipped as a corrupt image in training and refused by predict."""
+    from vitlab.data.images import open_image
+
+    path = tmp_path / f"x.{fmt.lower()}"
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(path, fmt, exif=b"\xde\xad" * 10, **({"lossless": True} if fmt == "WEBP" else {}))
+    img = open_image(path)
+    assert img.size == (40, 30) and img.getpixel((0, 0)) == (200, 10, 10)

@@ -185,6 +185,16 @@ def open_image(path: str | os.PathLike, mode: str | None = None, max_pixels: int
     return decode_image(path, path, mode, max_pixels)
 
 
+def _upright(img: Image.Image) -> Image.Image:
+    """The decoded image turned as its EXIF orientation says (`ImageOps.exif_transpose`). EXIF that does not parse
+    (a garbled eXIf chunk in a PNG: "not a TIFF file") leaves it as stored, as browsers show such a photo: its
+    pixels are whole, and it was skipped as a "corrupt or truncated image"."""
+    try:
+        return ImageOps.exif_transpose(img) or img
+    except Exception:  # noqa: BLE001 - any fault of the metadata parser; the pixels are already decoded
+        return img
+
+
 def decode_image(source, name, mode: str | None = None, max_pixels: int | None = None,
                  draft: tuple[int, int] | None = None) -> Image.Image:
     """Decode `source` (a path or a binary file object, e.g. BytesIO of a tar member or a dataset cell) like
@@ -201,7 +211,7 @@ def decode_image(source, name, mode: str | None = None, max_pixels: int | None =
                 img.draft(None, draft)  # sets the reduced scale (and size) the JPEG will be decoded at
             check_image_size(name, *img.size, max_pixels)  # before any pixel is decoded, at the size decoded
             img.load()
-            img = ImageOps.exif_transpose(img) or img
+            img = _upright(img)
             out = normalise_mode(img, mode)
             out.load()
             return out
