@@ -350,3 +350,16 @@ def test_a_photo_whose_exif_does_not_parse_is_read_as_stored(tmp_path, fmt):
     Image.new("RGB", (40, 30), (200, 10, 10)).save(path, fmt, exif=b"\xde\xad" * 10, **({"lossless": True} if fmt == "WEBP" else {}))
     img = open_image(path)
     assert img.size == (40, 30) and img.getpixel((0, 0)) == (200, 10, 10)
+
+
+@pytest.mark.parametrize("classes", ["", ",,", []])
+def test_classes_naming_no_class_is_refused_not_all_classes(tmp_path, classes):
+    """`--classes "$SUBSET"` with an empty variable (or a stray `,`) loaded every class without a word."""
+    from vitlab.data import load_data
+    from vitlab.errors import VitlabError
+
+    for c in ("a", "b", "c"):
+        for i in range(3):
+            picture(tmp_path / "data" / c / f"{i}.png", 40 * i)
+    with pytest.raises(VitlabError, match="names no class"):
+        load_data(str(tmp_path / "data"), classes=classes, progress=False)

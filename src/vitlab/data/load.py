@@ -154,6 +154,9 @@ def _carve_splits(splits: DataSplits, val_fraction: float, test_fraction: float,
 def _select_classes(splits: DataSplits, classes) -> DataSplits:
     requested = parse_classes(classes)
     if requested is None:
+        if classes is not None:  # `--classes "$EMPTY"` (or ",") selected every class without a word
+            raise VitlabError(f"--classes {str(classes)!r} names no class; give class names separated by commas, or "
+                              "leave --classes out for all classes")
         return splits
     selected = resolve_classes(requested, splits.class_names)
     mapping = class_subset_map(selected, len(splits.class_names))
