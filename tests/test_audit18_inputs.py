@@ -173,13 +173,14 @@ def test_classes_that_differ_only_in_case_or_accent_encoding_are_noted(tmp_path)
     printed alike, without a word; `Cat` and `cat` too."""
     from vitlab.data import load_data
 
-    for i, name in enumerate(("Cat", "cat", "caf\u00e9", "cafe\u0301", "dog")):
+    for i, name in enumerate(("Cat", "cat", "caf\u00e9", "cafe\u0301", "dog", "1", "01", "2")):
         for j in range(3):
-            picture(tmp_path / "data" / name / f"{j}.png", 40 * i + j)
+            picture(tmp_path / "data" / name / f"{j}.png", 20 * i + j)
     splits = load_data(str(tmp_path / "data"), progress=False)
-    assert len(splits.class_names) == 5
+    assert len(splits.class_names) == 8
     note = next(n for n in splits.notes if "differ only in case" in n)
-    assert "Cat and cat" in note and "cafe\\u0301 and caf\\xe9" in note and "dog" not in note
+    assert "Cat and cat" in note and "cafe\\u0301 and caf\\xe9" in note and "01 and 1" in note
+    assert "dog" not in note and "2" not in note.split("(")[1]
 
 
 # --- CSV files ---------------------------------------------------------------------------------------------

@@ -292,18 +292,19 @@ def _build(entries: dict[str, list[tuple[str, str]]], class_names: list[str], sk
 
 
 def _lookalike_note(classes: list[str], source: str) -> list[str]:
-    """A note for classes whose names differ only in case or in how an accent is encoded (`café` typed as one
-    character, or as `e` and a combining accent, as macOS names files): separate classes that print alike, most
-    often one class copied from two places."""
+    """A note for classes whose names differ only in case, in how an accent is encoded (`café` typed as one
+    character, or as `e` and a combining accent, as macOS names files) or in how a number is written (`1`, `01`):
+    separate classes that print alike, most often one class copied from two places."""
     groups: dict[str, list[str]] = {}
-    for c in classes:
-        groups.setdefault(unicodedata.normalize("NFC", c).casefold(), []).append(c)
+    for c in classes:  # folders `1` and `01` too: a CSV reads them as one class number, folders keep them apart
+        number = number_label(c)
+        groups.setdefault(unicodedata.normalize("NFC", c).casefold() if number is None else str(number), []).append(c)
     alike = [g for g in groups.values() if len(g) > 1]
     if not alike:
         return []
     shown = "; ".join(" and ".join(c if c.isascii() else ascii(c)[1:-1] for c in g) for g in alike[:5])
-    return [f"{source}: {len(alike)} group{'s' if len(alike) > 1 else ''} of classes whose names differ only in case or "
-            f"in how accents are encoded ({shown}{'; ...' if len(alike) > 5 else ''}) are separate classes; merge "
+    return [f"{source}: {len(alike)} group{'s' if len(alike) > 1 else ''} of classes whose names differ only in case, "
+            f"accent encoding or leading zeros ({shown}{'; ...' if len(alike) > 5 else ''}) are separate classes; merge "
             "their folders (or labels) where they are one class"]
 
 
