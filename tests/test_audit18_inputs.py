@@ -364,3 +364,16 @@ def test_classes_naming_no_class_is_refused_not_all_classes(tmp_path, classes):
             picture(tmp_path / "data" / c / f"{i}.png", 40 * i)
     with pytest.raises(VitlabError, match="names no class"):
         load_data(str(tmp_path / "data"), classes=classes, progress=False)
+
+
+def test_class_names_with_line_breaks_or_surrogates_keep_the_table_whole(tmp_path, capsys):
+    """Class names come from the weights (a Hugging Face id2label, an old run): one with a line break split the
+    table's lines, one holding a lone surrogate stopped predict with UnicodeEncodeError."""
+    model = create_model("custom", dim=16, depth=1, heads=2, mlp_dim=32, patch_size=4, image_size=16,
+                         num_classes=3, seed=0).eval()
+    save_native(model, tmp_path / "w", class_names=["two\nlines", "cat\udcff", "dog"],
+                preprocess=Preprocess(image_size=(16, 16), mean=(0.5,) * 3, std=(0.5,) * 3))
+    picture(tmp_path / "a.png")
+    assert main(["predict", str(tmp_path / "w"), str(tmp_path / "a.png"), "--engine", "torch", "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and any("two\\nlines" in line for line in out) and any("cat\\xff" in line for line in out)

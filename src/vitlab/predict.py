@@ -312,13 +312,14 @@ def has_colour(image) -> bool:
     return ImageChops.difference(r, g).getbbox() is not None or ImageChops.difference(g, b).getbbox() is not None
 
 
-def shown_path(path: str) -> str:
-    """A path as the table and CSV print it (`images.one_line`): one line, and a name that is not UTF-8 with
-    `\\xNN` for its bytes. Printed as they were, such names made `vitlab predict` stop with UnicodeEncodeError
-    wherever stdout is strict UTF-8 (any UTF-8 locale but C.UTF-8), after every image was classified."""
+def shown(text: str) -> str:
+    """A path or a class name as the table and CSV print it (`images.one_line`): one line, and a name that is not
+    UTF-8 with `\\xNN` for its bytes. Printed as they were, such names made `vitlab predict` stop with
+    UnicodeEncodeError wherever stdout is strict UTF-8 (any UTF-8 locale but C.UTF-8), after every image was
+    classified; a class name with a line break (a weights file's label) broke the table's lines."""
     from vitlab.data.images import one_line
 
-    return one_line(path)
+    return one_line(text)
 
 
 def format_predictions(preds: list[Prediction], fmt: str = "table") -> str:
@@ -331,15 +332,16 @@ def format_predictions(preds: list[Prediction], fmt: str = "table") -> str:
         w.writerow(["path", "rank", "label", "index", "probability"])
         for p in preds:
             for r, (lab, pr, i) in enumerate(zip(p.labels, p.probs, p.indices)):
-                w.writerow([shown_path(p.path), r + 1, lab, i, f"{pr:.6f}"])
+                w.writerow([shown(p.path), r + 1, shown(lab), i, f"{pr:.6f}"])
         return buf.getvalue().rstrip("\n")
     if fmt != "table":
         raise VitlabError(f"unknown output format {fmt!r}; use table, json or csv")
     lines = []
     for p in preds:
-        lines.append(shown_path(p.path))
-        width = max(len(lab) for lab in p.labels)
-        for r, (lab, pr) in enumerate(zip(p.labels, p.probs)):
+        lines.append(shown(p.path))
+        labels = [shown(lab) for lab in p.labels]
+        width = max(len(lab) for lab in labels)
+        for r, (lab, pr) in enumerate(zip(labels, p.probs)):
             lines.append(f"  {r + 1}. {lab:<{width}}  {100 * pr:6.2f}%")
     return "\n".join(lines)
 
