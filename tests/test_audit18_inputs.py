@@ -377,3 +377,12 @@ def test_class_names_with_line_breaks_or_surrogates_keep_the_table_whole(tmp_pat
     assert main(["predict", str(tmp_path / "w"), str(tmp_path / "a.png"), "--engine", "torch", "--quiet"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 4 and any("two\\nlines" in line for line in out) and any("cat\\xff" in line for line in out)
+
+
+def test_inspect_table_keeps_a_class_name_with_a_line_break_on_one_row(tmp_path, capsys):
+    for i in range(4):
+        picture(tmp_path / "img" / f"{i}.png", 40 * i)
+    (tmp_path / "l.csv").write_text("".join(f'img/{i}.png,"{"a" if i % 2 else "b"}\nx"\n' for i in range(4)))
+    assert main(["data", "inspect", str(tmp_path / "l.csv"), "--out", str(tmp_path / "out")]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [r.split()[0] for r in rows[2:4]] == ["a\\nx", "b\\nx"]

@@ -45,11 +45,12 @@ def describe(splits: DataSplits) -> dict:
 def format_table(info: dict, max_skipped: int = 10) -> str:
     """The printed report: one row per class, one column per split, then sizes and skipped files."""
     splits = list(info["counts"])
-    width = max([len("class"), len("total"), *(len(c) for c in info["classes"])])
+    classes = [one_line(c) for c in info["classes"]]  # a CSV label may hold a line break ("a\nb", quoted)
+    width = max([len("class"), len("total"), *(len(c) for c in classes)])
     lines = [f"source: {info['name']}  ({len(info['classes'])} classes, {info['channels']} channel"
              f"{'s' if info['channels'] != 1 else ''}, stored {info['stored_size'][0]}x{info['stored_size'][1]})"]
     lines.append(f"{'class':<{width}}  " + "  ".join(f"{s:>7}" for s in splits))
-    for i, c in enumerate(info["classes"]):
+    for i, c in enumerate(classes):
         lines.append(f"{c:<{width}}  " + "  ".join(f"{info['counts'][s][i]:>7}" for s in splits))
     lines.append(f"{'total':<{width}}  " + "  ".join(f"{sum(info['counts'][s]):>7}" for s in splits))
     fs = info.get("file_sizes")
