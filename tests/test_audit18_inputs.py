@@ -386,3 +386,15 @@ def test_inspect_table_keeps_a_class_name_with_a_line_break_on_one_row(tmp_path,
     assert main(["data", "inspect", str(tmp_path / "l.csv"), "--out", str(tmp_path / "out")]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert [r.split()[0] for r in rows[2:4]] == ["a\\nx", "b\\nx"]
+
+
+def test_inspect_of_dot_dot_writes_inside_data_inspect(tmp_path, monkeypatch):
+    """`vitlab data inspect ..` wrote samples.png and summary.json into the current folder (data-inspect/..), over
+    any summary.json there; `vitlab data inspect .` into data-inspect/ itself."""
+    for c in ("a", "b"):
+        for i in range(3):
+            picture(tmp_path / "data" / c / f"{i}.png", 40 * i)
+    monkeypatch.chdir(tmp_path / "data" / "a")
+    assert main(["data", "inspect", "..", "--quiet"]) == 0
+    assert not (tmp_path / "data" / "a" / "summary.json").exists()
+    assert (tmp_path / "data" / "a" / "data-inspect" / "data" / "summary.json").is_file()

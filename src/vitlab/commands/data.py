@@ -59,7 +59,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     splits = load_data(args.source, classes=args.classes, per_class=args.per_class, val_fraction=args.val_fraction,
                        test_fraction=args.test_fraction, seed=args.seed, in_memory=False, progress=not args.quiet,
                        report=False, eval_splits=("train", "val", "test"))
-    out = Path(args.out) if args.out else Path("data-inspect") / re.sub(r"[^A-Za-z0-9_.-]+", "_", splits.name)
+    out = Path(args.out) if args.out else Path("data-inspect") / _folder_name(splits.name, args.source)
     out.mkdir(parents=True, exist_ok=True)
     grid = sample_grid(splits, out / "samples.png", per_class=args.samples, seed=args.seed)
     info = describe(splits)
@@ -75,6 +75,15 @@ def run_inspect(args: argparse.Namespace) -> int:
         print(format_table(info))
     print(f"wrote {grid} and {out / 'summary.json'}")
     return 0
+
+
+def _folder_name(name: str, source: str) -> str:
+    """The data-inspect/ subfolder for a source: its name, made safe. A folder given as `.` or `..` is named by
+    the folder it is (`..` put the files in the current folder, `.` in data-inspect/ itself)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    if not safe.strip("."):
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(source).resolve().name).strip(".") or "root"
+    return safe
 
 
 def run_shard(args: argparse.Namespace) -> int:
