@@ -96,8 +96,8 @@ def _listed(f: Path, skipped: list[tuple[str, str]]) -> bool:
     return False
 
 
-def _walk_files(top: Path, skipped: list[tuple[str, str]], depth: int | None = None) -> list[Path]:
-    """Every non-folder entry under `top` (sorted; at most `depth` folders down), hidden entries left out.
+def _walk_files(top: Path, skipped: list[tuple[str, str]]) -> list[Path]:
+    """Every non-folder entry under `top` (sorted), hidden entries left out.
 
     Links to folders are followed (a symlink farm holds its photos in other folders, and the data loader reads
     them), but each folder is walked once, by device and inode, so `ln -s .. up` is listed and ends the walk.
@@ -106,9 +106,9 @@ def _walk_files(top: Path, skipped: list[tuple[str, str]], depth: int | None = N
     are metadata, not images, and `.ipynb_checkpoints/` holds copies."""
     found: list[Path] = []
     seen: set[tuple[int, int]] = set()
-    stack = [(top, 0)]
+    stack = [top]
     while stack:
-        folder, level = stack.pop()
+        folder = stack.pop()
         try:
             st = folder.stat()
             if (st.st_dev, st.st_ino) in seen:
@@ -126,23 +126,21 @@ def _walk_files(top: Path, skipped: list[tuple[str, str]], depth: int | None = N
                 is_dir = entry.is_dir()  # through links
             except OSError:
                 is_dir = False
-            if not is_dir:
-                found.append(Path(entry.path))
-            elif depth is None or level < depth:
-                stack.append((Path(entry.path), level + 1))
+            (stack if is_dir else found).append(Path(entry.path))
     return sorted(found)
 
 
 def _expand_pattern(pattern: str) -> list[Path]:
     """The paths a glob pattern matches (`**` any number of folders), sorted. glob.glob's `**` follows links into
-    folders without end: two `ln -s .. up` links made `vitlab predict W 'photos/**/*.png'` run forever. So the
-    folder before the first wildcard is walked once (`_walk_files`, as deep as the pattern reaches) and each
-    path matched part by part."""
+    folders without end: two `ln -s .. up` links made `vitlab predict W 'photos/**/*.png'` run forever. So for
+    `**` the folder before the first wildcard is walked once (`_walk_files`) and each path matched part by part;
+    a pattern without `**` reaches a fixed depth, and glob.glob looks only into the folders it matches."""
     parts = Path(pattern).parts
+    if "**" not in parts:
+        return sorted(Path(m) for m in glob.glob(pattern))
     fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
     base, rest = Path(*parts[:fixed]) if fixed else Path("."), parts[fixed:]
-    depth = None if "**" in rest else len(rest) - 1
-    found = _walk_files(base, [], depth) if base.is_dir() else []
+    found = _walk_files(base, []) if base.is_dir() else []
     if rest[-1] == "**":  # glob.glob's `DIR/**` also lists the folders; only files are read anyway
         rest = (*rest, "*")
     return [f for f in found if _matches(f.relative_to(base).parts, rest)]
