@@ -398,3 +398,23 @@ def test_inspect_of_dot_dot_writes_inside_data_inspect(tmp_path, monkeypatch):
     assert main(["data", "inspect", "..", "--quiet"]) == 0
     assert not (tmp_path / "data" / "a" / "summary.json").exists()
     assert (tmp_path / "data" / "a" / "data-inspect" / "data" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("mode, key", [("RGB", (0, 0, 0)), ("L", 0)])
+def test_a_transparent_colour_of_an_rgb_or_grey_png_becomes_white(tmp_path, mode, key):
+    """A PNG's tRNS chunk makes one colour of an RGB or grey image transparent: those pixels came out as that colour
+    (black here) while the same picture saved as RGBA or with a palette came out white, as the docs promise."""
+    import numpy as np
+
+    from vitlab.data.images import open_image
+
+    pixels = np.zeros((4, 4, 3) if mode == "RGB" else (4, 4), np.uint8)
+    pixels[0, 0] = 10
+    Image.fromarray(pixels).save(tmp_path / "t.png", transparency=key)
+    Image.fromarray(pixels).convert("RGBA").save(tmp_path / "rgba.png")
+    rgba = np.array(Image.open(tmp_path / "rgba.png"))
+    rgba[..., 3] = np.where((rgba[..., :3] == 0).all(-1), 0, 255)  # the same transparency, as an alpha channel
+    Image.fromarray(rgba).save(tmp_path / "rgba.png")
+    got = np.asarray(open_image(tmp_path / "t.png", mode="RGB"))
+    assert np.array_equal(got, np.asarray(open_image(tmp_path / "rgba.png", mode="RGB")))
+    assert got[1, 1].tolist() == [255, 255, 255] and got[0, 0].tolist() == [10, 10, 10]

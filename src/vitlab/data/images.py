@@ -76,9 +76,11 @@ def normalise_mode(img: Image.Image, mode: str | None = None) -> Image.Image:
         img = img.convert("L")
     elif m == "P":
         img = _flatten_alpha(img) if "transparency" in img.info else img.convert("RGB")
-    elif m in ("RGBA", "LA", "PA", "RGBa", "La"):
+    elif m in ("RGBA", "LA", "PA", "RGBa", "La") or (m in ("RGB", "L") and "transparency" in img.info):
+        # RGB and L too when a PNG's tRNS chunk (or a grey GIF) names a transparent colour: its pixels came out as
+        # that colour (black, mostly) while the same picture saved as RGBA or palette came out white
         img = _flatten_alpha(img)
-        if m in ("LA", "La"):
+        if m in ("LA", "La", "L"):
             img = img.convert("L")
     elif m == "CMYK":
         img = img.convert("RGB")
