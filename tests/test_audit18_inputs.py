@@ -418,3 +418,22 @@ def test_a_transparent_colour_of_an_rgb_or_grey_png_becomes_white(tmp_path, mode
     got = np.asarray(open_image(tmp_path / "t.png", mode="RGB"))
     assert np.array_equal(got, np.asarray(open_image(tmp_path / "rgba.png", mode="RGB")))
     assert got[1, 1].tolist() == [255, 255, 255] and got[0, 0].tolist() == [10, 10, 10]
+
+
+def test_a_csv_line_of_millions_of_fields_is_refused_in_bounded_memory(tmp_path):
+    """The csv module bounds each field (128 KiB) but not a row's number of fields: one 60 MB line of `,ab` made
+    20 million strings (1.8 GB); a 256 MiB CSV, under the size limit, would have taken about 7 GB."""
+    import tracemalloc
+
+    from vitlab.data import load_data
+    from vitlab.errors import VitlabError
+
+    (tmp_path / "wide.csv").write_text("img/0.png,cat" + ",ab" * 2_000_000 + "\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(VitlabError, match="line 1 is over 1,048,576 characters"):
+            load_data(str(tmp_path / "wide.csv"), progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 * 1024**2  # the 6 MB line is read once, never split into 2 million fields

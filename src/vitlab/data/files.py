@@ -33,6 +33,7 @@ MAX_STORAGE_SIZE = 256
 # becoming a few hundred bytes of Python objects. Rows themselves are bounded by the csv module's
 # 128 KiB field limit.
 MAX_CSV_BYTES = 256 * 1024**2
+MAX_CSV_LINE = 1024**2  # characters in one line of a CSV: a path,label row needs a few hundred
 
 
 def scan_headers(paths: Sequence[str], progress: bool = True) -> tuple[list[tuple[int, int, str] | None], list]:
@@ -427,11 +428,24 @@ def _delimiter(path: Path) -> tuple[str, str | None]:
     return ",", None
 
 
+def _bounded_lines(fh, path: Path):
+    """The file's lines, each read with a bound: a line over MAX_CSV_LINE characters is an error naming it."""
+    number = 0
+    while line := fh.readline(MAX_CSV_LINE + 1):
+        number += 1
+        if len(line) > MAX_CSV_LINE:
+            raise VitlabError(f"{path}: line {number} is over {MAX_CSV_LINE:,} characters; expected lines of "
+                              "path,label[,split]")
+        yield line
+
+
 def _csv_rows(path: Path, delimiter: str):
     """(line number, row) of the CSV's non-empty, non-comment rows; csv/encoding faults become one-line errors
     naming the line. The number is the row's first line in the file, as an editor shows it."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh, delimiter=delimiter)  # its field size limit (128 KiB) bounds every row
+        # its field size limit (128 KiB) bounds each field, and _bounded_lines the fields of a row: one line of 60 MB
+        # of `,ab` made 20 million fields, 1.8 GB of Python strings
+        reader = csv.reader(_bounded_lines(fh, path), delimiter=delimiter)
         line = 1
         try:
             for row in reader:
