@@ -124,7 +124,7 @@ def test_an_unknown_crop_offset_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])  # PIL's storage path, and torch's
+@pytest.mark.parametrize("interpolation", ["bilinear", "area"])  # PIL's storage path, and torch's
 def test_stored_photos_are_the_crop_predict_takes_for_a_floor_model(tmp_path, interpolation):
     """115x100 photos -> 55x48 (stored square 48: margin 7), then the crop 40: the stored square must start where
     the record's crop starts, or evaluate scores photos a pixel off those predict gives the model."""

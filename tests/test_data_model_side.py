@@ -222,9 +222,9 @@ def test_evaluate_stores_the_crop_where_predict_takes_it(tmp_path, monkeypatch, 
         assert (evaluated - pre(open_image(test.paths[i]))).abs().max() < 1 / 127.5  # 8-bit storage only
 
 
-@pytest.mark.parametrize("interpolation", ["bilinear", "nearest", "area"])
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest", "lanczos", "area"])
 def test_the_stored_square_holds_predicts_crop_on_both_storage_paths(interpolation):
-    """PIL stores bilinear and bicubic photos, torch's resize the nearest and area ones (`StoredSquare.tensor`):
+    """PIL stores the photos of its own filters, torch's resize the area ones (`StoredSquare.tensor`):
     both place the square so that the model's crop, cut from it later, is the crop predict cuts from the photo."""
     from PIL import Image
 

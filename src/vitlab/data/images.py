@@ -245,8 +245,10 @@ def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     return Image.fromarray(arr[0]) if arr.shape[0] == 1 else Image.fromarray(arr.transpose(1, 2, 0))
 
 
-# PIL's filters that compute what torch's anti-aliased resize of `Preprocess` computes (within a level of 255).
-PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+# PIL's filters for vitlab's interpolations: bilinear and bicubic compute what torch's anti-aliased resize of
+# `Preprocess` computes (within a level of 255); the others are what `Preprocess` itself calls (`pillow_resize`).
+PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST, "box": Image.BOX,
+               "hamming": Image.HAMMING, "lanczos": Image.LANCZOS}
 
 
 def resize_shorter_center_crop(img: Image.Image, size: int, resample: int = Image.BILINEAR,
@@ -306,12 +308,16 @@ class StoredSquare:
 
     def tensor(self, img: Image.Image, size: int) -> torch.Tensor:
         """The stored uint8 (C, size, size) of a decoded image."""
-        if img.size == (size, size) or (self.antialias and self.interpolation in PIL_FILTERS):
+        from vitlab.data.pillow_resize import PILLOW_FILTERS
+
+        # Pillow's own filters are Pillow's in `Preprocess` too, anti-aliased or not (they always are)
+        by_pil = self.interpolation in PILLOW_FILTERS or (self.antialias and self.interpolation in PIL_FILTERS)
+        if img.size == (size, size) or by_pil:
             resample = PIL_FILTERS.get(self.interpolation, Image.BILINEAR)
             return pil_to_tensor(resize_shorter_center_crop(img, size, resample, squash=self.squash,
                                                             crop_offset=self.crop_offset, inner_crop=self.inner_crop))
-        # torch's resize, as `Preprocess.batch` computes it: PIL always anti-aliases, and its nearest and box pick
-        # and average other pixels than torch's nearest and area (up to 250 levels apart on noise)
+        # torch's resize, as `Preprocess.batch` computes it: TensorFlow's resize without anti-aliasing (PIL always
+        # anti-aliases), and torch's area, which averages other windows than PIL's box
         from vitlab.data.preprocess import resize_batch, shorter_side_size
 
         x = pil_to_tensor(img).float().unsqueeze(0)

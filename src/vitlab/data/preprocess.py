@@ -14,10 +14,14 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from vitlab.data.pillow_resize import PILLOW_FILTERS, pillow_resize
 from vitlab.errors import VitlabError
 from vitlab.limits import MAX_IMAGE_SIZE  # the model configs' limit: a larger side is a corrupted record
 
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area")
+# bilinear and bicubic run as torch's anti-aliased interpolate (PIL's filters, within a grey level); nearest, box,
+# hamming and lanczos as Pillow itself resizes (`pillow_resize`: torch has no counterpart); area is torch's own
+# (adaptive average pooling), kept for records that name it
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "area", "box", "hamming", "lanczos")
 # What happens before the centre crop (timm's `crop_mode` names): "center" resizes the shorter side to `resize`
 # and keeps the aspect ratio (torchvision's Resize(int), timm's default); "squash" resizes the whole image to
 # resize x resize (Hugging Face's DeiT and BEiT processors, `size` {"height": 256, "width": 256} before a 224 crop,
@@ -69,11 +73,14 @@ def resize_batch(x: torch.Tensor, size: tuple[int, int], interpolation: str = "b
                  antialias: bool = True) -> torch.Tensor:
     """Resize a float batch (B, C, H, W) of 0..255 values to `size` (h, w), anti-aliased when shrinking unless
     `antialias=False`: then bilinear is TensorFlow's `tf.image.resize` (half-pixel centres, no anti-aliasing),
-    what the official ViT and BiT evaluation pipelines call."""
+    what the official ViT and BiT evaluation pipelines call. Pillow's filters without a torch counterpart
+    (`PILLOW_FILTERS`) are Pillow's own resize, which always anti-aliases."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+    if interpolation in PILLOW_FILTERS:
+        return pillow_resize(x, size, interpolation)
     kwargs = {}
     if interpolation in ("bilinear", "bicubic"):
         kwargs = {"align_corners": False, "antialias": bool(antialias)}

@@ -25,11 +25,12 @@ from vitlab.weights.limits import MAX_SHARDS
 
 _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
           "gelu_python_tanh": "tanh"}
-# PIL filter codes (what `resample` holds) -> vitlab interpolation: NEAREST, BILINEAR, BICUBIC and BOX (= area
-# averaging) are the same filters; LANCZOS (1) and HAMMING (5) have no torch counterpart and run as bicubic,
-# the closest (docs/weights.md). Any other code is refused: it is no filter PIL or transformers knows.
-_PIL_RESAMPLE = {0: "nearest", 1: "bicubic", 2: "bilinear", 3: "bicubic", 4: "area", 5: "bicubic"}
-_RESAMPLE_CODE = {"nearest": 0, "bilinear": 2, "bicubic": 3, "area": 4}  # what the exports write (2: bilinear)
+# PIL filter codes (what `resample` holds) -> vitlab interpolation, each the same filter (nearest, box, hamming and
+# lanczos run through Pillow itself, `data.pillow_resize`). Any other code is refused: it is no filter PIL or
+# transformers knows.
+_PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+# what the exports write (else 2: bilinear); torch's area is closest to PIL's box, which averages other windows
+_RESAMPLE_CODE = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "area": 4, "hamming": 5}
 HF_RESCALE = 1 / 255  # ViTImageProcessor's default rescale_factor: pixel values 0..255 -> 0..1, vitlab's own scale
 
 # HF key (after dropping `vit.`, 4.x and 5.x names) -> vitlab key, per encoder layer.

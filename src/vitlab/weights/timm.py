@@ -337,7 +337,7 @@ def read_timm_folder(folder: str | Path, size_hint: Any = None,
     c = config.in_chans
     if pc.get("mean") is not None:
         pre["mean"], pre["std"] = list(pc["mean"])[:c], list(pc.get("std", [0.5] * c))[:c]
-    if pc.get("interpolation") in ("bilinear", "bicubic", "nearest"):
+    if pc.get("interpolation") in ("bilinear", "bicubic", "nearest", "box", "hamming", "lanczos"):  # timm's PIL names
         pre["interpolation"] = pc["interpolation"]
     if pc.get("input_size") or pc.get("crop_pct"):
         from vitlab.weights.timm_bit import timm_eval_sizes
