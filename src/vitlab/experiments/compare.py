@@ -231,6 +231,7 @@ def run_compare(
     out = Path(out_dir)
     check_out_dir(out)
     check_study(data, models, settings)
+    check_runs_unseen(data, models, settings, data_args)  # weights that trained on the images this study scores
     _map_source(settings.zero_shot_map)  # a missing or malformed map file fails now, once, not per model
     if settings.zero_shot_map:  # and one that does not fit the data (from-scratch models never read it)
         from vitlab.evaluate.zeroshot import check_map_fits_data
@@ -277,6 +278,68 @@ def check_study(data, models: list[ModelSpec], st: CompareSettings) -> None:
     """What needs the data, checked before any model runs: the data itself and every model at its size."""
     check_data(data, st)
     check_model_specs(models, st.image_size, _data_side(data))
+
+
+_SPLIT_DEFAULTS = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1}  # load_data's (a run records no test_fraction)
+
+
+def check_runs_unseen(data, models: list[ModelSpec], st: CompareSettings, data_args: dict | None) -> None:
+    """Refuse weights that are a vitlab training run on this same data whose training split holds images of this
+    comparison's test or validation split: `--weights runs/x` trained on photos/ split with seed 1, compared with
+    seed 0, scored its 'trained head' and fine-tuned rows partly on images it had learnt. Same split settings
+    carve the same val/test images, so only a run with other ones is checked (its split is drawn again)."""
+    from vitlab.data import load_data
+    from vitlab.evaluate.loading import is_runs_data, read_run_config, run_data_kwargs, run_of
+
+    da = data_args or {}
+    source = da.get("data")
+    if not source:  # an API caller that did not say which source the data is: nothing to compare with
+        return
+    ours = {"seed": st.seed, "val_fraction": da.get("val_fraction"), "test_fraction": da.get("test_fraction")}
+    ours = {k: _SPLIT_DEFAULTS[k] if v is None else v for k, v in ours.items()}
+    for ms in models:
+        run = run_of(ms.resolved)[0] if ms.resolved is not None else None
+        cfg = read_run_config(run) if run is not None else None
+        if not cfg or not is_runs_data(str(source), cfg):
+            continue
+        kw = run_data_kwargs(cfg)
+        theirs = {k: kw.get(k, v) for k, v in _SPLIT_DEFAULTS.items()}
+        if theirs == ours:
+            continue
+        try:  # the run's split only (listed, not decoded where the source streams)
+            runs = load_data(str(source), classes=kw.get("classes"), per_class=kw.get("per_class"),
+                             in_memory=False, eval_splits=(), progress=False, report=False, **theirs)
+        except VitlabError:  # the run's classes are no longer in the data: its split cannot be drawn again
+            continue
+        hits = []
+        for what, part in (("test", data.test), ("validation", data.val)):
+            found = _trained_on(runs.train, list(runs.class_names), part, list(data.class_names), what) if part else []
+            if found:
+                hits.append((f"{len(found)} of the {len(part)} {what} images", found[0]))
+        if not hits:
+            continue
+        said = ", ".join(f"{k.replace('_fraction', '')} {{{k}:g}}" for k in _SPLIT_DEFAULTS)  # seed 1, val 0.1, test 0.1
+        flags = " ".join(f"--{k.replace('_', '-')} {theirs[k]:g}" for k in _SPLIT_DEFAULTS if theirs[k] != ours[k])
+        raise VitlabError(
+            f"--models entry {ms.spec!r}: its weights are the training run {run}, which trained on "
+            f"{' and '.join(h for h, _ in hits)} of this comparison (first: {hits[0][1]}): the run split {source} "
+            f"with {said.format(**theirs)}, this comparison with {said.format(**ours)}; give {flags} (the run's "
+            "split) so that the images scored are ones it held out, or weights not trained on this data")
+
+
+def _trained_on(train, train_names: list[str], split, names: list[str], what: str) -> list[str]:
+    """The images of `split` that are in `train` (another loading of the same source): by file path where both
+    have paths, else by pixels and class (`data.duplicates`; in-memory sources such as IDX have no paths)."""
+    theirs, ours = getattr(train, "paths", None), getattr(split, "paths", None)
+    if theirs is not None and ours is not None:
+        known = set(theirs)
+        return [p for p in ours if p in known]
+    from vitlab.data.duplicates import copies_of_training_images
+
+    labels, train_labels = split.labels.tolist(), train.labels.tolist()
+    # the same pixels under another class name are two images (a copy across classes is the data's own problem)
+    return [f"{what} image {j}" for j, i in copies_of_training_images(train, split)
+            if names[labels[j]] == train_names[train_labels[i]]]
 
 
 def check_data(data, st: CompareSettings) -> None:

@@ -1,0 +1,65 @@
+"""Audit 18 of `vitlab compare` and `vitlab study`: what a user of their own photos and of the studies meets."""
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.models import create_model
+from vitlab.weights import save_native
+
+
+def _photos(root, per_class=10):
+    """A folder of 3 classes of small PNG photos, no test/ folder: compare carves its test split from it."""
+    rng = np.random.default_rng(0)
+    for c, colour in enumerate(((200, 40, 40), (40, 200, 40), (40, 40, 200))):
+        d = root / f"class{c}"
+        d.mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.clip(rng.normal(colour, 30, size=(16, 16, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(d / f"{i}.png")
+    return root
+
+
+def _fake_run(root, data, seed):
+    """A run folder as `vitlab train --data DATA --seed SEED` leaves it (config.yaml + model/), without training."""
+    model = create_model("custom", num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32, patch_size=8, image_size=16)
+    save_native(model, root / "model", class_names=["class0", "class1", "class2"])
+    (root / "config.yaml").write_text(yaml.safe_dump({"data": str(data), "seed": seed, "val_fraction": 0.1}))
+    return root
+
+
+def test_weights_of_a_run_that_trained_on_the_test_images_are_refused(tmp_path, capsys):
+    """A run trained on the same photos split with another seed has some of compare's test images in its training
+    split: its 'trained head' and fine-tuned rows were scored partly on images it had learnt, unsaid."""
+    photos = _photos(tmp_path / "photos")
+    run = _fake_run(tmp_path / "run", photos, seed=1)
+    out = tmp_path / "cmp"
+    args = ["compare", "--data", str(photos), "--models", "mine", "--weights", str(run), "--epochs", "1",
+            "--batch-size", "4", "--out", str(out), "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"its weights are the training run {run}, which trained on" in err
+    assert "test images" in err and "give --seed 1 (the run's split)" in err
+    assert not out.exists()  # refused before anything was written
+
+
+def test_a_run_with_the_same_split_passes_the_check(tmp_path):
+    """The same seed and fractions carve the same val/test images: nothing the run trained on is scored."""
+    from vitlab.data import load_data
+    from vitlab.experiments.compare import CompareSettings, check_runs_unseen, check_study, parse_models
+
+    photos = _photos(tmp_path / "photos")
+    run = _fake_run(tmp_path / "run", photos, seed=1)
+    data = load_data(str(photos), seed=1, progress=False)
+    models = parse_models("mine", str(run))
+    st = CompareSettings(seed=1, batch_size=4)
+    check_study(data, models, st)
+    check_runs_unseen(data, models, st, {"data": str(photos), "val_fraction": 0.1, "test_fraction": 0.1})
+    # and the seed-0 study of the same data is refused by the function itself too (API callers)
+    data0 = load_data(str(photos), seed=0, progress=False)
+    from vitlab.errors import VitlabError
+
+    with pytest.raises(VitlabError, match="trained on"):
+        check_runs_unseen(data0, models, CompareSettings(seed=0, batch_size=4), {"data": str(photos)})
