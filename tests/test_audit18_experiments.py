@@ -1,5 +1,7 @@
 """Audit 18 of `vitlab compare` and `vitlab study`: what a user of their own photos and of the studies meets."""
 
+import json
+
 import numpy as np
 import pytest
 import yaml
@@ -63,3 +65,37 @@ def test_a_run_with_the_same_split_passes_the_check(tmp_path):
 
     with pytest.raises(VitlabError, match="trained on"):
         check_runs_unseen(data0, models, CompareSettings(seed=0, batch_size=4), {"data": str(photos)})
+
+
+def _scaling_args(out):
+    return ["study", "scaling", "--data", "bundled", "--models", "custom(dim=8,depth=1,heads=2,mlp_dim=16,patch_size=7)",
+            "--sizes", "100", "--seeds", "1", "--min-steps", "3", "--batch-size", "50", "--evals", "1",
+            "--threads", "1", "--out", str(out), "--quiet"]
+
+
+def _accuracy_columns(study_md):
+    """The rows of study.md without the seconds per run (a wall clock, other in every process)."""
+    return [line.rsplit("|", 2)[0] for line in study_md.read_text().splitlines() if line.startswith("| custom")]
+
+
+def test_a_scaling_row_cut_off_by_a_kill_is_made_again_on_resume(tmp_path, capsys):
+    """scaling.json was written in place: a study killed while writing it left half a file, and every rerun stopped
+    on it with 'JSONDecodeError ... an unexpected failure' instead of resuming."""
+    out = tmp_path / "sc"
+    assert main(_scaling_args(out)) == 0
+    before = _accuracy_columns(out / "study.md")
+    (done,) = (out / "runs").glob("*/scaling.json")
+    done.write_text(done.read_text()[:60])  # what a kill in the middle of writing leaves
+    capsys.readouterr()
+    assert main(_scaling_args(out)) == 0, capsys.readouterr().err
+    assert _accuracy_columns(out / "study.md") == before
+    assert json.loads(done.read_text())["size"] == 100  # written whole again
+
+
+def test_a_study_settings_record_that_does_not_read_is_one_line(tmp_path, capsys):
+    out = tmp_path / "sc"
+    out.mkdir()
+    (out / "settings.json").write_text('{"data": "bund')
+    assert main(_scaling_args(out)) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "settings.json" in err and "unexpected failure" not in err

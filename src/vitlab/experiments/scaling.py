@@ -42,6 +42,7 @@ from vitlab.experiments.transfer import (
     model_config,
     read_settings,
     study_model,
+    write_json,
 )
 
 # Settings that only select which runs exist; changing them on an existing study adds or skips runs.
@@ -233,8 +234,12 @@ def one_run(name: str, size: int, seed: int, data, st: ScalingSettings, out: Pat
     """Train (or resume, or read back) one run and return its row of results (also written to scaling.json)."""
     run = out / "runs" / f"{folder_name(name)}-n{size}-s{seed}"
     done = run / "scaling.json"
-    if done.exists():
-        row = dict(json.loads(done.read_text()), reused=True)
+    try:
+        stored = json.loads(done.read_text()) if done.exists() else None
+    except (OSError, ValueError):  # cut off by a kill (before rows were written whole): made again below
+        stored = None
+    if isinstance(stored, dict):
+        row = dict(stored, reused=True)
         if "precision" not in row:  # a row written before it recorded the precision: the run's summary has it
             with contextlib.suppress(OSError, ValueError):
                 row["precision"] = json.loads((run / "summary.json").read_text()).get("precision")
@@ -248,7 +253,7 @@ def one_run(name: str, size: int, seed: int, data, st: ScalingSettings, out: Pat
     # the training process's own time (from summary.json, so a run trained before a kill counts too; a
     # resumed run counts its last segment) plus the best-checkpoint test pass
     row["wall_time_s"] = row["train_wall_time_s"] + time.perf_counter() - t0
-    done.write_text(json.dumps(row, indent=2))
+    write_json(done, row)
     return row
 
 
@@ -453,7 +458,7 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     # written only now: a typo in --data or --models must not lock the folder to the wrong settings (nor
     # leave an empty folder)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "settings.json").write_text(json.dumps(now, indent=2))
+    write_json(out / "settings.json", now)
     print(f"vitlab study scaling: {st.threads} CPU threads for every run ({why}; recorded in settings.json)",
           file=sys.stderr, flush=True)
     torch.set_num_threads(st.threads)  # the best-checkpoint test passes run in this process

@@ -158,7 +158,24 @@ def check_same_data(before: dict, identity: dict, out: Path) -> None:
 
 def read_settings(out: Path) -> dict:
     f = out / "settings.json"
-    return json.loads(f.read_text()) if f.exists() else {}
+    if not f.exists():
+        return {}
+    try:
+        before = json.loads(f.read_text())
+    except (OSError, ValueError) as exc:  # a settings check must not become a traceback ("unexpected failure")
+        raise VitlabError(f"cannot read {f} ({type(exc).__name__}): it records the settings this study was made "
+                          "with; restore it, or use another --out") from None
+    if not isinstance(before, dict):
+        raise VitlabError(f"{f} holds no settings record (a JSON object); restore it, or use another --out")
+    return before
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write `obj` as JSON whole or not at all (a temporary file renamed over it): a study killed while writing
+    its settings or a run's row left half a file, and the rerun that should resume it stopped on it."""
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
 
 
 def _count(n: float, noun: str) -> str:
@@ -515,7 +532,7 @@ def run_transfer_study(st: TransferSettings, out_dir: str | Path) -> list[dict]:
     out = Path(out_dir)
     st, now, why, shown = _start(st, out)  # nothing is written before every check passed
     out.mkdir(parents=True, exist_ok=True)
-    (out / "settings.json").write_text(json.dumps(now, indent=2))
+    write_json(out / "settings.json", now)
     print(f"vitlab study transfer: {st.threads} CPU threads for every run ({why}; recorded in settings.json)",
           file=sys.stderr, flush=True)
     torch.set_num_threads(st.threads)  # the compare evaluations run in this process
