@@ -214,16 +214,20 @@ def format_report(metrics: dict[str, Any], title: str | None = None) -> str:
         f"n={metrics['n']})   macro-F1 {100 * metrics['macro_f1']:.2f}%"
         + (f"   top-5 {100 * metrics['top5']:.2f}%" if "top5" in metrics else "")
     )
+    # a weights file's class names may hold line breaks or lone surrogates: shown escaped
+    from vitlab.data.images import one_line
+
     if metrics.get("absent_classes"):
-        absent = metrics["absent_classes"]
+        absent = [one_line(str(name)) for name in metrics["absent_classes"]]
         lines.append(f"macro averages over {metrics['num_classes'] - len(absent)} of {metrics['num_classes']} classes: "
                      f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''} "
                      f"{'has' if len(absent) == 1 else 'have'} no test image and {'is' if len(absent) == 1 else 'are'} "
                      "never predicted")
-    width = max([len("class")] + [len(r["name"]) for r in metrics["per_class"]])
+    names = [one_line(str(r["name"])) for r in metrics["per_class"]]
+    width = max([len("class")] + [len(name) for name in names])
     lines.append(f"{'class'.ljust(width)}  precision  recall     f1  support")
-    for r in metrics["per_class"]:
+    for name, r in zip(names, metrics["per_class"]):
         lines.append(
-            f"{r['name'].ljust(width)}  {100 * r['precision']:9.2f}  {100 * r['recall']:6.2f}  {100 * r['f1']:5.2f}  {r['support']:7d}"
+            f"{name.ljust(width)}  {100 * r['precision']:9.2f}  {100 * r['recall']:6.2f}  {100 * r['f1']:5.2f}  {r['support']:7d}"
         )
     return "\n".join(lines)

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from vitlab.data.images import one_line  # noqa: E402
+
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
@@ -48,8 +50,10 @@ def plot_confusion_matrix(
         bar.update_ticks()
     ax.set_xticks(range(k))
     ax.set_yticks(range(k))
-    ax.set_xticklabels(class_names, rotation=45 if k > 3 else 0, ha="right" if k > 3 else "center")
-    ax.set_yticklabels(class_names)
+    # a weights file's class names may hold a line break or a lone surrogate, which FreeType cannot draw
+    shown_names = [one_line(str(name)) for name in class_names]
+    ax.set_xticklabels(shown_names, rotation=45 if k > 3 else 0, ha="right" if k > 3 else "center")
+    ax.set_yticklabels(shown_names)
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     if k <= 30:
