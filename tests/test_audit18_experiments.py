@@ -99,3 +99,19 @@ def test_a_study_settings_record_that_does_not_read_is_one_line(tmp_path, capsys
     assert main(_scaling_args(out)) == 2
     err = capsys.readouterr().err
     assert "cannot read" in err and "settings.json" in err and "unexpected failure" not in err
+
+
+def test_a_class_too_small_for_a_test_image_is_said_to_be_unscored(tmp_path, capsys):
+    """A class folder of 2 photos gives no test image (10 % of 2 rounds to 0): it was trained on, and the table's
+    accuracy and macro-F1 said nothing about it, unsaid (compare.md listed it among the classes)."""
+    photos = _photos(tmp_path / "photos", per_class=10)
+    (tmp_path / "photos" / "rare").mkdir()
+    for i in range(2):
+        Image.new("RGB", (16, 16), (128, 128, 0)).save(tmp_path / "photos" / "rare" / f"{i}.png")
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", str(photos), "--models", "custom(dim=8,depth=1,heads=2,mlp_dim=16,patch_size=8)",
+                 "--epochs", "1", "--batch-size", "8", "--threads", "1", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "not scored: rare (no test image" in printed
+    md = (out / "compare.md").read_text()
+    assert "rare (0 test)" in md and "**Not scored: rare**" in md and "class0 (1 test)" in md

@@ -163,6 +163,11 @@ def _print_table(summary: dict, out: Path) -> None:
     from vitlab.experiments.compare import PRINT_COLS, frozen_rows, markdown_table, table_rows
 
     print("\n".join(markdown_table(table_rows(summary), PRINT_COLS)))
+    counts = summary.get("test_class_counts") or []
+    missing = [n for n, c in zip(summary["class_names"], counts) if c == 0]
+    if missing:  # trained on, never scored: the accuracies above say nothing about these classes
+        print(f"not scored: {', '.join(missing)} (no test image: too few images to carve one); the accuracies are "
+              f"over the other classes' {summary['test_images']} test images")
     frozen = frozen_rows(summary)
     if frozen:
         print(f"\nfrozen features before fine-tuning (frozen.csv):\n{rows_markdown(frozen, with_model=True)}")
