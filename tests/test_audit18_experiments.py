@@ -115,3 +115,25 @@ def test_a_class_too_small_for_a_test_image_is_said_to_be_unscored(tmp_path, cap
     assert "not scored: rare (no test image" in printed
     md = (out / "compare.md").read_text()
     assert "rare (0 test)" in md and "**Not scored: rare**" in md and "class0 (1 test)" in md
+
+
+def test_the_transfer_table_says_its_test_images_and_seed(tmp_path):
+    """study.md named no test-set size (upstream or downstream) and no seed."""
+    from vitlab.experiments.transfer import TransferSettings, collect, write_tables
+
+    run = tmp_path / "pretrain" / "vit"
+    model = create_model("custom", num_classes=7, dim=8, depth=1, heads=2, mlp_dim=16, patch_size=7, image_size=28,
+                         in_chans=1)
+    save_native(model, run / "model")
+    (run / "summary.json").write_text(json.dumps({"parameters": 1223, "test_accuracy": 0.4, "wall_time_s": 1.0,
+                                                  "test_metrics": {"n": 700}}))
+    head = {"accuracy": 0.6, "macro_f1": 0.55, "accuracy_ci95": [0.5, 0.7]}
+    summary = {"test_images": 300, "models": [{
+        "model": "vit", "status": "ok", "fine_tuned": {"head": head}, "train_wall_time_s": 2.0,
+        "zero_shot": {"rows": [{"method": "head", "label": "zero-shot (fresh head, chance)", "accuracy": 0.33,
+                                "macro_f1": 0.2, "ci95_lo": 0.3, "ci95_hi": 0.4}]}}]}
+    used = {"per_class": 5, "per_class_requested": 5, "train_images": 15, "batch": 15, "steps": 30}
+    rows = collect({"vit": run}, {5: (summary, used)})
+    md = write_tables(rows, TransferSettings(data="bundled", seed=3), tmp_path).read_text()
+    assert "(upstream test accuracy on 700 images)" in md and "of those classes (300 images)" in md
+    assert "One seed (3)" in md

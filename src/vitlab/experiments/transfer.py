@@ -285,6 +285,7 @@ def collect(runs: dict[str, Path], results: dict[int, tuple[dict, dict]]) -> lis
             row: dict[str, Any] = {
                 "model": name, "parameters": pre["parameters"], "gmacs": analytic_macs(config) / 1e9,
                 "pretrain_test_accuracy": pre["test_accuracy"], "pretrain_time_s": pre["wall_time_s"],
+                "pretrain_test_images": (pre.get("test_metrics") or {}).get("n"), "test_images": summary["test_images"],
                 "pretrain_precision": pre.get("precision"),
                 **{k: used[k] for k in ("per_class", "per_class_requested", "train_images", "batch", "steps")},
             }
@@ -329,6 +330,12 @@ def _batches(rows: list[dict], st: TransferSettings) -> str:
     return f"batch {st.finetune_batch} ({'; '.join(f'{b} at {n} images/class' for n, b in small)}: all its images)"
 
 
+def _images(rows: list[dict], key: str, what: str) -> str:
+    """' (N images)' for a count every row shares (the test sets are the same for every row), '' where unknown."""
+    counts = sorted({r[key] for r in rows if r.get(key) is not None})
+    return f" ({what + ' ' if what else ''}{', '.join(f'{n:,}' for n in counts)} images)" if counts else ""
+
+
 def _precision_line(rows: list[dict]) -> str:
     """The precision of the pre-training and fine-tuning runs: the recipes' `auto` chooses it per model (bf16
     where this CPU computes it fast and the model gains from it), so "identical" did not cover it."""
@@ -360,9 +367,11 @@ def write_tables(rows: list[dict], st: TransferSettings, out: Path) -> Path:
     (out / "study.json").write_text(json.dumps({"settings": asdict(st), "rows": rows}, indent=2))
     md = [
         "# Transfer study: pre-trained on the upstream classes, evaluated and fine-tuned downstream", "",
-        f"Data: {st.data}. Upstream (pre-training) classes: {', '.join(st.upstream_classes)}. Downstream "
+        f"Data: {st.data}. Upstream (pre-training) classes: {', '.join(st.upstream_classes)}"
+        f"{_images(rows, 'pretrain_test_images', 'upstream test accuracy on')}. Downstream "
         f"classes: {', '.join(st.downstream_classes)}; the downstream test set is the source's whole test split "
-        "of those classes, the same for every row.", "",
+        f"of those classes{_images(rows, 'test_images', '')}, the same for every row. One seed ({st.seed}): the "
+        "splits, subsets, initialisations and data order of every run.", "",
         f"Pre-training, identical for every model: the small-data recipe, {_count(st.pretrain_epochs, 'epoch')}, batch "
         f"{st.pretrain_batch}, AdamW lr {st.pretrain_lr:g}, flip + random erasing + 1-pixel shift. Fine-tuning, "
         f"identical for every model: AdamW lr {st.finetune_lr:g}, cosine, {_batches(rows, st)}, "
