@@ -137,3 +137,16 @@ def test_the_transfer_table_says_its_test_images_and_seed(tmp_path):
     md = write_tables(rows, TransferSettings(data="bundled", seed=3), tmp_path).read_text()
     assert "(upstream test accuracy on 700 images)" in md and "of those classes (300 images)" in md
     assert "One seed (3)" in md
+
+
+def test_published_weights_missing_offline_name_the_weights_entry(tmp_path, monkeypatch, capsys):
+    """`--models vit-b/16,resnet-50 --weights ViT-B_16.npz,-` offline: the error named "--models entry 'vit-b/16'",
+    the label, not the --weights entry to fix."""
+    monkeypatch.setenv("VITLAB_OFFLINE", "1")
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", "bundled", "--models", "vit-b/16,resnet-50", "--weights=ViT-B_16.npz,-",
+                 "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--models entry 'vit-b/16' (its --weights 'ViT-B_16.npz'): VITLAB_OFFLINE=1 and ViT-B_16.npz" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

@@ -132,7 +132,10 @@ def check_model_specs(models: list[ModelSpec], image_size: int | None = None, si
             if ms.resolved is None:  # a registry name: the size can change with the data, so checked every time
                 build_size(ms.spec, image_size, side)
         except VitlabError as exc:
-            raise VitlabError(f"--models entry {ms.spec!r}: {exc}") from None
+            # the weights too where the entry has some: an official name not in the cache offline read as a fault
+            # of the --models label 'vit-b/16', which is fine
+            weights = f" (its --weights {ms.weights!r})" if ms.weights else ""
+            raise VitlabError(f"--models entry {ms.spec!r}{weights}: {exc}") from None
 
 
 def build_size(spec: str, image_size: int | None, side: int | None) -> int | None:
