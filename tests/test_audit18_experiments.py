@@ -150,3 +150,20 @@ def test_published_weights_missing_offline_name_the_weights_entry(tmp_path, monk
     err = capsys.readouterr().err
     assert "--models entry 'vit-b/16' (its --weights 'ViT-B_16.npz'): VITLAB_OFFLINE=1 and ViT-B_16.npz" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_compare_says_what_each_zero_shot_label_means():
+    """A run's own head ('trained head') stood in the 'zero-shot evaluation' column unexplained: compare.md
+    explained the other three labels only. The --help said 'zero-shot evaluation' without saying it is chance
+    without a class map."""
+    from vitlab.cli import build_parser
+    from vitlab.experiments.compare import _markdown
+
+    summary = {"data": "photos: 3 classes", "class_names": ["a", "b", "c"], "settings": {"augment": False,
+               "epochs": 1, "optimizer": "adamw", "lr": 1e-3, "decay": "constant", "warmup_steps": 0,
+               "weight_decay": 0.0, "batch_size": 4, "seed": 0}, "train_images": 9, "test_images": 3, "models": []}
+    md = "\n".join(_markdown(summary))
+    assert "'trained head' = the model's own head, which already has these classes" in md and "not zero-shot" in md
+    sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "compare" in a.choices)
+    text = " ".join(sub.choices["compare"].format_help().split())
+    assert "without one a pretrained model gets a new random head and its row says 'fresh head, chance'" in text

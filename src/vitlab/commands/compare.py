@@ -25,7 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="For each model: zero-shot evaluation on the test split, fine-tuning on the training "
                     "split with the same settings for all, final evaluation. A model is a registry name "
                     "(trained from scratch; overrides as custom(dim=32,depth=1,heads=2)), a weights file/folder, "
-                    "or a vitlab run folder; --weights gives pretrained weights per model.",
+                    "or a vitlab run folder; --weights gives pretrained weights per model. 'Zero-shot' is real "
+                    "transfer only through a class map (--zero-shot-map, or the model's own class names): without "
+                    "one a pretrained model gets a new random head and its row says 'fresh head, chance'; "
+                    "--fewshot, --knn and --probe add frozen-feature rows (no backbone training) "
+                    "(docs/evaluation.md).",
     )
     add_data_args(p, required=True)
     p.add_argument("--models", required=True, help="comma-separated, e.g. vit-b/16,resnet-50,resnet-152")

@@ -1017,7 +1017,9 @@ def _markdown(summary: dict) -> list[str]:
         "new untrained head, a chance baseline by construction, not transfer; 'zero-shot (mapped ... head)' = the "
         "pretrained classifier through a class map, real zero-shot transfer"
         + (f" (map: {zmap}: {st['zero_shot_map']})" if zmap else "") + "; 'untrained model (random init, chance)' "
-        "= a model trained from scratch, before training. 95% CIs: Wilson score intervals. Train time: wall "
+        "= a model trained from scratch, before training; 'trained head' = the model's own head, which already has "
+        "these classes (weights trained on them, such as a run on this data): not zero-shot, the model as given, "
+        "before this fine-tuning. 95% CIs: Wilson score intervals. Train time: wall "
         "clock of the whole fine-tuning call (training, per-epoch validation, final test pass) on this machine; "
         "images/s: training images per second of training steps.", "",
         *markdown_table(table_rows(summary), TABLE_COLS),
