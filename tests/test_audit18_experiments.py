@@ -167,3 +167,31 @@ def test_compare_says_what_each_zero_shot_label_means():
     sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "compare" in a.choices)
     text = " ".join(sub.choices["compare"].format_help().split())
     assert "without one a pretrained model gets a new random head and its row says 'fresh head, chance'" in text
+
+
+TINY = "custom(dim=8,depth=1,heads=2,mlp_dim=16,patch_size=8)"
+
+
+def test_a_compare_resumed_with_the_data_spelled_otherwise_is_reused(tmp_path, monkeypatch, capsys):
+    """`--data photos` then `--data /abs/photos/` (or from another folder): one folder, refused as "made with other
+    settings or data (data 'photos' -> '/abs/photos/')" and every model redone or the study stuck."""
+    photos = _photos(tmp_path / "photos")
+    monkeypatch.chdir(tmp_path)
+    args = ["--models", TINY, "--epochs", "1", "--batch-size", "8", "--threads", "1", "--out", str(tmp_path / "cmp")]
+    assert main(["compare", "--data", "photos", *args]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path / "photos")  # another working folder, the absolute path with a trailing slash
+    assert main(["compare", "--data", f"{photos}/", *args]) == 0, capsys.readouterr().err
+    assert "finished earlier, reusing" in capsys.readouterr().out
+
+
+def test_a_scaling_study_resumed_with_the_data_spelled_otherwise_goes_on(tmp_path, monkeypatch, capsys):
+    _photos(tmp_path / "photos")
+    monkeypatch.chdir(tmp_path)
+    args = ["--models", TINY, "--sizes", "12", "--seeds", "1", "--min-steps", "2", "--batch-size", "4", "--evals", "1",
+            "--threads", "1", "--out", str(tmp_path / "sc"), "--quiet"]
+    assert main(["study", "scaling", "--data", "photos", *args]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path / "photos")
+    assert main(["study", "scaling", "--data", f"{tmp_path / 'photos'}/", *args]) == 0, capsys.readouterr().err
+    assert "done before" in capsys.readouterr().out

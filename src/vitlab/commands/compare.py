@@ -99,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
     check_study(data, models, settings)  # one class, a batch over the training set, a size a model cannot take
     if not args.quiet:
         print(f"data: {data.summary()}")
-    data_args = {"data": args.data, "classes": args.classes, "per_class": args.per_class,
+    from vitlab.data.load import absolute_source
+
+    # recorded as the absolute path: a resume from another folder, or with '/home/me/photos/' for 'photos', is
+    # the same data (a relative path read again elsewhere would be other data)
+    data_args = {"data": absolute_source(args.data), "classes": args.classes, "per_class": args.per_class,
                  "val_fraction": args.val_fraction, "test_fraction": args.test_fraction}
     runtime.announce("compare", args.quiet)
     again = f"the same `vitlab compare` command with --resume {shlex.quote(str(out))} (finished models are kept)"

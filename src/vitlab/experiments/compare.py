@@ -336,8 +336,10 @@ def _trained_on(train, train_names: list[str], split, names: list[str], what: st
     have paths, else by pixels and class (`data.duplicates`; in-memory sources such as IDX have no paths)."""
     theirs, ours = getattr(train, "paths", None), getattr(split, "paths", None)
     if theirs is not None and ours is not None:
-        known = set(theirs)
-        return [p for p in ours if p in known]
+        import os
+
+        known = {os.path.abspath(p) for p in theirs}  # one spelled from 'photos', one from '/home/me/photos'
+        return [p for p in ours if os.path.abspath(p) in known]
     from vitlab.data.duplicates import copies_of_training_images
 
     labels, train_labels = split.labels.tolist(), train.labels.tolist()
@@ -501,7 +503,23 @@ def _same_files_as_wanted(used: dict, wanted: dict) -> dict:
                     same[key] = b
             except (OSError, ValueError):  # not both existing paths (registry names, hf: names): as written
                 pass
-    return {**used, "model": same} if same != before else used
+    return _same_data_as_wanted({**used, "model": same} if same != before else used, wanted)
+
+
+def _same_data_as_wanted(used: dict, wanted: dict) -> dict:
+    """`used` with the data source as written now where both spellings name one source: 'photos' (a study made
+    before compare recorded the absolute path) and '/home/me/photos/' are one folder, and a resume that spelled
+    it the other way was refused as "made with other settings"; the data's classes and split sizes are
+    compared beside it, so other files under one name are still refused."""
+    from vitlab.data.load import absolute_source
+
+    try:
+        a, b = used["data"]["args"]["data"], wanted["data"]["args"]["data"]
+    except (KeyError, TypeError):
+        return used
+    if not (isinstance(a, str) and isinstance(b, str)) or a == b or absolute_source(a) != absolute_source(b):
+        return used
+    return {**used, "data": {**used["data"], "args": {**used["data"]["args"], "data": b}}}
 
 
 def _threads_unrecorded_as_wanted(used: dict, wanted: dict, mdir: Path) -> dict:

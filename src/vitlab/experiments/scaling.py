@@ -41,6 +41,7 @@ from vitlab.experiments.transfer import (
     check_same_data,
     model_config,
     read_settings,
+    settings_as_now,
     study_model,
     write_json,
 )
@@ -133,7 +134,11 @@ def _check(st: ScalingSettings, out: Path) -> tuple[ScalingSettings, dict, dict,
         raise VitlabError("--seeds, --min-steps, --evals and --batch-size must be >= 1 and --min-epochs >= 0")
     if not 0 < st.val_fraction < 1:
         raise VitlabError(f"--val-fraction must be between 0 and 1, got {st.val_fraction}")
-    before = read_settings(out)
+    from vitlab.data.load import absolute_source
+
+    # recorded (settings.json) and given to every run as the absolute path: the same study from another folder
+    st = replace(st, data=absolute_source(st.data))
+    before = settings_as_now(read_settings(out), st.data)
     from vitlab.runtime import study_threads
 
     threads, why = study_threads(st.threads, before.get("threads"))

@@ -170,6 +170,19 @@ def read_settings(out: Path) -> dict:
     return before
 
 
+def settings_as_now(before: dict, data: str) -> dict:
+    """The recorded settings with their data source spelled as `data` (absolute, `absolute_source`) where both name
+    one source: a study run as `--data photos` and resumed as `--data /home/me/photos/` (or from another folder
+    with the absolute path) was refused as one with other settings (data). Its classes and split sizes are
+    checked beside it (`check_same_data`)."""
+    from vitlab.data.load import absolute_source
+
+    old = before.get("data")
+    if isinstance(old, str) and old != data and absolute_source(old) == data:
+        return {**before, "data": data}
+    return before
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write `obj` as JSON whole or not at all (a temporary file renamed over it): a study killed while writing
     its settings or a run's row left half a file, and the rerun that should resume it stopped on it."""
@@ -511,6 +524,10 @@ def _start(st: TransferSettings, out: Path) -> tuple[TransferSettings, dict, str
     resolve_device(st.device)  # --device cuda without a GPU: one line before the study folder exists
     if not st.per_class or any(n < 1 for n in st.per_class):
         raise VitlabError(f"--per-class sizes must be positive, got {st.per_class}")
+    from vitlab.data.load import absolute_source
+
+    # recorded (settings.json) and given to every run as the absolute path: the same study from another folder
+    st = replace(st, data=absolute_source(st.data))
     source = load_data(st.data, val_fraction=0.1, seed=st.seed, progress=False)  # a typo in --data fails here
     names = list(source.class_names)
     up, down = _class_sets(st, names)
@@ -522,7 +539,7 @@ def _start(st: TransferSettings, out: Path) -> tuple[TransferSettings, dict, str
                           f"({st.pretrain_batch}); add images to them, or give more classes with --upstream")
     for name in st.models:
         model_config(name, len(up), int(source.train.image_size[0]), source.channels)
-    before = read_settings(out)
+    before = settings_as_now(read_settings(out), st.data)
     from vitlab.runtime import study_threads
 
     threads, why = study_threads(st.threads, before.get("threads"))
