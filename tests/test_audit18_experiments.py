@@ -195,3 +195,29 @@ def test_a_scaling_study_resumed_with_the_data_spelled_otherwise_goes_on(tmp_pat
     monkeypatch.chdir(tmp_path / "photos")
     assert main(["study", "scaling", "--data", f"{tmp_path / 'photos'}/", *args]) == 0, capsys.readouterr().err
     assert "done before" in capsys.readouterr().out
+
+
+def test_the_studies_figures_say_which_split_and_how_many_images(tmp_path, monkeypatch):
+    """val_accuracy.png / val_loss.png and both studies' study.png said 'accuracy (%)' with no split size: a curve
+    on 3 validation images and one on 3,000 look alike."""
+    import matplotlib.figure
+
+    labels = {}
+
+    def savefig(fig, path, *args, **kwargs):
+        labels[str(path).rsplit("/", 1)[-1]] = fig.axes[0].get_ylabel()
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    from vitlab.experiments import compare, scaling, transfer
+
+    history = [{"epoch": e, "val_loss": 1.0 - e / 10, "val_acc": 0.5 + e / 10} for e in range(3)]
+    compare._write_plots({"val_images": 300, "models": [{"model": "m", "status": "ok", "history": history,
+                                                          "train_wall_time_s": 1.0}]}, tmp_path)
+    assert labels["val_accuracy.png"] == "accuracy (%) on the 300 validation images"
+    assert labels["val_loss.png"] == "cross-entropy on the 300 validation images"
+    row = {"model": "m", "size": 100, "test_accuracy": 0.5, "test_accuracy_ci95": [0.4, 0.6]}
+    scaling.plot_study([row], [dict(row, seed=0, test_n=1000)], tmp_path)
+    assert labels["study.png"] == "test accuracy (%) on 1,000 test images"
+    trow = {"model": "m", "per_class": 5, "finetuned_accuracy": 0.5, "finetuned_ci95": [0.4, 0.6], "test_images": 300}
+    transfer.plot_study([trow], tmp_path)
+    assert labels["study.png"] == "test accuracy (%) on 300 test images"

@@ -919,11 +919,15 @@ def _write_plots(summary: dict, out: Path) -> dict[str, Path]:
                              [None if h.get(key) is None else scale * float(h[key]) for h in r["history"]])
                 for r in done}
 
+    # the split and its size on the axis: a curve on 3 validation images and one on 3,000 look alike
+    on = f"on the {summary.get('val_images', 0):,} validation images"
     return {
         "val_loss": plot_lines(series("val_loss"), out / "val_loss.png",
-                               "validation loss per epoch (epoch 0 = before fine-tuning)", ylabel="cross-entropy"),
+                               "validation loss per epoch (epoch 0 = before fine-tuning)",
+                               ylabel=f"cross-entropy {on}"),
         "val_acc": plot_lines(series("val_acc", 100.0), out / "val_accuracy.png",
-                              "validation accuracy per epoch (epoch 0 = before fine-tuning)", ylabel="accuracy (%)"),
+                              "validation accuracy per epoch (epoch 0 = before fine-tuning)",
+                              ylabel=f"accuracy (%) {on}"),
         "runtime": plot_bars({r["model"]: r["train_wall_time_s"] for r in done}, out / "runtime.png",
                              "training runtime per model (wall clock)", ylabel="seconds"),
     }

@@ -421,7 +421,8 @@ def plot_study(rows: list[dict], runs: list[dict], out: Path) -> Path:
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xticks(sizes, [f"{n:,}" for n in sizes], rotation=30 if len(sizes) > 4 else 0)
     ax.set_xlabel("training images (log scale)")
-    ax.set_ylabel("test accuracy (%)")
+    tested = sorted({r["test_n"] for r in runs if r.get("test_n")})  # the same test split for every run
+    ax.set_ylabel("test accuracy (%)" + (f" on {', '.join(f'{n:,}' for n in tested)} test images" if tested else ""))
     ax.set_title("From scratch on nested subsets: test accuracy vs data size", fontsize=11)
     ax.grid(alpha=0.3, which="major")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False,

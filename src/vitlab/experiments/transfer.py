@@ -447,7 +447,8 @@ def plot_study(rows: list[dict], out: Path) -> Path:
     ax.set_xticks(sizes, [str(n) for n in sizes])  # the sizes run, not log-scale labels such as 6x10^0
     ax.minorticks_off()
     ax.set_xlabel("downstream training images per class (log scale)")
-    ax.set_ylabel("test accuracy (%)")
+    tested = sorted({r["test_images"] for r in rows if r.get("test_images")})  # one downstream test set
+    ax.set_ylabel("test accuracy (%)" + (f" on {', '.join(f'{n:,}' for n in tested)} test images" if tested else ""))
     ax.set_title("Transfer from the upstream classes: frozen features vs fine-tuned")
     ax.grid(alpha=0.3)
     # below the axes: beside them, a long legend squeezed the axes until the title was cut off
