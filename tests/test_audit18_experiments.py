@@ -221,3 +221,20 @@ def test_the_studies_figures_say_which_split_and_how_many_images(tmp_path, monke
     trow = {"model": "m", "per_class": 5, "finetuned_accuracy": 0.5, "finetuned_ci95": [0.4, 0.6], "test_images": 300}
     transfer.plot_study([trow], tmp_path)
     assert labels["study.png"] == "test accuracy (%) on 300 test images"
+
+
+def test_compare_md_keeps_what_the_loader_said_about_the_data(tmp_path, capsys):
+    """Copies of training photos in the test split, and skipped files, were said once on stderr while loading;
+    compare.md, the record a reader keeps, presented the test accuracy as on unseen images."""
+    import shutil
+
+    photos = _photos(tmp_path / "photos", per_class=10)
+    for i in range(10):  # every photo of class0 twice: some copies land in the test split, their twins in train
+        shutil.copy(photos / "class0" / f"{i}.png", photos / "class0" / f"copy{i}.png")
+    (photos / "empty").mkdir()
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", str(photos), "--models", TINY, "--epochs", "1", "--batch-size", "8",
+                 "--threads", "1", "--out", str(out), "--quiet"]) == 0
+    md = (out / "compare.md").read_text()
+    assert "**Data notes** (from loading): data: skipped 1 file (empty class: 1)" in md
+    assert "of the test split's" in md and "have the same pixels as a training image" in md

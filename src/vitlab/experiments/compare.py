@@ -262,7 +262,7 @@ def run_compare(
                                    model_settings(ms, study)))
     ok = [r for r in results if r["status"] == STATUS_OK]
     summary = {"data": data.summary(), "mcnemar": paired_tests(ok), "class_names": list(data.class_names),
-               "test_class_counts": data.test.class_counts(),
+               "test_class_counts": data.test.class_counts(), "data_notes": data_notes(data),
                "train_images": len(data.train), "val_images": len(data.val) if data.val is not None else 0,
                "test_images": len(data.test), "settings": {kk: v for kk, v in vars(settings).items()},
                "training": training,
@@ -1004,6 +1004,16 @@ def _describe_training(tr: dict | None, st: dict, models: list[dict] | None = No
     return text
 
 
+def data_notes(data) -> list[str]:
+    """What the loader said about the data (skipped files, copies of training images in the val or test split,
+    classes short of --per-class): printed once on stderr while loading, so the report must keep it, or a test
+    split holding copies of training photos stands in the table as unseen."""
+    from vitlab.data.dataset import skipped_summary
+
+    skipped = data.all_skipped() if hasattr(data, "all_skipped") else []
+    return ([skipped_summary(skipped)] if skipped else []) + list(getattr(data, "notes", []) or [])
+
+
 def _classes_text(summary: dict) -> str:
     """The class names with their test images: a class with too few images to carve a test image from (a folder
     of 2 photos) was in every training run but in no score, and the table's macro-F1 left it out unsaid."""
@@ -1026,6 +1036,7 @@ def _markdown(summary: dict) -> list[str]:
     md = [
         "# Zero-shot vs fine-tuned", "",
         f"Data: {summary['data']}. Classes: {_classes_text(summary)}.", "",
+        *([f"**Data notes** (from loading): {'; '.join(summary['data_notes'])}.", ""] if summary.get("data_notes") else []),
         f"Fine-tuning, identical for every model: {_describe_training(summary.get('training'), st, summary['models'])}, "
         f"on {summary['train_images']} training images"
         + ("" if (prec := _precision_text(st, summary["models"])).startswith("precision") else f"; {prec}")

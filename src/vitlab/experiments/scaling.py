@@ -362,6 +362,7 @@ def write_tables(rows: list[dict], runs: list[dict], st: ScalingSettings, info: 
         f"subsetting (seed {st.seed}), the same for every run. Training subsets: nested and class-stratified "
         f"(each smaller one inside each larger one, per seed), from {info['train_pool']:,} remaining images. "
         f"Test: the full test split ({info['test_images']:,} images), the same for every run.", "",
+        *([f"**Data notes** (from loading): {'; '.join(info['notes'])}.", ""] if info.get("notes") else []),
         f"Budget, one rule for every model and size: steps = max({st.min_steps}, ceil({st.min_epochs:g} epochs x "
         f"size / batch {st.batch_size})), images seen = steps x {st.batch_size}, epochs = images seen / size (a "
         "run's log counts its own epochs of whole batches, the last partial batch left out, so it may say more); "
@@ -468,7 +469,10 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     print(f"vitlab study scaling: {st.threads} CPU threads for every run ({why}; recorded in settings.json)",
           file=sys.stderr, flush=True)
     torch.set_num_threads(st.threads)  # the best-checkpoint test passes run in this process
-    info = {"train_pool": len(data.train), "val_images": len(data.val), "test_images": len(data.test)}
+    from vitlab.experiments.compare import data_notes
+
+    info = {"train_pool": len(data.train), "val_images": len(data.val), "test_images": len(data.test),
+            "notes": data_notes(data)}
     # size-major: an interrupted study has every model at the sizes it reached (a usable partial table)
     jobs = [(name, e, s) for e in entries for s in e["seeds"] for name in st.models]
     for e in entries:
