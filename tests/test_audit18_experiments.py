@@ -238,3 +238,25 @@ def test_compare_md_keeps_what_the_loader_said_about_the_data(tmp_path, capsys):
     md = (out / "compare.md").read_text()
     assert "**Data notes** (from loading): data: skipped 1 file (empty class: 1)" in md
     assert "of the test split's" in md and "have the same pixels as a training image" in md
+
+
+def test_weights_written_again_under_their_name_are_not_reused(tmp_path, capsys):
+    """A compare resumed after its weights file was replaced (a run trained again, a new export under the same
+    name) reused the old weights' rows as if they were the new ones'."""
+    photos = _photos(tmp_path / "photos")
+
+    def weights(seed):
+        model = create_model("custom", num_classes=1000, dim=8, depth=1, heads=2, mlp_dim=16, patch_size=8,
+                             image_size=16, seed=seed)
+        save_native(model, tmp_path / "w")
+
+    weights(1)
+    args = ["compare", "--data", str(photos), "--models", "mine", "--weights", str(tmp_path / "w"), "--epochs", "1",
+            "--batch-size", "8", "--threads", "1", "--out", str(tmp_path / "cmp"), "--quiet"]
+    assert main(args) == 0
+    assert main(args) == 0  # unchanged: reused
+    capsys.readouterr()
+    weights(2)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "result.json was made with other settings or data (weights_sha256 " in err

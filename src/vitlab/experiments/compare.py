@@ -455,7 +455,28 @@ def study_settings(data, settings: CompareSettings, frozen, data_args: dict | No
 
 
 def model_settings(ms: ModelSpec, study: dict) -> dict:
-    return {**study, "model": {"spec": ms.spec, "weights": ms.weights}}
+    model = {"spec": ms.spec, "weights": ms.weights}
+    if ms.resolved is not None:  # the weights' content: a file replaced under the same name is other weights
+        model["weights_sha256"] = weights_digest(ms.resolved)
+    return {**study, "model": model}
+
+
+def weights_digest(path: Path) -> str:
+    """SHA-256 of the weights a resolved entry names (a file; a folder's files; a run folder's model/): a model
+    file written again under its name (a run trained again, a new export) had its old row reused on resume."""
+    import hashlib
+
+    from vitlab.evaluate.loading import is_run_folder
+
+    target = Path(path) / "model" if is_run_folder(Path(path)) else Path(path)
+    files = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(target) if f != target else f.name).encode() + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]  # 64 bits tell a changed file; the full digest made the refusal unreadable
 
 
 def _differences(a: Any, b: Any, where: str = "") -> list[str]:
@@ -495,6 +516,8 @@ def _same_files_as_wanted(used: dict, wanted: dict) -> dict:
     if not (isinstance(before, dict) and isinstance(now, dict)):
         return used
     same = dict(before)
+    if "weights_sha256" not in before and "weights_sha256" in now:  # a result made before the content was recorded
+        same["weights_sha256"] = now["weights_sha256"]
     for key in ("spec", "weights"):
         a, b = before.get(key), now.get(key)
         if isinstance(a, str) and isinstance(b, str) and a != b:
