@@ -260,3 +260,19 @@ def test_weights_written_again_under_their_name_are_not_reused(tmp_path, capsys)
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "result.json was made with other settings or data (weights_sha256 " in err
+
+
+def test_a_head_matched_only_by_its_size_says_so(tmp_path):
+    """A state dict names no classes: a 3-output head on 3 classes was called 'trained head' (and fine-tuning
+    started from it) with nothing saying that its classes were only assumed to be the data's, in order."""
+    import torch
+
+    photos = _photos(tmp_path / "photos")
+    model = create_model("resnet-18-small", num_classes=3, base_width=4, image_size=16)
+    torch.save(model.state_dict(), tmp_path / "other-task.pth")
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", str(photos), "--models", "other", "--weights", str(tmp_path / "other-task.pth"),
+                 "--epochs", "1", "--batch-size", "8", "--threads", "1", "--out", str(out), "--quiet"]) == 0
+    row = json.loads((out / "compare.json").read_text())["models"][0]
+    assert row["zero_shot_label"] == "trained head (by class count: the weights name no classes)"
+    assert row["history"][0]["evaluation"] == row["zero_shot_label"]  # the head fine-tuning started from

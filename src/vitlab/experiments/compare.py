@@ -646,6 +646,7 @@ def _zero_shot(model, lm, data, pre, st: CompareSettings, name: str, source: str
 
 
 LABEL_START_ZERO_HEAD = "new zero head (as fine-tuning starts)"
+LABEL_BY_COUNT = " (by class count: the weights name no classes)"
 LABEL_START_UNTRAINED = "untrained model (zero head, as training starts)"
 
 
@@ -750,6 +751,10 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
     model: nn.Module = lm.model
     stage[0] = "evaluating zero-shot"
     zs = _zero_shot(model, lm, data, pre, st, ms.name, source, split="test", frozen=frozen)
+    if zs.head_mode == "trained" and not lm.class_names and source != "from scratch":
+        # a head taken as the data's because its size is the number of classes (a state dict stores no names):
+        # the row, and the fine-tuning that starts from that head, rest on that guess, so the label says it
+        zs.rows[0]["label"] += LABEL_BY_COUNT
     zs.info["model_description"] = lm.description
     write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning ({zs.rows[0]['label']})")
     start, keep_head = _epoch_zero(model, lm, data, pre, st, ms.name, source, zs)
@@ -1075,7 +1080,8 @@ def _markdown(summary: dict) -> list[str]:
         + (f" (map: {zmap}: {st['zero_shot_map']})" if zmap else "") + "; 'untrained model (random init, chance)' "
         "= a model trained from scratch, before training; 'trained head' = the model's own head, which already has "
         "these classes (weights trained on them, such as a run on this data): not zero-shot, the model as given, "
-        "before this fine-tuning. 95% CIs: Wilson score intervals. Train time: wall "
+        "before this fine-tuning ('by class count': weights that name no classes, whose head has as many outputs "
+        "as the data has classes, taken to be in the data's order). 95% CIs: Wilson score intervals. Train time: wall "
         "clock of the whole fine-tuning call (training, per-epoch validation, final test pass) on this machine; "
         "images/s: training images per second of training steps.", "",
         *markdown_table(table_rows(summary), TABLE_COLS),
