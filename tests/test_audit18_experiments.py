@@ -276,3 +276,23 @@ def test_a_head_matched_only_by_its_size_says_so(tmp_path):
     row = json.loads((out / "compare.json").read_text())["models"][0]
     assert row["zero_shot_label"] == "trained head (by class count: the weights name no classes)"
     assert row["history"][0]["evaluation"] == row["zero_shot_label"]  # the head fine-tuning started from
+
+
+def test_a_vit_state_dict_can_be_compared_with_the_fields_it_cannot_tell(tmp_path, capsys):
+    """A timm-style ViT state dict needs classifier= and heads= to load; the reader's advice was '--model-args
+    classifier=token', a flag compare does not have, and a --models label's overrides were ignored: such weights
+    could not be compared at all."""
+    import torch
+
+    photos = _photos(tmp_path / "photos")
+    model = create_model("custom", num_classes=1000, dim=16, depth=1, heads=2, mlp_dim=32, patch_size=8, image_size=16)
+    torch.save(model.state_dict(), tmp_path / "vit.pth")
+    common = ["--weights", str(tmp_path / "vit.pth"), "--epochs", "1", "--batch-size", "8", "--threads", "1", "--quiet"]
+    assert main(["compare", "--data", str(photos), "--models", "mine", *common, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "write the --models entry as mine(classifier=token)" in err and "--model-args" not in err
+    out = tmp_path / "b"
+    assert main(["compare", "--data", str(photos), "--models", "mine(classifier=token,heads=2)", *common,
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    row = json.loads((out / "compare.json").read_text())["models"][0]
+    assert row["status"] == "ok" and row["source"] == "pretrained"

@@ -179,8 +179,10 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
     Weights and model names resolve with `weights_path`, i.e. `vitlab.weights.hub.resolve` as in every
     other command: files, folders, run folders, `hf:ORG/NAME`, official names like ViT-B_16.npz.
     """
+    import re
+
     from vitlab.data import Preprocess
-    from vitlab.evaluate.loading import load_for_eval, weights_path
+    from vitlab.evaluate.loading import load_for_eval, parse_model_spec, weights_path
 
     if ms.checked:
         path = ms.resolved
@@ -190,7 +192,15 @@ def _load(ms: ModelSpec, data, st: CompareSettings):
         raise VitlabError(f"--weights {ms.weights!r} for {ms.name}: no such file or folder, and not an official "
                           "checkpoint name (e.g. ViT-B_16.npz) or hf:ORG/NAME")
     if path is not None:
-        lm = load_for_eval(str(path), image_size=st.image_size)
+        # a label's overrides are what the weights cannot tell (`--models 'my-vit(classifier=token)'` for a timm
+        # state dict): compare has no --model-args, and without them such weights could not be compared at all
+        label, args = parse_model_spec(ms.spec) if ms.weights else (ms.spec, {})
+        size = args.pop("image_size", None) or st.image_size
+        try:
+            lm = load_for_eval(str(path), image_size=size, overrides=args)
+        except VitlabError as exc:  # the reader's advice names --model-args, a flag compare does not have
+            raise VitlabError(re.sub(r"--model-args ([^\s)]+)", rf"write the --models entry as {label}(\1)",
+                                     str(exc))) from None
         source = "pretrained" if lm.source == "weights" else "vitlab run"
         if ms.weights:
             check_label_family(ms, lm.model.config)
