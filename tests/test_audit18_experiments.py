@@ -296,3 +296,14 @@ def test_a_vit_state_dict_can_be_compared_with_the_fields_it_cannot_tell(tmp_pat
                  "--out", str(out)]) == 0, capsys.readouterr().err
     row = json.loads((out / "compare.json").read_text())["models"][0]
     assert row["status"] == "ok" and row["source"] == "pretrained"
+
+
+def test_a_diverging_study_run_names_what_the_study_can_change(tmp_path, capsys):
+    """The training's advice 'lower --lr, keep --grad-clip 1 or use --precision fp32' named two flags `vitlab study
+    scaling` lacks, and the same command only resumed the run into the same NaN."""
+    args = _scaling_args(tmp_path / "sc")
+    args[args.index("--min-steps") + 1] = "5"
+    assert main([*args, "--lr", "1e9"]) == 2
+    err = capsys.readouterr().err
+    assert "loss became nan" in err and "start it again with a lower --lr and a new --out" in err
+    assert "--grad-clip" not in err and "--precision" not in err

@@ -42,6 +42,7 @@ from vitlab.experiments.transfer import (
     model_config,
     read_settings,
     settings_as_now,
+    study_advice,
     study_model,
     write_json,
 )
@@ -188,12 +189,13 @@ def train_run(name: str, size: int, seed: int, data, st: ScalingSettings, run: P
     elif run.exists():  # killed before its first checkpoint: nothing to keep, and stale metrics would mislead
         shutil.rmtree(run)
     cfg = resolve_config("small-data", overrides=overrides)
-    if st.quiet:  # the training's own lines go to the run folder instead of the terminal
-        run.mkdir(parents=True, exist_ok=True)
-        with (run / "train.log").open("a") as log, contextlib.redirect_stdout(log):
+    with study_advice(run, "--lr"):
+        if st.quiet:  # the training's own lines go to the run folder instead of the terminal
+            run.mkdir(parents=True, exist_ok=True)
+            with (run / "train.log").open("a") as log, contextlib.redirect_stdout(log):
+                train(cfg, data=_subset_data(data, size, seed))
+        else:
             train(cfg, data=_subset_data(data, size, seed))
-    else:
-        train(cfg, data=_subset_data(data, size, seed))
 
 
 def selected_metrics(run: Path, data) -> dict:

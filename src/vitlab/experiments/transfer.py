@@ -19,6 +19,7 @@ Everything resumes: finished pre-training runs and finished compare entries are 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -183,6 +184,24 @@ def settings_as_now(before: dict, data: str) -> dict:
     return before
 
 
+_TRAIN_ADVICE = "; lower --lr, keep --grad-clip 1 or use --precision fp32"  # the training loop's, on a divergence
+
+
+@contextlib.contextmanager
+def study_advice(run: Path, lr_flag: str):
+    """A run that diverges (loss or weights not finite) says what the study can change: its advice named
+    --grad-clip and --precision, which the studies do not have, and a rerun of the same command resumes the run
+    into the same divergence (the settings of a study folder are fixed)."""
+    try:
+        yield
+    except VitlabError as exc:
+        text = str(exc)
+        if not text.endswith(_TRAIN_ADVICE):
+            raise
+        raise VitlabError(f"{run.name}: {text[:-len(_TRAIN_ADVICE)]}; the study's settings are fixed for every run: "
+                          f"start it again with a lower {lr_flag} and a new --out") from None
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write `obj` as JSON whole or not at all (a temporary file renamed over it): a study killed while writing
     its settings or a run's row left half a file, and the rerun that should resume it stopped on it."""
@@ -222,7 +241,8 @@ def pretrain(name: str, st: TransferSettings, out: Path) -> Path:
         shutil.rmtree(run)
     if not st.quiet:
         print(f"=== pre-training {name} ({spec} {args}) on {len(st.upstream_classes)} upstream classes ===", flush=True)
-    train(resolve_config("small-data", overrides=overrides))
+    with study_advice(run, "--pretrain-lr"):
+        train(resolve_config("small-data", overrides=overrides))
     return run
 
 
