@@ -307,3 +307,16 @@ def test_a_diverging_study_run_names_what_the_study_can_change(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "loss became nan" in err and "start it again with a lower --lr and a new --out" in err
     assert "--grad-clip" not in err and "--precision" not in err
+
+
+def test_no_validation_split_gives_no_empty_curves(tmp_path, capsys):
+    """--val-fraction 0: val_loss.png and val_accuracy.png were written with empty axes and advertised as 'curves
+    from epoch 0' by the printed line and compare.md."""
+    photos = _photos(tmp_path / "photos")
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", str(photos), "--models", TINY, "--val-fraction", "0", "--epochs", "1",
+                 "--batch-size", "8", "--threads", "1", "--out", str(out), "--quiet"]) == 0
+    assert "no validation split, so no curves" in capsys.readouterr().out
+    assert not (out / "val_accuracy.png").exists() and not (out / "val_loss.png").exists()
+    assert (out / "runtime.png").exists()
+    assert "Figures: runtime.png (no validation split, so no curves)" in (out / "compare.md").read_text()

@@ -957,17 +957,21 @@ def _write_plots(summary: dict, out: Path) -> dict[str, Path]:
                              [None if h.get(key) is None else scale * float(h[key]) for h in r["history"]])
                 for r in done}
 
+    runtime = {"runtime": plot_bars({r["model"]: r["train_wall_time_s"] for r in done}, out / "runtime.png",
+                                    "training runtime per model (wall clock)", ylabel="seconds")}
+    if not summary.get("val_images"):  # no validation split (--val-fraction 0): empty axes said nothing
+        for name in ("val_loss.png", "val_accuracy.png"):
+            (out / name).unlink(missing_ok=True)
+        return runtime
     # the split and its size on the axis: a curve on 3 validation images and one on 3,000 look alike
     on = f"on the {summary.get('val_images', 0):,} validation images"
-    return {
+    return {**runtime,
         "val_loss": plot_lines(series("val_loss"), out / "val_loss.png",
                                "validation loss per epoch (epoch 0 = before fine-tuning)",
                                ylabel=f"cross-entropy {on}"),
         "val_acc": plot_lines(series("val_acc", 100.0), out / "val_accuracy.png",
                               "validation accuracy per epoch (epoch 0 = before fine-tuning)",
                               ylabel=f"accuracy (%) {on}"),
-        "runtime": plot_bars({r["model"]: r["train_wall_time_s"] for r in done}, out / "runtime.png",
-                             "training runtime per model (wall clock)", ylabel="seconds"),
     }
 
 
@@ -1115,7 +1119,9 @@ def _markdown(summary: dict) -> list[str]:
                 return "-" if h.get(key) is None else f"{scale * float(h[key]):.4f}" if scale == 1.0 else f"{scale * float(h[key]):.2f}"
             md.append(f"| {r['model']} | {h['epoch']} | {h.get('evaluation', '')} | {p('train_loss')} | {p('val_loss')} | "
                       f"{p('val_acc', 100.0)} | {p('val_macro_f1', 100.0)} |")
-    md += ["", "Figures: val_loss.png, val_accuracy.png, runtime.png. Per model: <model>/zero-shot/ and "
+    figures = "val_loss.png, val_accuracy.png, runtime.png" if summary.get("val_images") else (
+        "runtime.png (no validation split, so no curves)")
+    md += ["", f"Figures: {figures}. Per model: <model>/zero-shot/ and "
            "<model>/fine-tuned/ (reports, confusion matrices), <model>/finetune/ (the training run), "
            "<model>/result.json (the row, reused when the study is resumed)."]
     return md
