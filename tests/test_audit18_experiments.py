@@ -320,3 +320,14 @@ def test_no_validation_split_gives_no_empty_curves(tmp_path, capsys):
     assert not (out / "val_accuracy.png").exists() and not (out / "val_loss.png").exists()
     assert (out / "runtime.png").exists()
     assert "Figures: runtime.png (no validation split, so no curves)" in (out / "compare.md").read_text()
+
+
+def test_the_epochs_column_gives_the_epochs_run(tmp_path):
+    """--epochs 0.5 ran half an epoch (10 of 20 steps); the table's epochs column counted epoch records: 1."""
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", "bundled", "--per-class", "20", "--models", "custom(dim=8,depth=1,heads=2,"
+                 "mlp_dim=16,patch_size=7)", "--epochs", "0.5", "--batch-size", "10", "--threads", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    row = json.loads((out / "compare.json").read_text())["models"][0]
+    assert row["epochs"] == 0.5 and row["history"][-1]["step"] == 10
+    assert "| 200 | 0.50 |" in (out / "compare.md").read_text()  # train images, epochs

@@ -795,11 +795,22 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
         # wide ViT on a CPU with fast bf16, fp32 for a ResNet), and a warm-up is capped to the run's length
         "fine_tuning_precision": ran.get("precision"), "warmup_steps_run": ran.get("warmup_steps"),
         "fine_tuned": ft.to_dict(), "history": ([start] if start else []) + history,
-        "epochs": len(tr.history), "run_dir": str(tr.run_dir),
+        "epochs": _epochs_run(tr, len(data.train)), "run_dir": str(tr.run_dir),
         "train_wall_time_s": train_wall, "train_images_per_s": tr.images_per_s,
         "train_test_accuracy": (tr.test_metrics or {}).get("accuracy"),
         "fine_tuned_correct": [int(p == y) for p, y in zip(ft.predictions, ft.labels)],
     }
+
+
+def _epochs_run(tr, n_train: int) -> float:
+    """Epochs the fine-tuning ran, from its last step and its steps per epoch (whole batches): `--epochs 0.5` ran
+    half an epoch, and the table's count of epoch records said 1. A whole number stays an int (2, not 2.0)."""
+    steps = (tr.history[-1].get("step") if tr.history else 0) or 0
+    batch = getattr(tr.config, "batch_size", None) if tr.config is not None else None
+    if not steps or not batch:
+        return len(tr.history)
+    epochs = steps / max(1, n_train // int(batch))
+    return int(epochs) if float(epochs).is_integer() else round(epochs, 3)
 
 
 def _run_facts(run_dir) -> dict:
