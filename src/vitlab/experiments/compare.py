@@ -66,6 +66,7 @@ class ModelSpec:
     # hf: name is looked up once, not again in every check and at load (each look-up asks the Hub)
     resolved: Path | None = field(default=None, repr=False, compare=False)
     checked: bool = field(default=False, repr=False, compare=False)
+    digest: str | None = field(default=None, repr=False, compare=False)  # weights_digest(resolved), read once
 
 
 def parse_models(models: str, weights: str | None = None) -> list[ModelSpec]:
@@ -467,7 +468,9 @@ def study_settings(data, settings: CompareSettings, frozen, data_args: dict | No
 def model_settings(ms: ModelSpec, study: dict) -> dict:
     model = {"spec": ms.spec, "weights": ms.weights}
     if ms.resolved is not None:  # the weights' content: a file replaced under the same name is other weights
-        model["weights_sha256"] = weights_digest(ms.resolved)
+        if ms.digest is None:  # once per study: a large checkpoint is read whole to hash it
+            ms.digest = weights_digest(ms.resolved)
+        model["weights_sha256"] = ms.digest
     return {**study, "model": model}
 
 
