@@ -331,3 +331,19 @@ def test_the_epochs_column_gives_the_epochs_run(tmp_path):
     row = json.loads((out / "compare.json").read_text())["models"][0]
     assert row["epochs"] == 0.5 and row["history"][-1]["step"] == 10
     assert "| 200 | 0.50 |" in (out / "compare.md").read_text()  # train images, epochs
+
+
+def test_the_weights_are_hashed_once_per_study(tmp_path, monkeypatch):
+    """The digest was computed for the reuse check and again for the model's own record: a large checkpoint read
+    whole twice per model."""
+    from vitlab.experiments import compare
+
+    calls = []
+    real = compare.weights_digest
+    monkeypatch.setattr(compare, "weights_digest", lambda path: calls.append(path) or real(path))
+    photos = _photos(tmp_path / "photos")
+    model = create_model("custom", num_classes=3, dim=8, depth=1, heads=2, mlp_dim=16, patch_size=8, image_size=16)
+    save_native(model, tmp_path / "w", class_names=["class0", "class1", "class2"])
+    assert main(["compare", "--data", str(photos), "--models", "mine", "--weights", str(tmp_path / "w"), "--epochs",
+                 "1", "--batch-size", "8", "--threads", "1", "--out", str(tmp_path / "cmp"), "--quiet"]) == 0
+    assert len(calls) == 1
