@@ -254,7 +254,12 @@ def test_weights_written_again_under_their_name_are_not_reused(tmp_path, capsys)
     args = ["compare", "--data", str(photos), "--models", "mine", "--weights", str(tmp_path / "w"), "--epochs", "1",
             "--batch-size", "8", "--threads", "1", "--out", str(tmp_path / "cmp"), "--quiet"]
     assert main(args) == 0
-    assert main(args) == 0  # unchanged: reused
+    result = tmp_path / "cmp" / "mine" / "result.json"
+    made = result.stat().st_mtime_ns
+    # unchanged weights, with the engines `vitlab predict` caches in the model folder: reused, not redone
+    (tmp_path / "w" / "engines" / "abc").mkdir(parents=True)
+    (tmp_path / "w" / "engines" / "abc" / "fp32.onnx").write_bytes(b"onnx")
+    assert main(args) == 0 and result.stat().st_mtime_ns == made
     capsys.readouterr()
     weights(2)
     assert main(args) == 2

@@ -482,7 +482,9 @@ def weights_digest(path: Path) -> str:
     from vitlab.evaluate.loading import is_run_folder
 
     target = Path(path) / "model" if is_run_folder(Path(path)) else Path(path)
-    files = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file())
+    # a folder's own files, not its subfolders: `vitlab predict` caches its engines in MODEL/engines/, which would
+    # read as other weights
+    files = [target] if target.is_file() else sorted(p for p in target.iterdir() if p.is_file())
     h = hashlib.sha256()
     for f in files:
         h.update(str(f.relative_to(target) if f != target else f.name).encode() + b"\0")
