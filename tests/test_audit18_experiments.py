@@ -352,3 +352,34 @@ def test_the_weights_are_hashed_once_per_study(tmp_path, monkeypatch):
     assert main(["compare", "--data", str(photos), "--models", "mine", "--weights", str(tmp_path / "w"), "--epochs",
                  "1", "--batch-size", "8", "--threads", "1", "--out", str(tmp_path / "cmp"), "--quiet"]) == 0
     assert len(calls) == 1
+
+
+def _swap_two_photos(photos):
+    """Relabel two photos (one moved each way): every class and split keeps its size."""
+    (photos / "class0" / "0.png").rename(photos / "class1" / "from0.png")
+    (photos / "class1" / "0.png").rename(photos / "class0" / "from1.png")
+
+
+def test_a_photo_moved_to_another_class_is_other_data_for_compare(tmp_path, capsys):
+    """Fixing a mislabelled photo keeps every split's size: the data's summary was the same, and the rows made
+    before the fix were reused beside new ones as if on the same data."""
+    photos = _photos(tmp_path / "photos")
+    args = ["compare", "--data", str(photos), "--models", TINY, "--epochs", "1", "--batch-size", "8", "--threads", "1",
+            "--out", str(tmp_path / "cmp"), "--quiet"]
+    assert main(args) == 0
+    _swap_two_photos(photos)
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "made with other settings or data (files_and_labels_sha256 " in capsys.readouterr().err
+
+
+def test_a_photo_moved_to_another_class_is_other_data_for_a_scaling_study(tmp_path, capsys):
+    photos = _photos(tmp_path / "photos")
+    args = ["study", "scaling", "--data", str(photos), "--models", TINY, "--sizes", "12", "--seeds", "1",
+            "--min-steps", "2", "--batch-size", "4", "--evals", "1", "--threads", "1", "--out", str(tmp_path / "sc"),
+            "--quiet"]
+    assert main(args) == 0
+    _swap_two_photos(photos)
+    capsys.readouterr()
+    assert main(args) == 2
+    assert "holds a study made on other files of" in capsys.readouterr().err

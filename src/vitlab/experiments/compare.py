@@ -461,8 +461,35 @@ def study_settings(data, settings: CompareSettings, frozen, data_args: dict | No
     return _jsonable({
         "settings": st, "frozen": dataclasses.asdict(frozen) if frozen is not None else None,
         "data": {"args": data_args or {"data": data.name}, "summary": data.summary(),
-                 "class_names": list(data.class_names)},
+                 "class_names": list(data.class_names), FILES_KEY: data_fingerprint(data)},
     })
+
+
+FILES_KEY = "files_and_labels_sha256"
+
+
+def data_fingerprint(data) -> str:
+    """A digest of every split's files, their classes and sizes (labels alone for sources without files): a photo
+    moved to the class it belongs in keeps every split's size, so the data's summary did not change and results
+    made before the fix were reused beside new ones as the same data."""
+    import hashlib
+    import os
+
+    h = hashlib.sha256()
+    for split, ds in data.splits().items():
+        labels = ds.labels.tolist()
+        h.update(f"{split} {len(labels)}\n".encode())
+        paths = getattr(ds, "paths", None)
+        if paths is None:  # IDX, CIFAR, bundled: the labels in order
+            h.update(json.dumps(labels).encode())
+            continue
+        for path, label in zip(paths, labels):
+            try:
+                size = os.stat(path).st_size  # a photo replaced under its name is (almost always) another size
+            except OSError:
+                size = -1
+            h.update(f"{os.path.abspath(path)}\t{label}\t{size}\n".encode())
+    return h.hexdigest()[:16]
 
 
 def model_settings(ms: ModelSpec, study: dict) -> dict:
@@ -555,6 +582,8 @@ def _same_data_as_wanted(used: dict, wanted: dict) -> dict:
         a, b = used["data"]["args"]["data"], wanted["data"]["args"]["data"]
     except (KeyError, TypeError):
         return used
+    if FILES_KEY not in used["data"] and FILES_KEY in wanted["data"]:  # a result made before the files were recorded
+        used = {**used, "data": {**used["data"], FILES_KEY: wanted["data"][FILES_KEY]}}
     if not (isinstance(a, str) and isinstance(b, str)) or a == b or absolute_source(a) != absolute_source(b):
         return used
     return {**used, "data": {**used["data"], "args": {**used["data"]["args"], "data": b}}}

@@ -459,6 +459,13 @@ def run_scaling_study(st: ScalingSettings, out_dir: str | Path) -> list[dict]:
     # runs finished on other data must not stand beside new ones (nor the test-set size be misreported)
     now["data_identity"] = data.identity()
     check_same_data(before, now["data_identity"], out)
+    from vitlab.experiments.compare import data_fingerprint
+
+    now["data_files"] = data_fingerprint(data)
+    if before.get("data_files") not in (None, now["data_files"]):  # None: a study made before it was recorded
+        raise VitlabError(f"{out} holds a study made on other files of {st.data} (a photo added, removed, renamed, "
+                          "replaced or moved to another class since, with every split's size the same); use another "
+                          "--out, or the data as it was to resume it")
     entries = plan(st, len(data.train))
     if entries[0]["size"] < st.batch_size:
         raise VitlabError(f"size {entries[0]['size']} is smaller than --batch-size {st.batch_size}; "
