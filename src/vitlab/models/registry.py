@@ -105,14 +105,21 @@ def _old_resnet_hint(name: str, depth: int, width: int, small: str) -> VitlabErr
     )
 
 
-def _resnet_base(name: str, resnet: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """A ResNet classifier config; `layers=`, `base_width=`, `width_factor=`, `stem=` ... reach the ResNetConfig."""
+def _merged_resnet(resnet: dict[str, Any], overrides: dict[str, Any]) -> ResNetConfig:
+    """A named model's ResNet config with the overrides' ResNet fields (`layers=`, `base_width=`, `width_factor=`,
+    `stem=`, `ws_eps=` ...) and a `resnet={...}` mapping (from a YAML config) merged in, taken out of `overrides`.
+    (A hybrid's `resnet={...}` used to replace its stem whole: R50's three stages became the default four.)"""
     for key in _RESNET_FIELDS:
         if key in overrides:
             resnet[key] = overrides.pop(key)
-    if isinstance(overrides.get("resnet"), dict):  # resnet={...} from a YAML config merges too
+    if isinstance(overrides.get("resnet"), dict):
         resnet.update(overrides.pop("resnet"))
-    return ViTConfig(name=name, arch="resnet", resnet=ResNetConfig.from_dict(resnet), patch_size=1).to_dict()
+    return ResNetConfig.from_dict(resnet)
+
+
+def _resnet_base(name: str, resnet: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A ResNet classifier config; `layers=`, `base_width=`, `width_factor=`, `stem=` ... reach the ResNetConfig."""
+    return ViTConfig(name=name, arch="resnet", resnet=_merged_resnet(resnet, overrides), patch_size=1).to_dict()
 
 
 def _suggest(name: str, written: str | None = None) -> str:
@@ -160,7 +167,7 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
         depth, dim, mlp, heads = VIT_SIZES[size]
         base = ViTConfig(
             name=n, patch_size=patch, depth=depth, dim=dim, mlp_dim=mlp, heads=heads,
-            dropout=dropout, resnet=ResNetConfig(layers=layers),
+            dropout=dropout, resnet=_merged_resnet({"layers": layers}, overrides),
         ).to_dict()
     elif m := _RESNET_RE.match(n):
         depth, small = int(m.group(1)), m.group(2) or ""
