@@ -148,4 +148,5 @@ class BiTResNet(PooledClassifier, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The final feature map (B, C, h, w), after the pre-head GroupNorm and ReLU."""
+        self._check_images(x)
         return F.relu(self.norm(self.stages(self.stem(x))))

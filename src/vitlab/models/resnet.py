@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
+from vitlab.models.surface import TimmSurface, update_preprocess_size
 
 # The official StdConv's epsilon (vit_jax/models_resnet.py: w / (std + 1e-5)); `ResNetConfig.ws_eps` overrides it.
 OFFICIAL_WS_EPS = 1e-5
@@ -196,7 +197,7 @@ def zero_head(num_features: int, num_classes: int, like: torch.Tensor | None = N
     return head if like is None else head.to(device=like.device, dtype=like.dtype)
 
 
-class PooledClassifier:
+class PooledClassifier(TimmSurface):
     """What the three ResNet families share: global average pooling, a linear head, any input size.
 
     A class sets `config`, `num_features` and its head, and implements `forward_features` and
@@ -223,14 +224,20 @@ class PooledClassifier:
 
     def set_image_size(self, image_size: int | tuple[int, int]) -> None:
         """Record a new input size; convolutions and global pooling take any size."""
-        self.config = self.config.replace(image_size=image_size)
+        new_config = self.config.replace(image_size=image_size)
+        self.preprocess = update_preprocess_size(self.preprocess, self.config.image_size, new_config.image_size)
+        self.config = new_config
 
-    def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None, *,
+                         keep_representation: bool = False) -> None:
         """Replace the head by a zero-initialised one with `num_classes` outputs (paper B.1.1).
 
-        `keep_representation` is accepted for symmetry with the ViT; a ResNet has no such layer."""
+        `global_pool` is timm's second argument: a ResNet here always averages ('avg'; anything else is
+        refused). `keep_representation` is accepted for symmetry with the ViT; a ResNet has no such layer."""
+        self._check_global_pool(global_pool)
         self._install_head(zero_head(self.num_features, num_classes, like=next(self.parameters())))
         self.config = self.config.replace(num_classes=num_classes)
+        self._forget_classes()
 
     def _install_head(self, head: nn.Module) -> None:
         self.head = head
@@ -252,4 +259,5 @@ class ResNet(PooledClassifier, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The final feature map (B, C, h, w)."""
+        self._check_images(x)
         return self.stages(self.stem(x))

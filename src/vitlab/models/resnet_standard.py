@@ -120,6 +120,7 @@ class StandardResNet(PooledClassifier, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The final feature map (B, C, h, w)."""
+        self._check_images(x)
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         for name in self.stage_names:
             x = getattr(self, name)(x)

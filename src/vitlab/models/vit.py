@@ -21,6 +21,7 @@ from vitlab.models.fast_linear import linear, watched
 from vitlab.models.gelu import linear_gelu
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
+from vitlab.models.surface import TimmSurface, update_preprocess_size
 
 # The logits of a class-token ViT read only the class token, so the last block computes that token alone: its
 # attention, MLP and the final LayerNorm for 1 row instead of N, the same numbers for that row (every token still
@@ -258,7 +259,7 @@ class RepresentationLayer(nn.Module):
         return self.act(self.fc(x))
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(TimmSurface, nn.Module):
     """ViT (and R+ViT hybrids). `model(x)` -> logits; `model(x, return_attention=True)` -> (logits, attentions)."""
 
     def __init__(self, config: ViTConfig):
@@ -363,10 +364,7 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> the first block's input (B, N, D): patch tokens, class token, position embeddings."""
-        if x.dim() != 4 or x.shape[1] != self.config.in_chans:
-            raise VitlabError(
-                f"expected images of shape (B, {self.config.in_chans}, H, W), got {tuple(x.shape)}"
-            )
+        self._check_images(x)
         x, grid = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
@@ -429,9 +427,14 @@ class VisionTransformer(nn.Module):
         """The classifier layer, as timm's `get_classifier()`."""
         return self.head
 
-    def reset_classifier(self, num_classes: int, keep_representation: bool = False) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None, *,
+                         keep_representation: bool = False) -> None:
         """Fine-tuning surgery (paper B.1.1): drop the head (and the representation layer unless
-        kept) and add a zero-initialised linear head with `num_classes` outputs."""
+        kept) and add a zero-initialised linear head with `num_classes` outputs.
+
+        `global_pool` is timm's second argument; the pooling is fixed when the model is built, so only the
+        model's own ('token', 'avg' for classifier='gap', 'map') is accepted, anything else is refused."""
+        self._check_global_pool(global_pool)
         if not keep_representation and self.pre_logits is not None:
             self.pre_logits = None
             self.config = self.config.replace(representation_size=None)
@@ -442,11 +445,13 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         self.config = self.config.replace(num_classes=num_classes)
+        self._forget_classes()
 
     @torch.no_grad()
     def set_image_size(self, image_size: int | tuple[int, int]) -> None:
         """Permanently resample the position embeddings to the grid of a new image size."""
         new_config = self.config.replace(image_size=image_size)
+        self.preprocess = update_preprocess_size(self.preprocess, self.config.image_size, new_config.image_size)
         if new_config.grid_size == self.config.grid_size:
             self.config = new_config
             return

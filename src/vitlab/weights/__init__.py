@@ -451,6 +451,9 @@ def load_with_meta(
             pre["resize"] = round(int(pre["resize"]) * max(pre["image_size"]) / max(old))
     meta["preprocess"] = _preprocess_object(pre)
     meta["config"] = model.config
+    # the model carries what the file said about its input and outputs: `model.pretrained_cfg` (timm's transforms)
+    # reads it, and `vitlab.save(model, ...)` writes it back instead of the default preprocessing
+    model.preprocess, model.class_names = meta["preprocess"], meta.get("class_names")
     return model, meta
 
 
@@ -503,12 +506,24 @@ def adapt(
     return model.eval()
 
 
+def model_record(model: nn.Module, class_names: list[str] | None, preprocess: Any) -> tuple[Any, Any]:
+    """(class names, preprocessing) to write with `model`: the ones given, else those `vitlab.load` read from the
+    model's file (`model.class_names`, `model.preprocess`), so that loading and saving again keeps them."""
+    for wrapper in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
+        model = getattr(model, wrapper, model)
+    if class_names is None:
+        class_names = getattr(model, "class_names", None)
+    if preprocess is None:
+        preprocess = getattr(model, "preprocess", None)
+    return class_names, preprocess
+
+
 def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
     """Write a Hugging Face folder that `transformers.ViTForImageClassification.from_pretrained` loads
     (`ResNetForImageClassification` for a standard BatchNorm ResNet)."""
     from vitlab.weights import hf
 
-    return hf.save_hf(model, folder, class_names, preprocess)
+    return hf.save_hf(model, folder, *model_record(model, class_names, preprocess))
 
 
 def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
@@ -518,4 +533,4 @@ def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None 
     (loads strictly into both)."""
     from vitlab.weights import timm
 
-    return timm.save_timm(model, path, class_names, preprocess)
+    return timm.save_timm(model, path, *model_record(model, class_names, preprocess))

@@ -45,6 +45,9 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
 
     for wrapper in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
         model = getattr(model, wrapper, model)
+    from vitlab.weights import model_record
+
+    class_names, preprocess = model_record(model, class_names, preprocess)  # what vitlab.load read, by default
     config = getattr(model, "config", None)
     if not isinstance(config, (ViTConfig, ResNetConfig)):
         raise VitlabError(f"{type(model).__name__} is not a vitlab model (no vitlab config to write); save a model "
