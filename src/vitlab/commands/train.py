@@ -18,6 +18,9 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--per-class", "per_class", int, "keep N training images per class"),
     ("--val-fraction", "val_fraction", float, "share of the training images held out for validation when the data "
                                               "has no val split (default 0.1)"),
+    ("--test-fraction", "test_fraction", float, "share of the images held out for testing when the data has no "
+                                                "test split (default 0.1)"),
+    ("--data-seed", "data_seed", int, "seed of the train / val / test split (default: --seed)"),
     ("--model", "model", str, "registry name (vit-ti/16, vit-s/16, resnet-50, custom, ...)"),
     ("--model-args", "model_args", str, "model overrides, e.g. dim=64,depth=6,heads=4,mlp_dim=128,patch_size=4"),
     ("--image-size", "image_size", int, "training resolution (default: the data's / the checkpoint's)"),

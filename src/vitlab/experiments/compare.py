@@ -379,7 +379,7 @@ def check_data(data, st: CompareSettings) -> None:
 # or take the run out of compare's bookkeeping (its folder, resume, thread count, model, size)
 OWNED_KEYS = {
     "data": "--data", "classes": "--classes", "per_class": "--per-class", "val_fraction": "--val-fraction",
-    "test_fraction": "--test-fraction", "seed": "--seed", "threads": "--threads", "image_size": "--image-size",
+    "test_fraction": "--test-fraction", "seed": "--seed", "data_seed": "--seed", "threads": "--threads", "image_size": "--image-size",
     "model": "--models", "model_args": "--models", "weights": "--weights", "out_dir": "--out", "name": "--out",
     "resume": "--resume",
 }
@@ -768,7 +768,7 @@ def _finetune(model, lm, zs, ms: ModelSpec, data, st: CompareSettings, pre, sour
     overrides = dict(
         _shared_overrides(st),
         data=str(da.get("data", data.name)), classes=da.get("classes"), per_class=da.get("per_class"),
-        val_fraction=da.get("val_fraction", 0.1),
+        val_fraction=da.get("val_fraction", 0.1), test_fraction=da.get("test_fraction", 0.1),
         model=spec_name if source == "from scratch" else getattr(model.config, "name", ms.spec),
         model_args=spec_args if source == "from scratch" else {},
         weights=str(path) if path is not None else None,

@@ -164,6 +164,7 @@ def _train_overrides(name: str, size: int, seed: int, st: ScalingSettings, run: 
         weight_decay=st.weight_decay, label_smoothing=st.label_smoothing, inception_crop=False,
         random_erasing=0.25, random_shift=1, seed=seed, quiet=True, ckpt_every=200,
         eval_every=max(1, math.ceil(epochs / st.evals)), val_fraction=st.val_fraction,
+        data_seed=st.seed,  # the study split the data with its seed; `seed` varies the run's initialisation
     )
 
 

@@ -41,6 +41,10 @@ class TrainConfig:
     classes: Any = None  # names or indices, a list or "A,B,C"
     per_class: int | None = None
     val_fraction: float = 0.1
+    # the test split the run leaves out, and the seed of the split (None: `seed`): recorded so that `vitlab evaluate
+    # RUN` tests on the images the run never saw where a study split the data with its own settings
+    test_fraction: float = 0.1
+    data_seed: int | None = None
     model: str = "custom"  # a registry name (vit-b/16, resnet-50, custom) ...
     model_args: dict = field(default_factory=dict)  # ... with overrides (dim, depth, heads, mlp_dim, patch_size)
     weights: str | None = None  # fine-tuning: any checkpoint vitlab.load reads
@@ -445,6 +449,7 @@ def _check_rates(cfg: TrainConfig) -> None:
         _in_range(cfg, name, 0, 1)
     _in_range(cfg, "random_erasing", 0, 1, high_included=True)  # a probability per image
     _in_range(cfg, "val_fraction", 0, 1)
+    _in_range(cfg, "test_fraction", 0, 1)
     for name in ("mixup", "cutmix"):  # Beta(alpha, alpha) parameters, not probabilities
         _at_least(cfg, name, 0, ">= 0 (a Beta alpha; 0: off)")
     _at_least(cfg, "random_shift", 0)

@@ -49,7 +49,8 @@ def load_splits(cfg: TrainConfig, progress: bool, report: bool | None = None, ch
     from vitlab.data import load_data
 
     return load_data(cfg.data, classes=cfg.classes, per_class=cfg.per_class, val_fraction=cfg.val_fraction,
-                     seed=cfg.seed, progress=progress, report=report, model_side=training_side(cfg, checkpoint))
+                     test_fraction=cfg.test_fraction, seed=cfg.seed if cfg.data_seed is None else cfg.data_seed,
+                     progress=progress, report=report, model_side=training_side(cfg, checkpoint))
 
 
 def finetune_checkpoint(cfg: TrainConfig) -> tuple | None:
