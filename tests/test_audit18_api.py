@@ -195,3 +195,27 @@ def test_a_gap_vit_state_dict_is_timms_avg_pool_model():
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         assert torch.allclose(model(x), torch.tensor(TIMM_GAP_LOGITS), atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ the peers' keywords
+# Hugging Face's ViTConfig says hidden_size, num_hidden_layers, num_attention_heads (num_layers is torchvision's
+# VisionTransformer, with num_heads and hidden_dim); these were unknown fields without a hint.
+def test_hugging_face_and_torchvision_size_keywords_are_taken():
+    hf = vitlab.get_config("custom", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_dim=128)
+    tv = vitlab.get_config("custom", hidden_dim=64, num_layers=2, num_heads=4, mlp_dim=128)
+    assert (hf.dim, hf.depth, hf.heads) == (tv.dim, tv.depth, tv.heads) == (64, 2, 4)
+    with pytest.raises(VitlabError, match="num_hidden_layers and depth name the same setting"):
+        vitlab.get_config("custom", num_hidden_layers=2, depth=3)
+
+
+@pytest.mark.parametrize("kw, hint", [({"num_labels": 3}, "for num_labels use num_classes"),
+                                      ({"hidden_act": "gelu"}, "for hidden_act use gelu"),
+                                      ({"act_layer": "gelu"}, "for act_layer use gelu"),
+                                      ({"dynamic_img_size": True}, "any multiple of its stride"),
+                                      ({"checkpoint_path": "x.pth"}, "pretrained='PATH'"),
+                                      ({"features_only": True}, "forward_features"),
+                                      ({"init_values": 1e-5}, "no LayerScale"),
+                                      ({"exportable": True}, "vitlab export")])
+def test_peer_options_without_a_vitlab_setting_say_what_to_do(kw, hint):
+    with pytest.raises(VitlabError, match=f"unknown model config fields.*{hint}"):
+        vitlab.create_model("vit-ti/16", depth=1, **kw)

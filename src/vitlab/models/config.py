@@ -48,7 +48,10 @@ def _set(obj: Any, name: str, value: Any) -> None:
 # Other libraries' names for config fields (Hugging Face's, timm's keyword arguments) with the same meaning:
 # `create_model` and `get_config` take either spelling, e.g. create_model("vit_base_patch16_224", img_size=384,
 # drop_path_rate=0.1) (timm's drop_path_rate rises linearly over the blocks from 0, as vitlab's drop_path does).
-FIELD_ALIASES = {"num_layers": "depth", "hidden_size": "dim", "num_heads": "heads", "width": "dim",
+# Hugging Face's ViTConfig: hidden_size, num_hidden_layers, num_attention_heads; torchvision's VisionTransformer:
+# num_layers, num_heads, hidden_dim; timm's: embed_dim, depth, num_heads, img_size.
+FIELD_ALIASES = {"num_layers": "depth", "num_hidden_layers": "depth", "hidden_size": "dim", "hidden_dim": "dim",
+                 "num_heads": "heads", "num_attention_heads": "heads", "width": "dim",
                  "patch": "patch_size", "img_size": "image_size", "embed_dim": "dim", "drop_path_rate": "drop_path",
                  "attn_drop_rate": "attention_dropout"}
 
@@ -76,6 +79,16 @@ _FOREIGN_FIELDS = {
     "class_token": "classifier ('token' or 'gap')",
     "layer_norm_epsilon": "layer_norm_eps",
     "num_channels": "in_chans",
+    "num_labels": "num_classes",
+    "hidden_act": "gelu ('exact' for Hugging Face's \"gelu\", 'tanh' for \"gelu_pytorch_tanh\" and \"gelu_new\")",
+    "act_layer": "gelu ('exact' is timm's nn.GELU, 'tanh' the official ViT's)",
+    # timm's create_model options with no vitlab setting: what does the same here
+    "dynamic_img_size": "no setting: a vitlab ViT takes any multiple of its stride at run time (the position "
+                        "embeddings are resampled per call)",
+    "checkpoint_path": "pretrained='PATH' (or vitlab.load(PATH))",
+    "features_only": "model.forward_features(x) (the tokens or the feature map)",
+    "init_values": "no setting: the paper's ViT has no LayerScale",
+    "exportable": "no setting: `vitlab export` and torch.onnx export the fused attention as it is",
 }
 
 
