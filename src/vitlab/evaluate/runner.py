@@ -259,6 +259,8 @@ def evaluate_model(
     result.head_metrics = m
     result.labels, result.predictions = out.labels.tolist(), pred.tolist()
     label = zs.LABEL_UNTRAINED if untrained else head_label(mode, model)
+    if mode == "trained" and not untrained and not model_classes:
+        label += zs.LABEL_BY_COUNT  # the row rests on that guess, so its label says it
     note = ""
     if mode == "mapped":
         where = zs.read_class_map(zero_shot_map)[1] if zero_shot_map else "by class name"

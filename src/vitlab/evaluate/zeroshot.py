@@ -30,6 +30,8 @@ LABEL_MAPPED_IMAGENET = "zero-shot (mapped ImageNet head)"
 LABEL_MAPPED = "zero-shot (mapped pretrained head)"
 LABEL_FINETUNED = "fine-tuned"
 LABEL_TRAINED = "trained head"
+# a head taken as the data's because its size is the number of classes (a state dict stores no names): a guess
+LABEL_BY_COUNT = " (by class count: the weights name no classes)"
 LABEL_UNTRAINED = "untrained model (random init, chance)"
 
 

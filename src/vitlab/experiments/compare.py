@@ -690,7 +690,6 @@ def _zero_shot(model, lm, data, pre, st: CompareSettings, name: str, source: str
 
 
 LABEL_START_ZERO_HEAD = "new zero head (as fine-tuning starts)"
-LABEL_BY_COUNT = " (by class count: the weights name no classes)"
 LABEL_START_UNTRAINED = "untrained model (zero head, as training starts)"
 
 
@@ -795,10 +794,6 @@ def _run_model(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, dat
     model: nn.Module = lm.model
     stage[0] = "evaluating zero-shot"
     zs = _zero_shot(model, lm, data, pre, st, ms.name, source, split="test", frozen=frozen)
-    if zs.head_mode == "trained" and not lm.class_names and source != "from scratch":
-        # a head taken as the data's because its size is the number of classes (a state dict stores no names):
-        # the row, and the fine-tuning that starts from that head, rest on that guess, so the label says it
-        zs.rows[0]["label"] += LABEL_BY_COUNT
     zs.info["model_description"] = lm.description
     write_report(zs, mdir / "zero-shot", title=f"{ms.name}: before fine-tuning ({zs.rows[0]['label']})")
     start, keep_head = _epoch_zero(model, lm, data, pre, st, ms.name, source, zs)
