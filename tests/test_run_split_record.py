@@ -31,3 +31,12 @@ def test_the_studies_record_their_split_in_each_run(tmp_path):
     overrides = _train_overrides("vit", 100, 2, st, tmp_path / "run", steps_per_epoch=10)
     assert (overrides["seed"], overrides["data_seed"]) == (2, 0)  # initialisation varies, the split does not
     assert OWNED_KEYS["data_seed"] == "--seed" and OWNED_KEYS["test_fraction"] == "--test-fraction"
+
+
+def test_fractions_that_leave_no_training_images_are_said_with_their_flags():
+    import pytest
+
+    from vitlab.errors import VitlabError
+
+    with pytest.raises(VitlabError, match="--val-fraction 0.95 and --test-fraction 0.1 leave no training images"):
+        load_data("digits", val_fraction=0.95, test_fraction=0.1, progress=False)
