@@ -219,3 +219,21 @@ def test_hugging_face_and_torchvision_size_keywords_are_taken():
 def test_peer_options_without_a_vitlab_setting_say_what_to_do(kw, hint):
     with pytest.raises(VitlabError, match=f"unknown model config fields.*{hint}"):
         vitlab.create_model("vit-ti/16", depth=1, **kw)
+
+
+# ------------------------------------------------------------------------------- a head put in by hand
+# The fine-tuning idiom of timm and torchvision users: assign the classifier. timm's own `num_classes` attribute
+# stays stale then; vitlab's config did too, and vitlab.save wrote config.json with the old class count beside the
+# new head, a folder vitlab.load refused ("shape mismatch head.weight").
+@pytest.mark.parametrize("name, attr, width", [("vit-ti/16", "head", 64), ("resnet-18", "fc", 64),
+                                               ("bit-r26x1", "head", 256)])
+def test_a_head_assigned_by_hand_sets_num_classes(tmp_path, name, attr, width):
+    model = tiny_vit(name=name) if name.startswith("vit") else tiny_resnet(name)
+    assert model.num_features == width
+    setattr(model, attr, torch.nn.Linear(width, 10))
+    assert model.num_classes == 10 and model.config.num_classes == 10 and model.pretrained_cfg["num_classes"] == 10
+    vitlab.save(model, tmp_path / "m")
+    again = vitlab.load(tmp_path / "m")
+    assert again.num_classes == 10 and torch.equal(getattr(again, attr).weight, getattr(model, attr).weight)
+    setattr(model, attr, torch.nn.Identity())
+    assert model.num_classes == 0

@@ -76,6 +76,8 @@ class Bottleneck(nn.Module):
 class StandardResNet(PooledClassifier, nn.Module):
     """torchvision-compatible ResNet classifier: stem, stages `layer1..N`, global average pool, `fc`."""
 
+    _head_name = "fc"
+
     def __init__(self, config: ViTConfig):
         super().__init__()
         cfg = config.resnet

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from vitlab.errors import VitlabError
 
@@ -24,6 +25,18 @@ class TimmSurface:
 
     preprocess: Any = None
     class_names: list[str] | None = None
+    _head_name = "head"  # where the classifier lives (torchvision's `fc` in the standard ResNet)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A head put in by hand (`model.head = nn.Linear(768, 10)`, torchvision's `model.fc = ...`) updates the
+        config's num_classes, so `num_classes`, `pretrained_cfg` and `vitlab.save` follow it; before, the config
+        kept the old count and `vitlab.save` wrote a folder `vitlab.load` could not read."""
+        super().__setattr__(name, value)
+        if name == self._head_name and isinstance(value, nn.Module) and "config" in self.__dict__:
+            outputs = _head_outputs(value)
+            if outputs is not None and outputs != self.config.num_classes:
+                self.config = self.config.replace(num_classes=outputs)
+                self.class_names = None
 
     def _pool_kind(self) -> str:
         return "resnet" if self.config.arch == "resnet" else self.config.classifier
@@ -103,6 +116,15 @@ class TimmSurface:
             hint = " (one image: add the batch dimension, x[None])" if x.dim() == 3 and x.shape[0] == c else ""
             raise VitlabError(f"expected images of shape (B, {c}, H, W), got {tuple(x.shape)}{hint}; this model "
                               f"was built with in_chans={c}")
+
+
+def _head_outputs(head: nn.Module) -> int | None:
+    """The classes a head gives: a Linear's outputs (the last Linear of a small stack), 0 for no head (Identity);
+    None where it cannot be told."""
+    if isinstance(head, nn.Identity):
+        return 0
+    linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+    return linears[-1].out_features if linears else None
 
 
 def _as_dict(pre: Any) -> dict[str, Any]:
