@@ -237,3 +237,34 @@ def test_a_head_assigned_by_hand_sets_num_classes(tmp_path, name, attr, width):
     assert again.num_classes == 10 and torch.equal(getattr(again, attr).weight, getattr(model, attr).weight)
     setattr(model, attr, torch.nn.Identity())
     assert model.num_classes == 0
+
+
+# ------------------------------------------------------------------------------------------ group_matcher
+# timm's layer-wise LR decay (create_optimizer_v2(model, layer_decay=0.75)) reads model.group_matcher(). Without it
+# timm grouped vitlab's ViT by top-level modules: 8 groups, the head at 0.75 of the LR instead of 1.0. With these
+# matchers (timm's own regexes for VisionTransformer, ResNet and ResNetV2) every parameter of vitlab's vit-ti/16
+# (depth 3), resnet-50 and bit-r50x1 got the same (lr_scale, weight_decay) as in timm's vit_tiny_patch16_224,
+# resnet50 and resnetv2_50x1_bit (timm 1.0.31).
+TIMM_MATCHERS = {
+    "vit": {"stem": r"^cls_token|pos_embed|patch_embed", "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]},
+    "standard": {"stem": r"^conv1|bn1|maxpool", "blocks": r"^layer(\d+)\.(\d+)"},
+    "bit": {"stem": r"^stem", "blocks": [(r"^stages\.(\d+)\.blocks\.(\d+)", None), (r"^norm", (99999,))]},
+}
+
+
+def test_group_matcher_is_timms_for_the_same_key_names():
+    import re
+
+    vit, resnet, bit = tiny_vit(depth=3), tiny_resnet("resnet-50"), tiny_resnet("bit-r26x1")
+    assert vit.group_matcher() == TIMM_MATCHERS["vit"]
+    assert resnet.group_matcher() == TIMM_MATCHERS["standard"]
+    assert resnet.group_matcher(coarse=True)["blocks"] == r"^layer(\d+)"
+    assert bit.group_matcher() == TIMM_MATCHERS["bit"]
+    assert tiny_resnet("bit-r26x1-postact").group_matcher() == TIMM_MATCHERS["bit"]
+    # the patterns reach vitlab's own names: stem, blocks by index, the head in none (timm's last group)
+    stem, blocks = TIMM_MATCHERS["vit"]["stem"], TIMM_MATCHERS["vit"]["blocks"][0][0]
+    names = [n for n, _ in vit.named_parameters()]
+    assert {n for n in names if re.match(stem, n)} == {"cls_token", "pos_embed", "patch_embed.proj.weight",
+                                                        "patch_embed.proj.bias"}
+    assert {re.match(blocks, n).group(1) for n in names if re.match(blocks, n)} == {"0", "1", "2"}
+    assert not any(re.match(p, "head.weight") for p in (stem, blocks, r"^norm"))

@@ -98,6 +98,20 @@ class TimmSurface:
             "label_names": list(self.class_names) if self.class_names else None,
         }
 
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's parameter groups, stem first and then the blocks in order (timm's own regexes for its ViT,
+        ResNet and ResNetV2, whose key names vitlab shares): what timm's layer-wise LR decay
+        (`create_optimizer_v2(model, layer_decay=...)`) reads. Without it timm grouped vitlab's models by
+        their top-level modules and gave the head a decayed learning rate."""
+        cfg = self.config
+        if cfg.arch != "resnet":
+            return {"stem": r"^cls_token|pos_embed|patch_embed", "blocks": [(r"^blocks\.(\d+)", None),
+                                                                            (r"^norm", (99999,))]}
+        if cfg.resnet.kind == "standard":
+            return {"stem": r"^conv1|bn1|maxpool", "blocks": r"^layer(\d+)" if coarse else r"^layer(\d+)\.(\d+)"}
+        return {"stem": r"^stem", "blocks": r"^stages\.(\d+)" if coarse else [
+            (r"^stages\.(\d+)\.blocks\.(\d+)", None), (r"^norm", (99999,))]}
+
     @property
     def default_cfg(self) -> dict[str, Any]:
         """timm's older name of `pretrained_cfg`."""
