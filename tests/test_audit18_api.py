@@ -268,3 +268,26 @@ def test_group_matcher_is_timms_for_the_same_key_names():
                                                         "patch_embed.proj.bias"}
     assert {re.match(blocks, n).group(1) for n in names if re.match(blocks, n)} == {"0", "1", "2"}
     assert not any(re.match(p, "head.weight") for p in (stem, blocks, r"^norm"))
+
+
+# --------------------------------------------------------------------------------- set_grad_checkpointing
+# timm's ResNet and ResNetV2 have set_grad_checkpointing(); vitlab's ResNets had none (AttributeError).
+@pytest.mark.parametrize("name", ["bit-r26x1", "bit-r26x1-postact"])
+def test_groupnorm_resnets_checkpoint_with_the_same_gradients(name):
+    model = tiny_resnet(name).train()
+    torch.nn.init.normal_(model.head.weight)  # the zero head would give zero gradients below it
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    model(x).square().sum().backward()
+    plain = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing()
+    model(x).square().sum().backward()
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, plain[n]), n  # bit for bit: --grad-checkpointing may change on --resume
+
+
+def test_a_batchnorm_resnet_refuses_checkpointing_in_one_line():
+    model = tiny_resnet()
+    with pytest.raises(VitlabError, match="BatchNorm's running statistics twice"):
+        model.set_grad_checkpointing()
+    model.set_grad_checkpointing(False)  # turning it off is always fine

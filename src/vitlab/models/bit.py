@@ -149,4 +149,4 @@ class BiTResNet(PooledClassifier, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The final feature map (B, C, h, w), after the pre-head GroupNorm and ReLU."""
         self._check_images(x)
-        return F.relu(self.norm(self.stages(self.stem(x))))
+        return F.relu(self.norm(self._run_stages(self.stem(x))))

@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
@@ -212,6 +213,27 @@ class PooledClassifier(TimmSurface):
         """The classifier layer, as timm's `get_classifier()`."""
         return self.head
 
+    grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass to save memory (timm's call), for the GroupNorm
+        ResNets. A standard ResNet refuses: the recomputation would run its BatchNorm layers a second time and
+        update their running statistics twice per step."""
+        if enable and self.config.resnet.kind == "standard":
+            raise VitlabError(f"{self.config.name}: activation checkpointing would update BatchNorm's running "
+                              "statistics twice per step (the backward runs the forward again); train it without "
+                              "(drop --grad-checkpointing) or use a GroupNorm ResNet (bit-rNxW)")
+        self.grad_checkpointing = enable
+
+    def _run_stages(self, x: torch.Tensor) -> torch.Tensor:
+        """`self.stages` on x, block by block under activation checkpointing when it is on and gradients flow."""
+        if not (self.grad_checkpointing and self.training and torch.is_grad_enabled()):
+            return self.stages(x)
+        for stage in self.stages:
+            for block in stage.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+        return x
+
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         pooled = features.mean(dim=(2, 3))  # = AdaptiveAvgPool2d(1) + flatten
         return pooled if pre_logits else self.head(pooled)
@@ -260,4 +282,4 @@ class ResNet(PooledClassifier, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The final feature map (B, C, h, w)."""
         self._check_images(x)
-        return self.stages(self.stem(x))
+        return self._run_stages(self.stem(x))
