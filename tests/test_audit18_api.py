@@ -116,6 +116,8 @@ def test_pretrained_cfg_crop_gives_back_the_shorter_side(image, resize):
     # timm's eval transform: scale_size = math.floor(img_size / crop_pct)
     assert math.floor(image / cfg["crop_pct"]) == resize
     assert cfg["crop_mode"] == "center" and cfg["interpolation"] == "bicubic"
+    model.preprocess = Preprocess(image_size=(image, image), interpolation="area")
+    assert model.pretrained_cfg["interpolation"] == "box"  # timm's create_transform has no 'area' (a KeyError)
 
 
 def _torchvision_style_file(tmp_path):

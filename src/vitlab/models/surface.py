@@ -18,6 +18,10 @@ from vitlab.errors import VitlabError
 TIMM_POOL = {"token": "token", "gap": "avg", "map": "map", "resnet": "avg"}
 
 
+# timm's transforms know PIL's filters by name; torch's "area" has no PIL filter, box is the closest
+_TIMM_INTERPOLATION = {"area": "box"}
+
+
 class TimmSurface:
     """Mixed into VisionTransformer and the ResNets. `preprocess` is the evaluation preprocessing the weights
     were made for (`vitlab.load` sets it from the file; None: vitlab's default, [-1, 1] at the model's size),
@@ -89,10 +93,11 @@ class TimmSurface:
             crop_pct, crop_mode = crop_fraction, pre.get("crop_mode") or "center"
         else:  # vitlab's plain resize of the whole image to the model's size
             crop_pct, crop_mode = 1.0, "squash"
+        interpolation = pre.get("interpolation") or "bilinear"
         first_conv, classifier = _first_conv_and_classifier(self)
         return {
             "architecture": cfg.name, "input_size": (channels, h, w), "fixed_input_size": False,
-            "interpolation": pre.get("interpolation") or "bilinear", "mean": mean, "std": std,
+            "interpolation": _TIMM_INTERPOLATION.get(interpolation, interpolation), "mean": mean, "std": std,
             "crop_pct": crop_pct, "crop_mode": crop_mode, "num_classes": cfg.num_classes,
             "first_conv": first_conv, "classifier": classifier,
             "label_names": list(self.class_names) if self.class_names else None,
