@@ -1,5 +1,5 @@
 """What every vitlab model shares with timm's models beyond the forward: `reset_classifier`'s `global_pool`,
-`pretrained_cfg`, a clear refusal of `torch.jit.script`, the input check of the ResNets.
+`pretrained_cfg`, `group_matcher`, a head assigned by hand, a clear refusal of `torch.jit.script`, the input check.
 
 Where vitlab differs from timm it says so in one line instead of doing something else silently.
 """
