@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 
 import pytest
 from PIL import Image
+from tests.test_data_hostile import deadline  # fails a test that would hang (not an OSError)
 
 from vitlab.cli import main
 from vitlab.data.preprocess import Preprocess
@@ -82,25 +81,6 @@ def test_predict_walks_a_very_deep_tree(tmp_path):
             os.chdir("..")
             os.rmdir("d")
         os.chdir(here)
-
-
-class Overtime(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Fail the test when it runs longer (an endless walk fails instead of hanging the suite)."""
-    def stop(*_):  # not TimeoutError: an OSError, which glob swallows while it walks
-        raise Overtime(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_a_quoted_double_star_pattern_ends_on_link_loops(tmp_path, weights, capsys):
