@@ -5,8 +5,9 @@ torch's anti-aliased `interpolate` is the same filter (`preprocess.resize_batch`
 other four it is not: torch's `nearest` takes pixel floor(i * scale) where Pillow takes the one under the output
 pixel's centre, its `area` averages other windows than Pillow's box, and it has no Hamming or Lanczos window. Those
 are resized here by Pillow itself, channel by channel, so a model whose preprocessing names one gets the pixels
-its own library gives it on the same machine (Pillow 13 chooses the order of its two passes by cost, so a copy of
-its arithmetic would drift from release to release).
+its own library gives it on the same machine. (A copy of Pillow's arithmetic would drift between releases: Pillow
+13.0.0 runs its two passes vertical-first on some shapes and horizontal-first on others, where 12's source always
+ran horizontal first; a copy in torch matched one order or the other, not both.)
 """
 
 from __future__ import annotations
