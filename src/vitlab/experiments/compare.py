@@ -295,7 +295,9 @@ def check_study(data, models: list[ModelSpec], st: CompareSettings) -> None:
     check_model_specs(models, st.image_size, _data_side(data))
 
 
-_SPLIT_DEFAULTS = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1}  # load_data's (a run records no test_fraction)
+# load_data's, for a run's config.yaml that lacks a key (runs recorded no test_fraction or data_seed before 52fb2fd);
+# commands/evaluate.py keeps its own copy for its flags: importing vitlab.data there would load torch for --help
+_SPLIT_DEFAULTS = {"seed": 0, "val_fraction": 0.1, "test_fraction": 0.1}
 
 
 def check_runs_unseen(data, models: list[ModelSpec], st: CompareSettings, data_args: dict | None) -> None:

@@ -184,21 +184,20 @@ def settings_as_now(before: dict, data: str) -> dict:
     return before
 
 
-_TRAIN_ADVICE = "; lower --lr, keep --grad-clip 1 or use --precision fp32"  # the training loop's, on a divergence
-
-
 @contextlib.contextmanager
 def study_advice(run: Path, lr_flag: str):
     """A run that diverges (loss or weights not finite) says what the study can change: its advice named
     --grad-clip and --precision, which the studies do not have, and a rerun of the same command resumes the run
     into the same divergence (the settings of a study folder are fixed)."""
+    from vitlab.train.loop import DIVERGENCE_ADVICE
+
     try:
         yield
     except VitlabError as exc:
         text = str(exc)
-        if not text.endswith(_TRAIN_ADVICE):
+        if not text.endswith(DIVERGENCE_ADVICE):
             raise
-        raise VitlabError(f"{run.name}: {text[:-len(_TRAIN_ADVICE)]}; the study's settings are fixed for every run: "
+        raise VitlabError(f"{run.name}: {text[:-len(DIVERGENCE_ADVICE)]}; the study's settings are fixed for every run: "
                           f"start it again with a lower {lr_flag} and a new --out") from None
 
 

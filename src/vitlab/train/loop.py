@@ -228,6 +228,10 @@ def params_finite(model: nn.Module, info: D.DistInfo, device: torch.device, shar
     return ok
 
 
+# the advice a diverged run ends with (the studies replace it with their own: `experiments.transfer.study_advice`)
+DIVERGENCE_ADVICE = "; lower --lr, keep --grad-clip 1 or use --precision fp32"
+
+
 def stop_diverged(what: str, value: Any, step: int, epoch: int, ckpts: CheckpointManager, main: bool, bar: Any) -> None:
     """Non-finite loss, gradients or weights: stop before anything is checkpointed, naming the last
     checkpoint whose weights are all finite."""
@@ -236,7 +240,7 @@ def stop_diverged(what: str, value: Any, step: int, epoch: int, ckpts: Checkpoin
     good = last_finite_checkpoint(ckpts.folder) if main else None
     where = f"the last good checkpoint is {good}" if good else "no checkpoint with finite weights was written"
     raise VitlabError(f"{what} became {value} at step {step} (epoch {epoch}); run stopped before writing a checkpoint, "
-                      f"{where}; lower --lr, keep --grad-clip 1 or use --precision fp32")
+                      f"{where}{DIVERGENCE_ADVICE}")
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
