@@ -444,11 +444,12 @@ def load_with_meta(
         meta["replaced_head_classes"] = config.num_classes  # what the file's head had (fine-tuning says so)
     pre = dict(meta["preprocess"]) if meta.get("preprocess") is not None else None
     if image_size is not None and pre is not None:
-        old, pre["image_size"] = pre.get("image_size"), list(model.config.image_size)
-        if pre.get("resize") and old and max(old) != max(pre["image_size"]):
-            # the shorter side before the crop keeps its margin (timm's 248 for 224 -> 425 for 384); kept as it was,
-            # it fell below the new crop and the record no longer made a preprocessing
-            pre["resize"] = round(int(pre["resize"]) * max(pre["image_size"]) / max(old))
+        from vitlab.models.surface import update_preprocess_size
+
+        # the shorter side before the crop keeps its margin (timm's 248 for 224 -> 425 for 384); kept as it was, it
+        # fell below the new crop and the record no longer made a preprocessing (a record without a size: none)
+        new = model.config.image_size
+        pre = update_preprocess_size(pre, pre.get("image_size") or new, new)
     meta["preprocess"] = _preprocess_object(pre)
     meta["config"] = model.config
     # the model carries what the file said about its input and outputs: `model.pretrained_cfg` (timm's transforms)
