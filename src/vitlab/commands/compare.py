@@ -179,10 +179,9 @@ def _print_table(summary: dict, out: Path) -> None:
     frozen = frozen_rows(summary)
     if frozen:
         print(f"\nfrozen features before fine-tuning (frozen.csv):\n{rows_markdown(frozen, with_model=True)}")
-    if summary["models"] and len(summary["failed"]) < len(summary["models"]) and not summary.get("val_images"):
-        print(f"table: {out / 'compare.md'} (CSV: compare.csv); runtime.png; no validation split, so no curves")
-    elif summary["models"] and len(summary["failed"]) < len(summary["models"]):
-        print(f"table: {out / 'compare.md'} (CSV: compare.csv); curves from epoch 0 (before fine-tuning): val_loss.png, "
-              "val_accuracy.png; runtime.png")
+    if summary["models"] and len(summary["failed"]) < len(summary["models"]):
+        figures = ("curves from epoch 0 (before fine-tuning): val_loss.png, val_accuracy.png; runtime.png"
+                   if summary.get("val_images") else "runtime.png; no validation split, so no curves")
+        print(f"table: {out / 'compare.md'} (CSV: compare.csv); {figures}")
     else:
         print(f"table: {out / 'compare.md'} (CSV: compare.csv); no model finished, so no figures")

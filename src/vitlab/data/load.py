@@ -145,12 +145,11 @@ def _carve_splits(splits: DataSplits, val_fraction: float, test_fraction: float,
     if not (need_val or need_test):
         return splits
     base = splits.train
-    used = (val_fraction if need_val else 0.0) + (test_fraction if need_test else 0.0)
-    if min(val_fraction, test_fraction) < 0 or used >= 1.0:  # said with the flags that set them, not as a list
+    fractions = [val_fraction if need_val else 0.0, test_fraction if need_test else 0.0]
+    if min(val_fraction, test_fraction) < 0 or sum(fractions) >= 1.0:  # said with the flags that set them
         raise VitlabError(f"--val-fraction {val_fraction:g} and --test-fraction {test_fraction:g} leave no training "
                           "images (each >= 0, together below 1); lower them")
-    tr_idx, va_idx, te_idx = stratified_split(base.labels.numpy(), [val_fraction if need_val else 0.0,
-                                                                    test_fraction if need_test else 0.0], seed)
+    tr_idx, va_idx, te_idx = stratified_split(base.labels.numpy(), fractions, seed)
     return replace(splits, train=base.subset(tr_idx), val=base.subset(va_idx) if need_val else splits.val,
                    test=base.subset(te_idx) if need_test else splits.test)
 
