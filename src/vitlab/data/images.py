@@ -1,7 +1,7 @@
 """Robust image decoding with Pillow: every odd-but-valid image becomes RGB or L, every bad file a VitlabError.
 
 Handles EXIF rotation, CMYK, RGBA/LA/palette transparency (composited on white), 16-bit and float
-grey images (rescaled to 8 bit), truncated files, non-image files and decompression bombs.
+grey images (rescaled to 8 bit; 16-bit grey with alpha too), truncated files, non-image files and decompression bombs.
 """
 
 from __future__ import annotations
@@ -60,6 +60,61 @@ def _to_8bit_grey(img: Image.Image) -> Image.Image:
     return Image.fromarray(out)  # a 2-D uint8 array becomes mode L
 
 
+# Pillow has no 16-bit grey+alpha mode: it opens such a PNG as RGBA and keeps each sample's high byte, so the
+# picture came out as colour (3 channels) with 8 of its 16 bits. Its rows are 4 bytes a pixel, as a big-endian
+# 32-bit integer's: decoded as mode "I" from raw mode "I;32B" (the PNG filters work on those 4 bytes alike), each
+# pixel holds grey << 16 | alpha, every bit kept (_reinterpret_grey_alpha_16, _flatten_grey_alpha_16).
+_PNG_GREY_ALPHA_16 = "LA;16B"
+
+
+def is_grey_alpha_16(img: Image.Image) -> bool:
+    """Whether `img` (opened, not yet loaded) is a 16-bit grey+alpha PNG, which Pillow shows as mode RGBA."""
+    return (img.format == "PNG" and len(img.tile) == 1 and img.tile[0].args == _PNG_GREY_ALPHA_16
+            and img.mode == "RGBA")
+
+
+def header_mode(img: Image.Image) -> str:
+    """The mode an opened image's pixels are (what decides grey or colour storage): Pillow's mode, but "LA" for a
+    16-bit grey+alpha PNG, which Pillow calls RGBA."""
+    return "LA" if is_grey_alpha_16(img) else img.mode
+
+
+def _reinterpret_grey_alpha_16(img: Image.Image) -> bool:
+    """Make a 16-bit grey+alpha PNG decode into mode "I" holding grey << 16 | alpha (see _PNG_GREY_ALPHA_16);
+    False, and `img` as it was, where this Pillow's image has not the attributes that takes."""
+    if not hasattr(img, "_mode"):
+        return False
+    img.tile = [img.tile[0]._replace(args="I;32B")]
+    img._mode = "I"
+    return True
+
+
+def _flatten_grey_alpha_16(img: Image.Image) -> Image.Image:
+    """Mode "I" of grey << 16 | alpha -> 8-bit L composited on white, computed from the 16-bit values and rounded
+    once at the end, by the scale 16-bit grey is read with (SCALE_16BIT)."""
+    w, h = img.size
+    out = np.empty((h, w), np.uint8)
+    rows = max(1, _GREY_BLOCK_PIXELS // max(1, w))
+    for top in range(0, h, rows):  # a few rows at a time, as _to_8bit_grey
+        packed = np.asarray(img.crop((0, top, w, min(h, top + rows)))).view(np.uint32)
+        grey = (packed >> 16).astype(np.float64)
+        alpha = (packed & 0xFFFF).astype(np.float64) / 65535.0
+        value = (grey * alpha + 65535.0 * (1.0 - alpha)) * SCALE_16BIT
+        out[top:top + rows] = np.clip(value, 0, 255).round()
+    return Image.fromarray(out)
+
+
+def _grey_16_transparent_white(img: Image.Image, grey: Image.Image) -> Image.Image:
+    """A 16-bit grey PNG's tRNS colour made white in its 8-bit `grey`: matched on the 16-bit values (after
+    scaling, 300 and 301 are one level), as 8-bit grey with a transparent colour is flattened on white."""
+    key = img.info.get("transparency")
+    if not isinstance(key, int):
+        return grey
+    arr = np.array(grey)
+    arr[np.asarray(img) == key] = 255
+    return Image.fromarray(arr)
+
+
 def _flatten_alpha(img: Image.Image) -> Image.Image:
     """Composite a transparent image on a white background (what a viewer shows)."""
     rgba = img.convert("RGBA")
@@ -71,7 +126,7 @@ def normalise_mode(img: Image.Image, mode: str | None = None) -> Image.Image:
     """Return `img` as "RGB" or "L". `mode=None` keeps grey images grey and makes the rest RGB."""
     m = img.mode
     if m in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        img = _to_8bit_grey(img)
+        img = _grey_16_transparent_white(img, _to_8bit_grey(img)) if "transparency" in img.info else _to_8bit_grey(img)
     elif m == "1":
         img = img.convert("L")
     elif m == "P":
@@ -128,7 +183,7 @@ def check_image_header(path: str | os.PathLike, max_pixels: int | None = None) -
     try:
         with pil_open(path) as img:  # reads the header only
             w, h = img.size
-            mode = img.mode
+            mode = header_mode(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise BadImageError("image too large", path, "possible decompression bomb") from None
     except UnidentifiedImageError:
@@ -212,9 +267,13 @@ def decode_image(source, name, mode: str | None = None, max_pixels: int | None =
             if draft is not None and img.format == "JPEG":
                 img.draft(None, draft)  # sets the reduced scale (and size) the JPEG will be decoded at
             check_image_size(name, *img.size, max_pixels)  # before any pixel is decoded, at the size decoded
+            grey_alpha_16 = is_grey_alpha_16(img)
+            packed = grey_alpha_16 and _reinterpret_grey_alpha_16(img)
             img.load()
-            img = _upright(img)
-            out = normalise_mode(img, mode)
+            img = _upright(img)  # turns the packed pixels whole, as any pixel
+            out = normalise_mode(_flatten_grey_alpha_16(img) if packed else img, mode)
+            if grey_alpha_16 and mode is None and out.mode == "RGB":  # Pillow's 8-bit RGBA: grey all the same
+                out = out.convert("L")
             out.load()
             return out
     except VitlabError:

@@ -28,6 +28,7 @@ from vitlab.data.dataset import DataSplits, FileImageDataset
 from vitlab.data.images import (
     IMAGE_EXTENSIONS,
     BadImageError,
+    header_mode,
     pil_open,
 )
 from vitlab.data.labels import MAX_CLASSES, class_number_names
@@ -220,7 +221,7 @@ def image_header(fh, name: str) -> tuple[int, int, str]:
 
     try:
         with pil_open(fh) as img:  # reads the header only, of the formats vitlab reads
-            w, h, mode = *img.size, img.mode
+            w, h, mode = *img.size, header_mode(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise BadImageError("image too large", name, "possible decompression bomb") from None
     except UnidentifiedImageError:

