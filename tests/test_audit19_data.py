@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +153,43 @@ def test_the_png_writer_here_is_right(interlace):
     grey, _ = _grey_alpha(6)
     with Image.open(io.BytesIO(png16(grey, 0, interlace))) as img:
         np.testing.assert_array_equal(np.asarray(img), grey)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. CIFAR-100 without its names file
+
+
+def _cifar100_folder(root: Path, top_label: int, names: list[str] | None = None) -> Path:
+    """A cifar-100-binary folder whose fine labels run 0..top_label (coarse = fine // 5)."""
+    from vitlab.data.cifar import write_cifar_records
+
+    folder = root / "cifar-100-binary"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for fname, n in (("train.bin", 30), ("test.bin", 10)):
+        fine = np.arange(n) % (top_label + 1)
+        images = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        write_cifar_records(folder / fname, images, fine, fine // 5)
+    if names is not None:
+        (folder / "fine_label_names.txt").write_text("".join(f"{n}\n" for n in names))
+    return folder
+
+
+def test_cifar100_without_names_has_its_100_classes(tmp_path):
+    _cifar100_folder(tmp_path, top_label=41)  # labels stop at 41 (coarse at 8)
+    fine = load_data(f"cifar100:{tmp_path}", val_fraction=0.0, progress=False)
+    assert fine.num_classes == 100  # was 42
+    assert fine.class_names[0] == "class_0" and fine.class_names[99] == "class_99"
+    assert any("no fine_label_names.txt" in n and "100 classes" in n for n in fine.notes)
+    coarse = load_data(f"cifar100-coarse:{tmp_path}", val_fraction=0.0, progress=False)
+    assert coarse.num_classes == 20  # was 9
+    assert any("coarse_label_names.txt" in n for n in coarse.notes)
+
+
+def test_cifar_short_names_file_keeps_its_names_and_says_so(tmp_path):
+    _cifar100_folder(tmp_path, top_label=98, names=[f"fine{i}" for i in range(95)])
+    data = load_data(f"cifar100:{tmp_path}", val_fraction=0.0, progress=False)
+    # was class_0 .. class_98: five names short threw all 95 away, and the 100th class was lost
+    assert data.num_classes == 100
+    assert data.class_names[:2] == ["fine0", "fine1"] and data.class_names[95:] == [f"class_{i}" for i in range(95, 100)]
+    assert any("names 95 classes, but cifar100 has 100" in n for n in data.notes)

@@ -154,11 +154,8 @@ def load_cifar(name: str, root: str | os.PathLike | None = None, coarse: bool = 
         raise VitlabError(f"{path} does not exist; {missing_message(name, [path])}")
     reader = _Reader(name, path)
     lay = _LAYOUT[name]
-    names_file = lay["coarse_names"] if coarse else lay["names"]
-    if reader.has(names_file):
-        class_names = _read_names(reader.read(names_file, MAX_NAMES_FILE_BYTES).decode("utf-8", "replace"))
-    else:
-        class_names = CIFAR10_CLASSES if name == "cifar10" else None
+    notes: list[str] = []
+    class_names = _class_names(reader, name, coarse, notes)
     parts = {}
     for split in ("train", "test"):
         xs, ys = [], []
@@ -169,14 +166,33 @@ def load_cifar(name: str, root: str | os.PathLike | None = None, coarse: bool = 
             xs.append(x)
             ys.append(y)
         parts[split] = (np.concatenate(xs), np.concatenate(ys))
-    num = int(max(parts["train"][1].max(), parts["test"][1].max())) + 1
-    if class_names is None or len(class_names) < num:
-        class_names = [f"class_{i}" for i in range(num)]
-    class_names = class_names[:_NUM_CLASSES[(name, coarse)]]  # a names file cannot add classes
     label = f"{name}{'-coarse' if coarse else ''}"
     ds = {s: ImageDataset(torch.from_numpy(x), torch.from_numpy(y), class_names, f"{label}/{s}")
           for s, (x, y) in parts.items()}
-    return DataSplits(ds["train"], None, ds["test"], list(class_names), [], label, 3)
+    return DataSplits(ds["train"], None, ds["test"], list(class_names), [], label, 3, notes)
+
+
+def _class_names(reader: _Reader, name: str, coarse: bool, notes: list[str]) -> list[str]:
+    """The format's class count (10; 100 fine or 20 coarse), named by the names file where there is one.
+
+    The count is never read off the labels: a folder whose labels stop below 99 (a subset, a custom set in the
+    format) still has CIFAR-100's 100 classes, so its head and class numbers match every other CIFAR-100. Classes
+    the names file does not name (no file, or a short one) are `class_N`, and a note says so."""
+    count = _NUM_CLASSES[(name, coarse)]
+    names_file = _LAYOUT[name]["coarse_names" if coarse else "names"]
+    where = f"{reader.path}:{names_file}"
+    if reader.has(names_file):
+        given = _read_names(reader.read(names_file, MAX_NAMES_FILE_BYTES).decode("utf-8", "replace"))
+    elif name == "cifar10":
+        return list(CIFAR10_CLASSES)
+    else:
+        notes.append(f"{reader.path}: no {names_file}; its {count} classes are named class_0 .. class_{count - 1}")
+        return [f"class_{i}" for i in range(count)]
+    if len(given) != count:
+        fill = f"; classes {len(given)} .. {count - 1} are named class_N" if len(given) < count else ", the rest unused"
+        notes.append(f"{where} names {len(given)} classes, but {name} has {count}: the first {min(len(given), count)} "
+                     f"are taken{fill}")
+    return given[:count] + [f"class_{i}" for i in range(len(given), count)]
 
 
 def write_cifar_records(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray,
