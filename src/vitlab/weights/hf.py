@@ -220,9 +220,21 @@ def _hf_extras(hf_cfg: dict) -> dict[str, Any]:
     return {k: v for k, v in extras.items() if k in _HF_EXTRAS}
 
 
+def _square_patch(declared: Any) -> Any:
+    """config.json's patch_size as one side: transformers' ViTConfig takes an int or an (h, w) pair (a pair of equal
+    sides is the same patch); anything else is left as it is, for `_check_declared` to compare with the weights."""
+    if isinstance(declared, (list, tuple)) and len(declared) == 2 and declared[0] == declared[1]:
+        return declared[0]
+    return declared
+
+
 def _read_hf_vit(sd: dict[str, torch.Tensor], hf_cfg: dict, overrides: dict[str, Any]
                  ) -> tuple[ViTConfig, dict[str, torch.Tensor], dict]:
-    dim, in_chans, patch, _ = _tensor_shape(sd, "embeddings.patch_embeddings.projection.weight", 4)
+    dim, in_chans, patch_h, patch_w = _tensor_shape(sd, "embeddings.patch_embeddings.projection.weight", 4)
+    if patch_h != patch_w:
+        raise VitlabError(f"this Hugging Face ViT cuts {patch_h}x{patch_w} patches; vitlab builds square patches "
+                          "only (one patch_size), so it cannot load this model")
+    patch = patch_h
     layer_ids = {int(m.group(2)) for k in sd if (m := re.match(r"(encoder\.layer|layers)\.(\d+)\.", k))}
     depth = max(layer_ids) + 1 if layer_ids else 0
     layer_root = "encoder.layer" if any(k.startswith("encoder.layer.") for k in sd) else "layers"
@@ -230,6 +242,7 @@ def _read_hf_vit(sd: dict[str, torch.Tensor], hf_cfg: dict, overrides: dict[str,
                     if re.match(rf"{re.escape(layer_root)}\.0\.(intermediate\.dense|mlp\.fc1)\.weight$", k)), None)
     if mlp_dim is None:
         raise VitlabError(f"Hugging Face ViT checkpoint has no {layer_root}.0 MLP weight; is it complete?")
+    hf_cfg = {**hf_cfg, "patch_size": _square_patch(hf_cfg.get("patch_size"))}
     _check_declared(hf_cfg, {"hidden_size": dim, "num_hidden_layers": depth, "intermediate_size": mlp_dim,
                              "patch_size": patch, "num_channels": in_chans})
     act = hf_cfg.get("hidden_act", "gelu")
@@ -494,8 +507,6 @@ def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
     if cfg.representation_size and cfg.num_classes:
         raise VitlabError("ViTForImageClassification has no representation layer; fine-tune without it "
                           "(vitlab.load(..., num_classes=K)) before exporting")
-    if cfg.image_size[0] != cfg.image_size[1]:
-        raise VitlabError(f"Hugging Face ViT needs a square image size, got {cfg.image_size}")
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if cfg.posemb != "learn":  # fixed sin-cos table: HF stores it as a learned parameter
         sd["pos_embed"] = model.pos_embed.detach().cpu()
@@ -530,7 +541,7 @@ def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
         "hidden_size": d, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.heads,
         "intermediate_size": cfg.mlp_dim, "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
         "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attention_dropout,
-        "layer_norm_eps": cfg.layer_norm_eps, "image_size": cfg.image_size[0], "patch_size": cfg.patch_size,
+        "layer_norm_eps": cfg.layer_norm_eps, "image_size": _hf_image_size(cfg.image_size), "patch_size": cfg.patch_size,
         "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size,
         "pooler_output_size": cfg.representation_size or d, "pooler_act": "tanh", "initializer_range": 0.02,
         # what HF's ViTConfig cannot say; transformers keeps unknown keys, vitlab reads them back (_HF_EXTRAS)
@@ -539,10 +550,16 @@ def to_hf_state_dict(model: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
     return hf_cfg, {k: v.contiguous().clone() for k, v in out.items()}
 
 
+def _hf_image_size(size: tuple[int, int]) -> int | list[int]:
+    """config.json's image_size: one side for a square model (as every Hub ViT writes it), else [height, width],
+    which transformers' ViTConfig takes (ViTPatchEmbeddings reads an iterable as (height, width))."""
+    h, w = size
+    return int(h) if h == w else [int(h), int(w)]
+
+
 def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
     """Write config.json, model.safetensors and preprocessor_config.json in the Hugging Face layout."""
     from vitlab.weights.io import save_safetensors
-
     cfg = model.config
     resnet = cfg.arch == "resnet" and cfg.resnet is not None and cfg.resnet.kind == "standard"
     hf_cfg, sd = to_hf_resnet_state_dict(model) if resnet else to_hf_state_dict(model)
@@ -650,9 +667,20 @@ def crop_offset_note(pre: dict) -> str | None:
 
 def export_notes(config: Any, pre: dict) -> list[str]:
     """What a user of an export must know (README.md, printed by `vitlab convert`): every resize and crop has its
-    processor (`hf_processor`), the channel count, a resize without anti-aliasing and a rounded crop placement
-    do not."""
-    return [n for n in (channels_note(config), antialias_note(pre), crop_offset_note(pre)) if n]
+    processor (`hf_processor`), the channel count, a non-square grid's interpolation, a resize without
+    anti-aliasing and a rounded crop placement do not."""
+    return [n for n in (channels_note(config), grid_note(config), antialias_note(pre), crop_offset_note(pre)) if n]
+
+
+def grid_note(config: Any) -> str | None:
+    """What a user of a non-square ViT export must know: transformers' `interpolate_pos_encoding` reshapes the
+    position embeddings to a square grid (transformers 5.24, ViTEmbeddings), which fails on a non-square one."""
+    if config.arch == "resnet" or config.image_size[0] == config.image_size[1]:
+        return None
+    (h, w), (gh, gw) = config.image_size, config.grid_size
+    return (f"This model takes {h}x{w} images (a {gh}x{gw} grid of position embeddings). Call it at that size "
+            "without `interpolate_pos_encoding`: transformers' interpolation assumes a square grid and fails here "
+            f"(a reshape error). For other sizes, load the folder with vitlab.load(folder, image_size=(H, W)).")
 
 
 def _per_channel(values: Any, channels: int, what: str) -> list[float]:
