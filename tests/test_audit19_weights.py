@@ -14,12 +14,15 @@ import json
 
 import pytest
 import torch
+import torch.nn as nn
 from tests.test_crop_mode import smooth_photo
 from tests.test_crop_offset import pil_processor
+from tests.test_train_loop import tiny_cfg, tiny_data
 
 import vitlab
 from vitlab.data.preprocess import Preprocess
-from vitlab.weights import load_with_meta, save_hf
+from vitlab.train import train
+from vitlab.weights import load_with_meta, save_hf, save_native, save_timm
 
 
 def _randomise(model, seed=0):
@@ -135,3 +138,69 @@ def test_non_square_patches_are_refused_for_what_they_are(tmp_path):
     with pytest.raises(vitlab.VitlabError, match=r"4x8 patches; vitlab builds square patches only") as info:
         vitlab.load(folder)
     assert "\n" not in str(info.value) and "inconsistent" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- 2. a head put in by hand
+HEADS = {
+    "stack": (lambda: nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 5)), r"Sequential\(Linear, ReLU"),
+    "dropout + linear": (lambda: nn.Sequential(nn.Dropout(0.1), nn.Linear(32, 5)), r"Sequential\(Dropout, Linear"),
+    "no bias": (lambda: nn.Linear(32, 5, bias=False), r"Linear\(32, 5, bias=False\)"),
+    "wrong width": (lambda: nn.Linear(64, 5), r"Linear\(64, 5\)"),
+}
+
+
+@pytest.mark.parametrize("kind", list(HEADS))
+def test_vitlab_save_refuses_a_head_it_cannot_rebuild_before_writing(tmp_path, kind):
+    make, described = HEADS[kind]
+    model = _vit(16)
+    model.head = make()
+    with pytest.raises(vitlab.VitlabError, match=described) as info:
+        vitlab.save(model, tmp_path / "out")
+    line = str(info.value)
+    assert "\n" not in line and "nn.Linear(32, 5)" in line and "reset_classifier(5)" in line
+    assert not (tmp_path / "out").exists()  # nothing written: no folder that fails at load
+
+
+@pytest.mark.parametrize("writer", ["hf", "timm"])
+def test_the_peer_exports_refuse_it_too(tmp_path, writer):
+    """save_hf failed on a bare KeyError 'head.weight'; save_timm wrote a file vitlab then refused."""
+    model = _vit(16)
+    model.head = HEADS["stack"][0]()
+    with pytest.raises(vitlab.VitlabError, match=r"model.head is Sequential"):
+        save_hf(model, tmp_path / "hf") if writer == "hf" else save_timm(model, tmp_path / "m.safetensors")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_plain_linear_head_or_none_still_saves_and_loads(tmp_path):
+    model = _randomise(_vit(16))
+    model.head = nn.Linear(32, 7)  # the documented way to change the classes by hand
+    vitlab.save(model, tmp_path / "seven")
+    assert vitlab.load(tmp_path / "seven").config.num_classes == 7
+    model.head = nn.Identity()
+    vitlab.save(model, tmp_path / "features")
+    assert vitlab.load(tmp_path / "features").config.num_classes == 0
+
+
+def test_a_standard_resnets_fc_is_checked_as_its_head(tmp_path):
+    resnet = vitlab.create_model("resnet-18", num_classes=4)
+    resnet.fc = nn.Sequential(nn.Dropout(0.2), nn.Linear(512, 4))  # a standard ResNet's head is `fc`
+    with pytest.raises(vitlab.VitlabError, match=r"model.fc is Sequential\(Dropout, Linear\).*nn.Linear\(512, 4\)"):
+        save_native(resnet, tmp_path / "resnet")
+
+
+def test_another_module_replaced_is_refused_in_one_line(tmp_path):
+    model = _vit(16)
+    model.norm = nn.Identity()
+    with pytest.raises(vitlab.VitlabError, match=r"not those its config builds \(missing keys norm.weight"):
+        vitlab.save(model, tmp_path / "out")
+
+
+def test_training_a_given_model_with_such_a_head_is_refused_before_the_first_step(tmp_path):
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2, image_size=8,
+                                in_chans=1, num_classes=3)
+    model.head = nn.Sequential(nn.Dropout(0.1), nn.Linear(32, 3))
+    with pytest.raises(vitlab.VitlabError, match=r"model.head is Sequential.*save_model=False"):
+        train(tiny_cfg(tmp_path, epochs=1), model=model, data=tiny_data())
+    assert not (tmp_path / "run").exists()
+    kept = train(tiny_cfg(tmp_path, epochs=1, save_model=False), model=model, data=tiny_data())
+    assert kept.test_metrics is not None and not (kept.run_dir / "model").exists()

@@ -239,7 +239,21 @@ def prepare_given_model(model: nn.Module, num_classes: int, cfg: TrainConfig) ->
     config = getattr(model, "config", None)
     if config is not None and config.num_classes != num_classes and hasattr(model, "reset_classifier"):
         model.reset_classifier(num_classes)
+    if cfg.save_model and hasattr(config, "to_dict"):
+        refuse_unsavable(model)
     return model
+
+
+def refuse_unsavable(model: nn.Module) -> None:
+    """A given vitlab model that `vitlab.save` refuses (a head put in by hand: `weights.native.check_savable`) is
+    refused before the first step, where the run's save refused it only after the last."""
+    from vitlab.weights.native import check_savable
+
+    try:
+        check_savable(model)
+    except VitlabError as exc:
+        raise VitlabError(f"{exc} (the run saves its model at the end; save_model=False trains without saving "
+                          "it)") from None
 
 
 def has_batchnorm(model: nn.Module) -> bool:

@@ -560,6 +560,9 @@ def _hf_image_size(size: tuple[int, int]) -> int | list[int]:
 def save_hf(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
     """Write config.json, model.safetensors and preprocessor_config.json in the Hugging Face layout."""
     from vitlab.weights.io import save_safetensors
+    from vitlab.weights.native import check_savable
+
+    check_savable(model)  # a head put in by hand (nn.Sequential) failed here on a bare KeyError 'head.weight'
     cfg = model.config
     resnet = cfg.arch == "resnet" and cfg.resnet is not None and cfg.resnet.kind == "standard"
     hf_cfg, sd = to_hf_resnet_state_dict(model) if resnet else to_hf_state_dict(model)

@@ -52,6 +52,7 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
     if not isinstance(config, (ViTConfig, ResNetConfig)):
         raise VitlabError(f"{type(model).__name__} is not a vitlab model (no vitlab config to write); save a model "
                           "from vitlab.create_model or vitlab.load, or convert a peer's with `vitlab convert`")
+    check_savable(model)
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise VitlabError(f"{folder} is a file; vitlab's format is a folder (config.json + model.safetensors)")
@@ -67,6 +68,50 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
     save_safetensors(state, folder / WEIGHTS_FILE, metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return folder
+
+
+def check_savable(model: nn.Module) -> None:
+    """Refuse, before anything is written, a model whose tensors are not those its config builds: a saved folder
+    holds the config and the tensors, and `vitlab.load` rebuilds the model from the config, so a module put in by
+    hand (a stack of layers, or a Linear without bias, as the head) was written and failed only at load."""
+    from vitlab.weights.limits import model_shapes, shape_problems
+
+    if not hasattr(getattr(model, "config", None), "to_dict"):  # not a vitlab model: the caller says so
+        return
+    expected = model_shapes(model.config)
+    found = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    head = getattr(model, "_head_name", "head")
+    in_head = f"{head}."
+    head_problems = shape_problems({k: v for k, v in expected.items() if k.startswith(in_head)},
+                                   {k: v for k, v in found.items() if k.startswith(in_head)})
+    if head_problems:
+        raise VitlabError(_head_refusal(model, head, expected.get(f"{head}.weight")))
+    problems = shape_problems(expected, found)
+    if problems:
+        raise VitlabError(f"{type(model).__name__}'s weights are not those its config builds ({'; '.join(problems)}), "
+                          "so vitlab.load could not rebuild it; vitlab saves only the modules its config describes: "
+                          "undo the change, or save model.state_dict() with safetensors yourself")
+
+
+def _head_refusal(model: nn.Module, head: str, weight_shape: tuple[int, ...] | None) -> str:
+    """The line that says which head vitlab's format stores and how to get there."""
+    if weight_shape is None:  # a model without classes: no head
+        stored, reset = "nn.Identity() (the model has num_classes=0)", "model.reset_classifier(0)"
+    else:
+        classes, width = weight_shape[0], weight_shape[-1]
+        stored = f"one nn.Linear({width}, {classes}) with a bias"
+        reset = f"model.{head} = nn.Linear({width}, {classes}) (or model.reset_classifier({classes}))"
+    return (f"model.{head} is {_describe(getattr(model, head, None))}, but a saved vitlab model's {head} is {stored}, "
+            f"which vitlab.load rebuilds from the config; set {reset} before saving, or save model.state_dict() "
+            "with safetensors and rebuild this head yourself after loading")
+
+
+def _describe(module: Any) -> str:
+    """`Linear(32, 5, bias=False)`, `Sequential(Linear, ReLU, Linear)`: a module in a few words."""
+    if isinstance(module, nn.Linear):
+        return f"Linear({module.in_features}, {module.out_features}{'' if module.bias is not None else ', bias=False'})"
+    children = [type(c).__name__ for c in module.children()] if isinstance(module, nn.Module) else []
+    return f"{type(module).__name__}({', '.join(children)})" if children else type(module).__name__
 
 
 def native_meta(config: ViTConfig | ResNetConfig, class_names: list[str] | None, preprocess: Any = None) -> dict:
