@@ -21,7 +21,7 @@ from tests.test_train_loop import tiny_cfg, tiny_data
 
 import vitlab
 from vitlab.data.preprocess import Preprocess
-from vitlab.train import train
+from vitlab.train import resolve_config, train
 from vitlab.weights import load_with_meta, save_hf, save_native, save_timm
 
 
@@ -204,3 +204,51 @@ def test_training_a_given_model_with_such_a_head_is_refused_before_the_first_ste
     assert not (tmp_path / "run").exists()
     kept = train(tiny_cfg(tmp_path, epochs=1, save_model=False), model=model, data=tiny_data())
     assert kept.test_metrics is not None and not (kept.run_dir / "model").exists()
+
+
+# ------------------------------------------------------------------- 3. the trained model in memory
+TIMM_VIEW = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode", "label_names")
+
+
+def _agrees_with_its_run(result):
+    """The returned model's record is RUN/model/config.json's, and so is what timm's transforms read."""
+    saved = json.loads((result.run_dir / "model" / "config.json").read_text())
+    model = result.model
+    assert model.preprocess.to_dict() == saved["preprocess"]
+    assert model.class_names == saved["class_names"]
+    reloaded = vitlab.load(result.run_dir / "model")
+    assert {k: model.pretrained_cfg[k] for k in TIMM_VIEW} == {k: reloaded.pretrained_cfg[k] for k in TIMM_VIEW}
+
+
+def test_a_fine_tuned_model_describes_the_runs_preprocessing_not_its_files(tmp_path):
+    data = tiny_data()
+    source = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2, image_size=8,
+                                 in_chans=1, num_classes=5)
+    vitlab.save(source, tmp_path / "src", class_names=list("vwxyz"),
+                preprocess=Preprocess(image_size=(8, 8), mean=0.3, std=0.2, interpolation="bicubic", channels=1))
+    cfg = resolve_config("finetune", overrides=dict(
+        weights=str(tmp_path / "src"), data="tiny", out_dir=str(tmp_path), name="ft", steps=2, batch_size=16,
+        warmup_steps=1, threads=1, quiet=True, inception_crop=False, hflip=False, image_size=12, lr=0.01))
+    result = train(cfg, data=data)
+    # before: bicubic plain resize (the file's) and no class names, against the run's bilinear centre crop
+    assert result.model.preprocess.interpolation == "bilinear" and result.model.preprocess.resize == 12
+    assert result.model.class_names == ["a", "b", "c"]
+    _agrees_with_its_run(result)
+
+
+def test_a_model_trained_from_scratch_describes_its_run(tmp_path):
+    result = train(tiny_cfg(tmp_path, epochs=1, mean=[0.25], std=[0.4]), data=tiny_data())
+    assert result.model.pretrained_cfg["mean"] == (0.25,)  # before: vitlab's default 0.5 (no record at all)
+    _agrees_with_its_run(result)
+
+
+def test_a_given_loaded_model_describes_the_runs_normalisation(tmp_path):
+    """A model handed to train() keeps its file's record otherwise: here mean 0.3, where the run normalised with
+    the mean it was given."""
+    source = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2, image_size=8,
+                                 in_chans=1, num_classes=3)
+    vitlab.save(source, tmp_path / "src", preprocess=Preprocess(image_size=(8, 8), mean=0.3, std=0.2, channels=1))
+    given = vitlab.load(tmp_path / "src")
+    result = train(tiny_cfg(tmp_path, epochs=1, mean=[0.45], std=[0.3]), model=given, data=tiny_data())
+    assert result.model is given and tuple(given.preprocess.mean) == (0.45,)
+    _agrees_with_its_run(result)

@@ -728,4 +728,14 @@ class TrainingRun:
             self.trackers.figures(figures, p.global_step)
         D.barrier(info)
         set_stem_precision(self.raw_model, "fp32")  # the returned model computes in fp32 again
+        self.describe_trained(result.model)
         return result
+
+    def describe_trained(self, model: nn.Module) -> None:
+        """The returned model says what the run recorded of its input and outputs (RUN/model/config.json): its
+        `preprocess` and `class_names`, which `pretrained_cfg`, `vitlab.save` and `predict` read. They kept the
+        loaded file's (its resize, interpolation; no class names after the new head) or none at all (vitlab's
+        default [-1, 1] input for a model trained from scratch), so the model in hand disagreed with its run."""
+        if self.model_config is None:  # not a vitlab model: nothing describes its input
+            return
+        model.preprocess, model.class_names = self.tcfg.preprocess(), list(self.class_names)
