@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vitlab.cli import main
 from vitlab.data import load_data
 from vitlab.data.images import check_image_header, decode_image, open_image, pil_to_tensor
 
@@ -193,3 +194,74 @@ def test_cifar_short_names_file_keeps_its_names_and_says_so(tmp_path):
     assert data.num_classes == 100
     assert data.class_names[:2] == ["fine0", "fine1"] and data.class_names[95:] == [f"class_{i}" for i in range(95, 100)]
     assert any("names 95 classes, but cifar100 has 100" in n for n in data.notes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. `vitlab data shard SRC OUT` with OUT and SRC nested
+
+
+def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _photos(root: Path) -> Path:
+    rng = np.random.default_rng(0)
+    for cls in ("Cat", "Dog"):
+        (root / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
+    return root
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("out", ["src/Cat", "src", "src/Dog/../Cat/shards", "./src/new", "linked/Cat", "."],
+                         ids=["class-folder", "same", "dotdot", "relative", "through-link", "above"])
+def test_shard_out_nested_with_its_source_is_refused_in_one_line(tmp_path, monkeypatch, capsys, out):
+    _photos(tmp_path / "src")
+    (tmp_path / "linked").symlink_to(tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    before = _files(tmp_path / "src")
+    code, err = _run(["data", "shard", "src", out, "--quiet"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "source folder" in err[0] and ("inside" in err[0] or "holds" in err[0] or " is the " in err[0])
+    assert _files(tmp_path / "src") == before  # nothing written into the source (was: shards in src/Cat)
+    assert not list(tmp_path.glob("*.tar")) and not (tmp_path / "classes.txt").exists()
+
+
+def test_shard_out_inside_a_class_folder_linked_from_elsewhere_is_refused(tmp_path, capsys):
+    """A folder of links to class folders kept elsewhere (a symlink farm) reads those folders: OUT inside one of
+    them is inside the source too."""
+    _photos(tmp_path / "photos")
+    farm = tmp_path / "farm"
+    farm.mkdir()
+    for cls in ("Cat", "Dog"):
+        (farm / cls).symlink_to(tmp_path / "photos" / cls)
+    code, err = _run(["data", "shard", str(farm), str(tmp_path / "photos" / "Dog" / "shards"), "--quiet"], capsys)
+    assert code == 2 and len(err) == 1 and "inside the source folder" in err[0], err
+    assert not (tmp_path / "photos" / "Dog" / "shards").exists()
+
+
+def test_shard_of_shards_into_their_own_folder_keeps_them(tmp_path, capsys):
+    """`vitlab data shard S S --force` deleted the source's shards before reading them."""
+    _photos(tmp_path / "src")
+    assert main(["data", "shard", str(tmp_path / "src"), str(tmp_path / "s"), "--quiet"]) == 0
+    capsys.readouterr()
+    first = (tmp_path / "s" / "train-000000.tar").read_bytes()
+    for source in (str(tmp_path / "s"), str(tmp_path / "s" / "train-{000000..000000}.tar")):
+        code, err = _run(["data", "shard", source, str(tmp_path / "s"), "--force", "--quiet"], capsys)
+        assert code == 2 and len(err) == 1 and "is the source folder" in err[0], err
+    assert (tmp_path / "s" / "train-000000.tar").read_bytes() == first
+
+
+def test_shard_out_beside_the_source_is_fine(tmp_path, monkeypatch, capsys):
+    _photos(tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "shard", "src", "src-shards", "--quiet"]) == 0
+    assert load_data("src-shards", val_fraction=0, test_fraction=0, progress=False).num_classes == 2

@@ -88,8 +88,10 @@ def _folder_name(name: str, source: str) -> str:
 
 def run_shard(args: argparse.Namespace) -> int:
     from vitlab.data import read_source, skipped_summary
-    from vitlab.data.shards import check_target, write_shards
+    from vitlab.data.load import source_folders
+    from vitlab.data.shards import check_apart, check_target, write_shards
 
+    check_apart(Path(args.out), source_folders(args.source))  # first: --force must not be the advice for these
     check_target(Path(args.out), args.shard_size, args.force)  # before reading a possibly large source
     splits = read_source(args.source, args.storage_size, progress=not args.quiet)  # the source's own splits
     counts = write_shards(splits, args.out, args.shard_size, force=args.force, progress=not args.quiet)

@@ -50,16 +50,57 @@ def is_builtin_source(source: str) -> bool:
     return _split_source(str(source))[0] is not None
 
 
+def _prefix_and_path(text: str) -> tuple[str, str]:
+    """`cifar10:/x` -> ('cifar10:', '/x'), `hf:imagefolder:d` -> ('hf:imagefolder:', 'd'), a path -> ('', path)."""
+    key, _ = _split_source(text)
+    prefix = f"{text.partition(':')[0]}:" if key is not None else next(
+        (p for p in ("hf:imagefolder:", "hf:parquet:", "hf:") if text.startswith(p)), "")
+    return prefix, text[len(prefix):]
+
+
+def source_folders(source: str) -> list[Path]:
+    """The local folders whose files `source` reads: a folder given as the data (class folders, shards, a saved
+    Hugging Face dataset, mnist:DIR, ...) and the folders its first two levels link to (class folders kept
+    elsewhere: the loader follows those links), or the folder of a shard pattern or a .tar. None for a name
+    without a path, a URL, a CSV or another single file (a CSV reads the files its rows name, never a folder).
+    What `vitlab data shard` keeps its OUT apart from."""
+    _, rest = _prefix_and_path(str(source).strip())
+    if not rest or "://" in rest:
+        return []
+    path = Path(rest).expanduser()
+    if path.is_dir():
+        return [path, *_linked_folders(path)]
+    if any(c in rest for c in "{*?[") or path.suffix.lower() == ".tar":
+        while any(c in path.name for c in "{*?[") or path.suffix.lower() == ".tar":
+            path = path.parent
+        return [path]
+    return []
+
+
+def _linked_folders(root: Path, depth: int = 2) -> list[Path]:
+    """The real folders that links among `root`'s subfolders (and theirs, to `depth`) lead to outside it."""
+    real_root = os.path.realpath(root)
+    found: list[Path] = []
+    try:
+        subs = [p for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return found
+    for sub in subs:
+        real = os.path.realpath(sub)
+        if sub.is_symlink() and not (real + os.sep).startswith(real_root + os.sep):
+            found.append(Path(real))
+        if depth > 1 and not sub.is_symlink():
+            found.extend(_linked_folders(sub, depth - 1))
+    return found
+
+
 def absolute_source(source: str) -> str:
     """`source` with its local path made absolute (`photos` -> `/home/me/photos`, `hf:data` -> `hf:/home/me/data`,
     `shards/train-{0..9}.tar` -> `/home/me/shards/train-{0..9}.tar`), as a run records it: a relative path read
     again from another folder (a resume, `vitlab evaluate RUN`) would name other data, or none. Names, URLs and
     paths that do not exist here are returned as given."""
     text = str(source).strip()
-    key, _ = _split_source(text)
-    prefix = f"{text.partition(':')[0]}:" if key is not None else next(
-        (p for p in ("hf:imagefolder:", "hf:parquet:", "hf:") if text.startswith(p)), "")
-    rest = text[len(prefix):]
+    prefix, rest = _prefix_and_path(text)
     if not rest or "://" in rest:
         return text
     path = Path(rest).expanduser()
