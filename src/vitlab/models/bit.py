@@ -116,6 +116,11 @@ class Stem(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(self.pad(self.conv(x)))
 
+    def forward_with_feature(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the stem's output, its feature): the convolution's output before the pool, timm's stem feature."""
+        feature = self.conv(x)
+        return self.pool(self.pad(feature)), feature
+
 
 def bit_ws_eps(cfg: ResNetConfig) -> float:
     """The weight-standardisation epsilon of a kind-"bit" config: its own, else big_transfer's 1e-10."""
@@ -149,4 +154,18 @@ class BiTResNet(PooledClassifier, nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The final feature map (B, C, h, w), after the pre-head GroupNorm and ReLU."""
         self._check_images(x)
-        return F.relu(self.norm(self._run_stages(self.stem(x))))
+        return self._head_norm(self._run_stages(self.stem(x)))
+
+    _stem_feature_module = "stem.conv"  # pre-activation: the stem has no norm, its feature is the convolution's
+
+    def _head_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The pre-head GroupNorm + ReLU (timm's GroupNormAct `norm`); gone after `prune_intermediate_layers`."""
+        if isinstance(self.norm, nn.Identity):  # pruned, as timm's GroupNormAct: its ReLU went with it
+            return x
+        return F.relu(self.norm(x))
+
+    def _drop_head_norm(self) -> None:
+        self.norm = nn.Identity()
+
+    def _drop_stem_pool(self) -> None:
+        self.stem.pad, self.stem.pool = nn.Identity(), nn.Identity()

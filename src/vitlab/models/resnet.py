@@ -8,6 +8,7 @@ and the last GroupNorm scale of each unit initialised to zero. Key names follow 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -17,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitlab.errors import VitlabError
 from vitlab.models.config import ResNetConfig, ViTConfig
-from vitlab.models.surface import TimmSurface, update_preprocess_size
+from vitlab.models.surface import TimmSurface, check_output_fmt, feature_take_indices, update_preprocess_size
 
 # The official StdConv's epsilon (vit_jax/models_resnet.py: w / (std + 1e-5)); `ResNetConfig.ws_eps` overrides it.
 OFFICIAL_WS_EPS = 1e-5
@@ -131,14 +132,22 @@ class Stem(nn.Module):
     def __init__(self, in_chans: int, width: int, kind: str = "bit", eps: float = OFFICIAL_WS_EPS):
         super().__init__()
         self.kind = kind
+        self.pools = kind == "bit"  # False after prune_intermediate_layers keeps the stem's feature alone
         self.conv = StdConv2dSame(in_chans, width, 7 if kind == "bit" else 3, 2 if kind == "bit" else 1, eps)
         self.norm = _group_norm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.norm(self.conv(x)))
-        if self.kind == "bit":
+        if self.pools:
             x = F.max_pool2d(_pad_same(x, 3, 2, value=float("-inf")), 3, 2)
         return x
+
+    def forward_with_feature(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the stem's output, its feature before the pool): timm's stem feature of a post-activation ResNetV2."""
+        feature = F.relu(self.norm(self.conv(x)))
+        if not self.pools:
+            return feature, feature
+        return F.max_pool2d(_pad_same(feature, 3, 2, value=float("-inf")), 3, 2), feature
 
 
 class ResNetBody(nn.Module):
@@ -263,6 +272,93 @@ class PooledClassifier(TimmSurface):
 
     def _install_head(self, head: nn.Module) -> None:
         self.head = head
+
+    # -------------------------------------------------------------------- intermediate features
+    # timm's feature list of a ResNet: the stem's output before its pool (index 0), then every stage's.
+    _stem_feature_module = "stem.norm"  # timm's name of the stem's feature (a ReLU follows the norm here)
+
+    def _stage_modules(self) -> list[nn.Module]:
+        return list(self.stages)
+
+    def _stem_with_feature(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.stem.forward_with_feature(x)
+
+    def _head_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """What follows the last stage before pooling (the pre-activation BiT's GroupNorm + ReLU); none here."""
+        return x
+
+    def _run_stage(self, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """One stage, block by block under activation checkpointing where `_run_stages` would use it."""
+        if not (self.grad_checkpointing and self.training and torch.is_grad_enabled()):
+            return stage(x)
+        for block in getattr(stage, "blocks", stage):
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
+                              stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """timm's `forward_intermediates` of a ResNet: feature maps of the stem (index 0, before its pool) and of
+        each stage (1..S) in `indices` (None: all; n: the last n; a list, negative from the end); `norm` puts the
+        last stage's through the pre-head norm where there is one. Returns (forward_features(x), maps) or the maps."""
+        check_output_fmt(output_fmt, ("NCHW",))
+        stages = self._stage_modules()
+        take, last = feature_take_indices(1 + len(stages), indices)
+        self._check_images(x)
+        x, stem_feature = self._stem_with_feature(x)
+        taken = [stem_feature] if 0 in take else []
+        index = 0
+        for index, stage in enumerate(stages[:last] if stop_early else stages, start=1):
+            x = self._run_stage(stage, x)
+            if index in take:
+                taken.append(self._head_norm(x) if norm and index == len(stages) else x)
+        if intermediates_only:
+            return taken
+        return (self._head_norm(x) if index == len(stages) else x), taken
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """timm's: drop the stages after the last of `indices` (the config's layers follow), the stem's pool when
+        only the stem's feature is kept, the pre-head norm with `prune_norm` or when the last stage goes, and the
+        head with `prune_head` or when the last stage goes (it was sized for it); returns the indices kept."""
+        stages = self._stage_modules()
+        take, last = feature_take_indices(1 + len(stages), indices)
+        prune_end = last < len(stages)
+        channels = self.feature_info[last]["num_chs"]
+        self._keep_stages(last)
+        resnet = self.config.resnet
+        self.config = self.config.replace(resnet=dataclasses.replace(resnet, layers=resnet.layers[:last]))
+        if prune_norm or prune_end:
+            self._drop_head_norm()
+        if last == 0:
+            self._drop_stem_pool()
+        if prune_end:
+            self.num_features = channels
+        if prune_head or prune_end:
+            self.reset_classifier(0)
+        return take
+
+    def _keep_stages(self, count: int) -> None:
+        self.stages = self.stages[:count]
+
+    def _drop_head_norm(self) -> None:
+        """No pre-head norm here (the BiT ResNet overrides)."""
+
+    def _drop_stem_pool(self) -> None:
+        self.stem.pools = False
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """timm's `feature_info`: the stem's feature and each stage's (module, channels, pixels per position)."""
+        cfg = self.config.resnet
+        stem_stride = 2 if cfg.stem == "bit" else 1  # the 7x7/2 convolution; its 3x3/2 pool halves once more
+        info = [{"module": self._stem_feature_module, "num_chs": cfg.width, "reduction": stem_stride}]
+        for i in range(len(self._stage_modules())):
+            info.append({"module": self._stage_module_name(i), "num_chs": cfg.width * 2**i * cfg.expansion,
+                         "reduction": stem_stride**2 * 2**i})
+        return info
+
+    def _stage_module_name(self, index: int) -> str:
+        return f"stages.{index}"
 
 
 class ResNet(PooledClassifier, nn.Module):

@@ -130,3 +130,23 @@ class StandardResNet(PooledClassifier, nn.Module):
 
     def _install_head(self, head: nn.Module) -> None:
         self.fc = head
+
+    _stem_feature_module = "relu"  # timm's `act1`: the stem's ReLU, before the max-pool
+
+    def _stage_modules(self) -> list[nn.Module]:
+        return [getattr(self, name) for name in self.stage_names]
+
+    def _stem_with_feature(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        feature = self.relu(self.bn1(self.conv1(x)))
+        return self.maxpool(feature), feature
+
+    def _keep_stages(self, count: int) -> None:
+        for name in self.stage_names[count:]:
+            delattr(self, name)
+        self.stage_names = self.stage_names[:count]
+
+    def _drop_stem_pool(self) -> None:
+        self.maxpool = nn.Identity()
+
+    def _stage_module_name(self, index: int) -> str:
+        return f"layer{index + 1}"

@@ -1,5 +1,6 @@
 """What every vitlab model shares with timm's models beyond the forward: `reset_classifier`'s `global_pool`,
-`pretrained_cfg`, `group_matcher`, a head assigned by hand, a clear refusal of `torch.jit.script`, the input check.
+`pretrained_cfg`, `group_matcher`, a head assigned by hand, a clear refusal of `torch.jit.script`, the input check,
+and what `forward_intermediates` / `prune_intermediate_layers` share (`feature_take_indices`, the output formats).
 
 Where vitlab differs from timm it says so in one line instead of doing something else silently.
 """
@@ -7,6 +8,7 @@ Where vitlab differs from timm it says so in one line instead of doing something
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -187,3 +189,45 @@ def update_preprocess_size(pre: Any, old: tuple[int, int], new: tuple[int, int])
     if d.get("resize") and max(old) != max(new):
         d["resize"] = round(int(d["resize"]) * max(new) / max(old))
     return type(pre).from_dict(d) if hasattr(type(pre), "from_dict") else d
+
+
+def feature_take_indices(num_features: int, indices: int | Sequence[int] | None = None) -> tuple[list[int], int]:
+    """timm's `feature_take_indices`: the features to take, counted from 0, and the largest. None: all; an int n:
+    the last n; a list: those indices, negative ones counted from the end. Out of range: one line (timm asserts)."""
+    if indices is None:
+        indices = num_features
+    if isinstance(indices, bool) or not isinstance(indices, (int, Sequence)) or isinstance(indices, str):
+        raise VitlabError(f"indices must be an int (the last n features) or a list of feature indices, got "
+                          f"{indices!r}")
+    if isinstance(indices, int):
+        if not 0 < indices <= num_features:
+            raise VitlabError(f"indices={indices} asks for the last {indices} features; this model has "
+                              f"{num_features} (give 1 to {num_features}, or a list of indices)")
+        take = list(range(num_features - indices, num_features))
+    else:
+        take = [_absolute_index(i, num_features) for i in indices]
+    if not take:
+        raise VitlabError("indices is an empty list; give at least one feature index (or None for all)")
+    return take, max(take)
+
+
+def _absolute_index(index: Any, num_features: int) -> int:
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise VitlabError(f"feature index {index!r} is not an integer")
+    absolute = num_features + index if index < 0 else index
+    if not 0 <= absolute < num_features:
+        raise VitlabError(f"feature index {index} is out of range for this model's {num_features} features "
+                          f"(0 to {num_features - 1}, or -1 to -{num_features} from the end)")
+    return absolute
+
+
+def check_output_fmt(output_fmt: str, allowed: tuple[str, ...]) -> None:
+    """timm's output formats: 'NCHW' (feature maps) or 'NLC' (tokens); the ResNets give feature maps only."""
+    if output_fmt not in allowed:
+        raise VitlabError(f"output_fmt={output_fmt!r}: this model gives {' or '.join(map(repr, allowed))}")
+
+
+def tokens_to_maps(tokens: list[torch.Tensor], grid: tuple[int, int]) -> list[torch.Tensor]:
+    """Patch tokens (B, h*w, D) -> feature maps (B, D, h, w), as timm's 'NCHW' intermediates."""
+    h, w = grid
+    return [t.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for t in tokens]

@@ -21,7 +21,13 @@ from vitlab.models.fast_linear import linear, watched
 from vitlab.models.gelu import linear_gelu
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
-from vitlab.models.surface import TimmSurface, update_preprocess_size
+from vitlab.models.surface import (
+    TimmSurface,
+    check_output_fmt,
+    feature_take_indices,
+    tokens_to_maps,
+    update_preprocess_size,
+)
 
 # The logits of a class-token ViT read only the class token, so the last block computes that token alone: its
 # attention, MLP and the final LayerNorm for 1 row instead of N, the same numbers for that row (every token still
@@ -111,6 +117,18 @@ def _patch_convolution(conv: nn.Conv2d, patch: int) -> bool:
     """Whether `conv` is exactly a cut into patches and a product: kernel = stride = patch, no padding or groups."""
     return (conv.kernel_size == conv.stride == (patch, patch) and conv.padding == (0, 0)
             and conv.dilation == (1, 1) and conv.groups == 1)
+
+
+def _intermediates_dict(maps: list[torch.Tensor], prefix: list[torch.Tensor] | None,
+                        final: torch.Tensor | None) -> dict:
+    """timm's `output_dict=True` answer: 'image_intermediates', with 'image_intermediates_prefix' and
+    'image_features' where asked for."""
+    out: dict = {"image_intermediates": maps}
+    if prefix is not None:
+        out["image_intermediates_prefix"] = prefix
+    if final is not None:
+        out["image_features"] = final
+    return out
 
 
 def _dropout(p: float) -> nn.Module:
@@ -412,6 +430,64 @@ class VisionTransformer(TimmSurface, nn.Module):
         tokens, attentions = self._tokens(x, return_attention, self._class_token_only(return_attention))
         logits = self.forward_head(tokens)
         return (logits, attentions) if return_attention else logits
+
+    # -------------------------------------------------------------------- intermediate features
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False, output_dict: bool = False,
+                              attn_mask: torch.Tensor | None = None, is_causal: bool = False):
+        """timm's `forward_intermediates`: the outputs of the blocks in `indices` (None: all; n: the last n; a
+        list, negative from the end), as maps (B, D, h, w) ('NCHW') or tokens (B, h*w, D) ('NLC'), the prefix
+        (class) token split off; `norm` puts each through the final LayerNorm. Returns (forward_features(x),
+        intermediates), the intermediates alone, or timm's dict. Hybrids take theirs from the blocks too, as timm's."""
+        check_output_fmt(output_fmt, ("NCHW", "NLC"))
+        if attn_mask is not None or is_causal:
+            raise VitlabError("attn_mask / is_causal: vitlab's ViT attends over all tokens (no masking); leave "
+                              "them out")
+        take, last = feature_take_indices(len(self.blocks), indices)
+        images, x = x, self.embed(x)  # embed checks the images first, with its own messages
+        grid = self.patch_embed.grid_for(tuple(images.shape[-2:]))
+        blocks = self.blocks[:last + 1] if stop_early else self.blocks
+        taken = []
+        for i, block in enumerate(blocks):
+            x = self._run_block(block, x)
+            if i in take:
+                taken.append(self.norm(x) if norm else x)
+        prefix = [t[:, :self.num_prefix_tokens] for t in taken] if self.num_prefix_tokens else None
+        patches = [t[:, self.num_prefix_tokens:] for t in taken]
+        if output_fmt == "NCHW":
+            patches = tokens_to_maps(patches, grid)
+        final = None if intermediates_only else self.norm(x)
+        if output_dict:
+            return _intermediates_dict(patches, prefix if return_prefix_tokens else None, final)
+        if return_prefix_tokens and prefix is not None:
+            patches = list(zip(patches, prefix))
+        return patches if intermediates_only else (final, patches)
+
+    def _run_block(self, block: Block, x: torch.Tensor) -> torch.Tensor:
+        """One block on the full tokens, under activation checkpointing where `encode` would use it."""
+        if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(block, x, False, None, use_reentrant=False)[0]
+        return block(x)[0]
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """timm's: drop the blocks after the last of `indices` (the config's depth follows), the final LayerNorm
+        with `prune_norm`, the head (and representation layer) with `prune_head`; returns the indices kept."""
+        take, last = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:last + 1]
+        self.config = self.config.replace(depth=last + 1)
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0)
+        return take
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """timm's `feature_info`: one entry per block (its module, width, and pixels per token)."""
+        return [{"module": f"blocks.{i}", "num_chs": self.config.dim, "reduction": self.config.stride}
+                for i in range(len(self.blocks))]
 
     # ------------------------------------------------------------------------------ utilities
     def set_grad_checkpointing(self, enable: bool = True) -> None:
