@@ -1,5 +1,5 @@
 """Models audit: timm's `forward_intermediates` / `prune_intermediate_layers` / `feature_info` on vitlab's ViT,
-hybrids and the three ResNet families.
+hybrids and the three ResNet families, and timm post-activation ResNetV2 files that say too little to be read.
 
 The timm comparison runs against tests/fixtures/intermediates19 (timm's outputs on seeded float64 weights, made with
 the peers by its make_fixture.py); the rest checks vitlab against its own forward, where equality is exact.
@@ -16,6 +16,8 @@ import torch
 
 import vitlab
 from vitlab.errors import VitlabError
+from vitlab.weights import save_timm
+from vitlab.weights.timm import to_timm_state_dict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "intermediates19"
 _spec = importlib.util.spec_from_file_location("intermediates19_cases", FIXTURE / "cases.py")
@@ -153,3 +155,41 @@ def test_resnet_prune_to_the_stem_drops_its_pool(name):
         stem = model.forward_intermediates(x, indices=[0], intermediates_only=True)[0]
         model.prune_intermediate_layers([0])
         assert torch.equal(model.forward_features(x), stem)
+
+
+# --------------------------------------------------------------------------- timm post-activation ResNetV2 files
+def _post_activation(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return vitlab.create_model("bit-r26x1-postact", num_classes=3, image_size=32, layers=(1, 1)).eval()
+
+
+def test_a_foreign_timm_post_activation_resnetv2_file_is_refused_in_one_line(tmp_path):
+    """timm's ResNetV2(preact=False) keys do not say its stem_type or StdConv eps; vitlab read every such file as
+    the ViT code's units ('SAME' padding, official eps), 2e-6 to 5e-3 away from what timm computed (measured with
+    timm 1.0.31 on stem_type '', 'fixed' and 'same'). Before, it loaded."""
+    sd = to_timm_state_dict(_post_activation())  # the same keys and shapes as timm's, no vitlab record
+    torch.save(sd, tmp_path / "resnetv2_post.pth")
+    with pytest.raises(VitlabError, match="stem_type") as info:
+        vitlab.load(tmp_path / "resnetv2_post.pth")
+    assert "\n" not in str(info.value) and "hybrid" in str(info.value)
+    with pytest.raises(VitlabError, match="stem_type"):  # the eps alone does not settle the padding
+        vitlab.load(tmp_path / "resnetv2_post.pth", ws_eps=1e-8)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_vitlabs_own_post_activation_export_still_loads(tmp_path, suffix):
+    model = _post_activation()
+    back = vitlab.load(save_timm(model, tmp_path / f"r{suffix}")).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(back(x), model(x))
+
+
+def test_a_timm_hybrid_file_still_loads_as_a_hybrid(tmp_path):
+    """The same post-activation units under `patch_embed.backbone.` are a hybrid's stem, read as before."""
+    torch.manual_seed(0)
+    hybrid = vitlab.create_model("r+vit-ti/16", num_classes=3, image_size=64, depth=1, layers=(1,)).eval()
+    torch.save(to_timm_state_dict(hybrid), tmp_path / "hybrid.pth")
+    loaded = vitlab.load(tmp_path / "hybrid.pth", classifier="token")
+    assert type(loaded).__name__ == "VisionTransformer" and loaded.config.resnet.layers == (1,)
+    assert loaded.config.resnet.ws_eps == 1e-8  # a foreign hybrid file: timm's eps, as before

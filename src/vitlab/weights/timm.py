@@ -230,6 +230,8 @@ def read_timm(sd: dict[str, torch.Tensor], size_hint: Any = None,
     ws_eps = overrides.pop("ws_eps", _UNSET)  # a ResNet field: the hybrid backbone's or the ResNet's, not the ViT's
     check_override_fields(overrides)
     if "patch_embed.proj.weight" not in sd:
+        if not all(k in overrides for k in _RESNET_RECORD):
+            raise VitlabError(_foreign_postact_refusal(sd))
         return _read_timm_resnet(sd, ws_eps=None if ws_eps is _UNSET else ws_eps, **overrides)
     _refuse_non_paper_layouts(sd)
     sd = from_timm_stem_only(sd)
@@ -281,6 +283,26 @@ def linear_head_from_conv(sd: dict[str, torch.Tensor]) -> int:
     sd["head.weight"] = head.reshape(head.shape[0], -1)
     sd["head.bias"] = bias if bias is not None else head.new_zeros(head.shape[0])
     return int(head.shape[0])
+
+
+# What vitlab's export of a ResNet always records beside a timm file (`file_hints`): a post-activation ResNetV2 file
+# with them is vitlab's own, whose numerics vitlab knows.
+_RESNET_RECORD = ("name", "image_size")
+
+
+def _foreign_postact_refusal(sd: dict[str, torch.Tensor]) -> str:
+    """Why a timm post-activation ResNetV2 file with no vitlab record is not read: its keys do not say how timm
+    computed it (timm registers no such classifier; `ResNetV2(preact=False)` is built by hand or inside a hybrid),
+    and vitlab's post-activation ResNet computes one variant only. Read as that variant (as they were before),
+    timm-built files gave outputs 2e-6 to 5e-3 away from timm's: the padding of stem_type '' and 'fixed', the eps,
+    and the standardisation's formula (timm: sqrt(var + eps)) even for stem_type='same' with StdConv2dSame."""
+    own = f" {OWN_STATE_DICT_HINT}" if "head.weight" in sd else ""
+    return ("this timm post-activation ResNetV2 (ResNetV2(preact=False): stem.norm, no final norm) carries no "
+            "vitlab record, and its keys do not say how timm computed it (stem_type '' or 'fixed' pad "
+            "symmetrically, 'same' as TensorFlow; StdConv eps 1e-6 or 1e-8), while vitlab's post-activation "
+            "ResNet computes the ViT code's units only ('SAME' padding, (w - mean) / (std + eps)): load the timm "
+            "hybrid ViT it belongs to, or a file vitlab wrote (vitlab.save, or save_timm, which keeps a record)"
+            f"{own}")
 
 
 def _read_timm_resnet(sd: dict[str, torch.Tensor], ws_eps: float | None = None,
