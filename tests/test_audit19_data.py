@@ -4,6 +4,7 @@ into its own source, and the studies' messages naming their own flags. Each test
 from __future__ import annotations
 
 import io
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -265,3 +266,54 @@ def test_shard_out_beside_the_source_is_fine(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["data", "shard", "src", "src-shards", "--quiet"]) == 0
     assert load_data("src-shards", val_fraction=0, test_fraction=0, progress=False).num_classes == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. The studies' messages name the studies' own flags
+
+TRAIN_ONLY = re.compile(r"(?<![\w-])--(epochs|steps|batch-size|lr)(?![\w-])|(?<![\w-])(epochs|steps|batch_size|lr)(?![\w-])")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--finetune-epochs", "0", "--finetune-min-steps", "0"], "--finetune-epochs"),
+    (["--finetune-min-steps", "-1"], "--finetune-min-steps"),
+], ids=["no-finetune-length", "negative-min-steps"])
+def test_study_transfer_names_its_own_flags(tmp_path, capsys, argv, flag):
+    code, err = _run(["study", "transfer", "--data", "bundled", "--out", str(tmp_path / "st"), *argv], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert flag in err[0] and not TRAIN_ONLY.search(err[0]), err[0]  # was "(e.g. --epochs 10)"
+    assert not (tmp_path / "st").exists()
+
+
+def test_study_scaling_messages_name_its_flags():
+    from vitlab.commands.study import SCALING_FLAGS, in_study_flags
+
+    assert in_study_flags("set epochs > 0 or steps > 0 (e.g. --epochs 10)", SCALING_FLAGS) == (
+        "set --min-epochs > 0 or --min-steps > 0 (e.g. --min-epochs 10)")
+    assert in_study_flags("batch_size must be >= 1, got 0; lr_end and warmup_epochs stay", SCALING_FLAGS) == (
+        "--batch-size must be >= 1, got 0; lr_end and warmup_epochs stay")
+
+
+@pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--warmup-steps", "-1"), ("--weight-decay", "-1"),
+                                         ("--grad-clip", "-1")])
+def test_compare_refuses_a_bad_value_by_its_flag(tmp_path, capsys, flag, value):
+    code, err = _run(["compare", "--data", "bundled", "--models", "vit-ti/16", "--out", str(tmp_path / "c"),
+                      flag, value], capsys)
+    assert code == 2 and len(err) == 1 and f"argument {flag}:" in err[0], err  # was "batch_size must be >= 1"
+
+
+def test_transfer_fine_tuning_divergence_advice_names_the_study_flag(tmp_path, capsys):
+    """A downstream model that diverges: compare's advice (lower --lr, --grad-clip, --precision) is said with the
+    study's --finetune-lr, in the printed line and in the row study.md shows."""
+    from vitlab.errors import VitlabError
+    from vitlab.experiments.compare import ModelSpec, _failure
+    from vitlab.experiments.transfer import finetune_error
+    from vitlab.train.loop import DIVERGENCE_ADVICE
+
+    exc = VitlabError(f"training diverged: loss is nan at step 3{DIVERGENCE_ADVICE}")
+    row = _failure(ModelSpec(name="vit", spec="x"), tmp_path / "vit", "fine-tuning", exc, finetune_error)
+    printed = capsys.readouterr().err
+    for text in (row["error"], printed):
+        assert "--finetune-lr" in text and "--grad-clip" not in text and not TRAIN_ONLY.search(text), text
+    assert _failure(ModelSpec(name="vit", spec="x"), tmp_path / "v2", "fine-tuning", exc)["error"].endswith(
+        DIVERGENCE_ADVICE)  # vitlab compare itself keeps its own advice

@@ -124,7 +124,7 @@ PROBES = [
     ("compare-set-unknown", ["compare", "--data", "bundled", "--models", "custom", "--set", "nosuchfield=1",
                              "--out", "{tmp}/cmp"], "unknown training setting"),
     ("compare-batch-0", ["compare", "--data", "bundled", "--models", "custom", "--batch-size", "0",
-                         "--out", "{tmp}/cmp"], "batch_size must be >= 1"),
+                         "--out", "{tmp}/cmp"], "argument --batch-size: expected a whole number >= 1, got 0"),
     ("train-seed-huge", ["train", "--data", "bundled", "--seed", "99999999999999999999", "--out", "{tmp}/r"],
      "seed must be from 0 to 4294967295"),
     ("evaluate-seed-huge", ["evaluate", "custom", "--data", "bundled", "--seed", "99999999999999", "--out",

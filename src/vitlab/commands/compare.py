@@ -8,7 +8,7 @@ import shlex
 import time
 from pathlib import Path
 
-from vitlab.commands._argtypes import positive_float, positive_int
+from vitlab.commands._argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from vitlab.commands.evaluate import (
     add_data_args,
     add_frozen_args,
@@ -36,13 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", help="one per model, comma-separated; '-' or 'none' = from scratch (e.g. --weights=vit.npz,-,- or --weights vit.npz,none,none)")
     p.add_argument("--epochs", type=positive_float, default=3, help="fine-tuning epochs (default 3)")
     p.add_argument("--lr", type=positive_float, default=1e-5, help="learning rate (default 1e-5)")
-    p.add_argument("--batch-size", type=int, default=16, help="batch size (default 16)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="batch size (default 16)")
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"], help="default adamw")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")
+    p.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="decoupled weight decay (default 0)")
     p.add_argument("--decay", default="constant", choices=["constant", "cosine", "linear"],
                    help="learning-rate schedule (default constant)")
-    p.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps")
-    p.add_argument("--grad-clip", type=float, default=None, help="global-norm clipping (default off)")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=0, help="linear learning-rate warm-up steps")
+    p.add_argument("--grad-clip", type=non_negative_float, default=None, help="global-norm clipping (default off)")
     p.add_argument("--augment", action="store_true", help="random crops + flips while fine-tuning (default: none)")
     p.add_argument("--image-size", type=positive_int,
                    help="model input size (default: a pretrained model's own, a from-scratch model's = the data's)")

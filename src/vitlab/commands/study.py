@@ -5,11 +5,13 @@ size, every model from scratch on nested subsets (paper Fig. 3/4). Tables, a fig
 from __future__ import annotations
 
 import argparse
+import re
 
 from vitlab.commands._argtypes import (
     THREADS_HELP,
     fraction,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     seed_value,
@@ -46,16 +48,34 @@ def _check_positive(flag: str, values: list[int]) -> None:
         raise VitlabError(f"{flag} must be positive whole numbers, got {','.join(map(str, values))}")
 
 
-def _check_training(what: str, recipe: str, overrides: dict) -> None:
+def _check_training(what: str, recipe: str, overrides: dict, flags: dict[str, str]) -> None:
     """Resolve a TrainConfig with the study's training values, so that an impossible one fails now,
-    with one line, before the study folder exists (the studies create it first)."""
+    with one line, before the study folder exists (the studies create it first). `flags`: the study's flag for
+    each TrainConfig field it sets, which the line names instead of the field (`in_study_flags`)."""
     from vitlab.errors import VitlabError
     from vitlab.train.config import resolve_config
 
     try:
         resolve_config(recipe, overrides=overrides)
     except VitlabError as exc:
-        raise VitlabError(f"{what}: {exc}") from None
+        raise VitlabError(f"{what}: {in_study_flags(str(exc), flags)}") from None
+
+
+def in_study_flags(text: str, flags: dict[str, str]) -> str:
+    """A training-config message with each field the study sets named by the study's own flag: the config's
+    checks speak of `vitlab train` ("set epochs > 0 or steps > 0 (e.g. --epochs 10)"), and a study has no
+    --epochs. Both spellings are replaced, the field (`batch_size`) and train's flag (`--batch-size`)."""
+    for field, flag in flags.items():
+        for word in (f"--{field.replace('_', '-')}", field):
+            text = re.sub(rf"(?<![\w-]){re.escape(word)}(?![\w-])", flag, text)
+    return text
+
+
+# The TrainConfig field each study flag sets, for in_study_flags.
+PRETRAIN_FLAGS = {"epochs": "--pretrain-epochs", "lr": "--pretrain-lr", "seed": "--seed"}
+FINETUNE_FLAGS = {"epochs": "--finetune-epochs", "steps": "--finetune-min-steps", "lr": "--finetune-lr"}
+SCALING_FLAGS = {"epochs": "--min-epochs", "steps": "--min-steps", "batch_size": "--batch-size", "lr": "--lr",
+                 "val_fraction": "--val-fraction", "seed": "--seed"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -88,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--finetune-lr", type=positive_float, default=d.finetune_lr, help="fine-tuning AdamW peak learning rate")
     t.add_argument("--finetune-epochs", type=non_negative_float, default=d.finetune_epochs,
                    help="fine-tuning epochs on each downstream size (at least --finetune-min-steps steps)")
-    t.add_argument("--finetune-min-steps", type=int, default=d.finetune_min_steps,
+    t.add_argument("--finetune-min-steps", type=non_negative_int, default=d.finetune_min_steps,
                    help="fine-tuning steps at the least, where --finetune-epochs of a small size are fewer")
     t.add_argument("--seed", type=seed_value, default=0, help="seed of the splits, the subsets and every run")
     t.add_argument("--threads", type=positive_int, help=STUDY_THREADS_HELP)
@@ -103,10 +123,11 @@ def run_transfer(args: argparse.Namespace) -> int:
     from vitlab.experiments.transfer import TransferSettings, run_transfer_study
 
     _check_positive("--per-class", args.per_class)
-    _check_training("pre-training (--pretrain-epochs, --pretrain-lr)", "small-data",
-                    dict(epochs=args.pretrain_epochs, lr=args.pretrain_lr, seed=args.seed))
-    _check_training("fine-tuning (--finetune-epochs, --finetune-min-steps, --finetune-lr)", "finetune",
-                    dict(epochs=args.finetune_epochs, steps=args.finetune_min_steps, lr=args.finetune_lr))
+    _check_training("pre-training", "small-data",
+                    dict(epochs=args.pretrain_epochs, lr=args.pretrain_lr, seed=args.seed), PRETRAIN_FLAGS)
+    _check_training("fine-tuning", "finetune",
+                    dict(epochs=args.finetune_epochs, steps=args.finetune_min_steps, lr=args.finetune_lr),
+                    FINETUNE_FLAGS)
     st = TransferSettings(
         data=args.data, upstream_classes=args.upstream, downstream_classes=args.downstream, models=args.models,
         per_class=args.per_class, pretrain_epochs=args.pretrain_epochs, pretrain_lr=args.pretrain_lr,
@@ -169,9 +190,9 @@ def run_scaling(args: argparse.Namespace) -> int:
     from vitlab.experiments.scaling import ScalingSettings, run_scaling_study
 
     _check_positive("--sizes", args.sizes)
-    _check_training("training (--min-epochs, --min-steps, --batch-size, --lr, --val-fraction)", "small-data",
+    _check_training("training", "small-data",
                     dict(epochs=args.min_epochs, steps=args.min_steps, batch_size=args.batch_size, lr=args.lr,
-                         val_fraction=args.val_fraction, seed=args.seed))
+                         val_fraction=args.val_fraction, seed=args.seed), SCALING_FLAGS)
     if args.val_fraction <= 0:  # the study selects checkpoints on the validation split: it needs one
         from vitlab.errors import VitlabError
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,11 +233,13 @@ def run_compare(
     out_dir: str | Path,
     frozen=None,
     data_args: dict | None = None,
+    reword_error: Callable[[str], str] | None = None,
 ) -> dict:
     """Run the whole comparison and write compare.md / .csv / .json, history.csv and three PNGs.
 
     Resumable: a model whose `<out>/<model>/result.json` was made with the same settings and data is
-    reused, not redone; a failing model becomes a row saying why and the others go on.
+    reused, not redone; a failing model becomes a row saying why and the others go on. `reword_error`: a study
+    that runs compare with flags of its own says a failure's advice in them (`transfer.finetune_error`).
     """
     import dataclasses
 
@@ -270,7 +273,7 @@ def run_compare(
             results.append(finished[ms.name])
             continue
         results.append(compare_one(ms, data, settings, out / _safe(ms.name), frozen, data_args,
-                                   model_settings(ms, study)))
+                                   model_settings(ms, study), reword_error))
     ok = [r for r in results if r["status"] == STATUS_OK]
     summary = {"data": data.summary(), "mcnemar": paired_tests(ok), "class_names": list(data.class_names),
                "test_class_counts": data.test.class_counts(), "data_notes": data_notes(data),
@@ -606,7 +609,7 @@ def _threads_unrecorded_as_wanted(used: dict, wanted: dict, mdir: Path) -> dict:
 
 
 def compare_one(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, data_args: dict | None,
-                wanted: dict) -> dict:
+                wanted: dict, reword_error: Callable[[str], str] | None = None) -> dict:
     """One model's row: computed and stored in `mdir/result.json`, or a failure record saying why."""
     import shutil
 
@@ -631,7 +634,7 @@ def compare_one(ms: ModelSpec, data, st: CompareSettings, mdir: Path, frozen, da
     try:
         record = _run_model(ms, data, st, mdir, frozen, data_args, stage)
     except Exception as exc:  # any failure of one model (load, training, NaN, OOM, a bug) must not lose the others
-        return _failure(ms, mdir, stage[0], exc)
+        return _failure(ms, mdir, stage[0], exc, reword_error)
     record = _jsonable({**record, "status": STATUS_OK, "error": None, "settings_used": wanted})
     tmp = mdir / (RESULT_FILE + ".part")  # written whole, then renamed: a kill never leaves half a result
     tmp.write_text(json.dumps(record, indent=2))
@@ -658,7 +661,8 @@ def _resumable_finetune(mdir: Path, wanted: dict) -> Path | None:
     return run if _same_files_as_wanted(_threads_unrecorded_as_wanted(earlier, wanted, mdir), wanted) == wanted else None
 
 
-def _failure(ms: ModelSpec, mdir: Path, stage: str, exc: BaseException) -> dict:
+def _failure(ms: ModelSpec, mdir: Path, stage: str, exc: BaseException,
+             reword_error: Callable[[str], str] | None = None) -> dict:
     """The failed model's row (one-line reason) and its full traceback in `mdir/error.txt`."""
     import gc
     import sys
@@ -669,6 +673,8 @@ def _failure(ms: ModelSpec, mdir: Path, stage: str, exc: BaseException) -> dict:
     reason = " ".join(str(exc).split()) or type(exc).__name__
     if not isinstance(exc, VitlabError):
         reason = f"{type(exc).__name__}: {reason}"
+    elif reword_error is not None:
+        reason = reword_error(reason)
     mdir.mkdir(parents=True, exist_ok=True)
     (mdir / "error.txt").write_text("".join(traceback.format_exception(exc)))
     print(f"vitlab compare: {ms.name} failed while {stage}: {reason} (traceback in {mdir / 'error.txt'}); "

@@ -201,6 +201,17 @@ def study_advice(run: Path, lr_flag: str):
                           f"start it again with a lower {lr_flag} and a new --out") from None
 
 
+def finetune_error(text: str) -> str:
+    """A downstream fine-tuning's failure in the study's words (`run_compare`'s reword_error): compare's advice
+    for a diverged run names compare's flags (--lr, --grad-clip, --precision), which the study does not have."""
+    from vitlab.train.loop import DIVERGENCE_ADVICE
+
+    if not text.endswith(DIVERGENCE_ADVICE):
+        return text
+    return (f"{text[:-len(DIVERGENCE_ADVICE)]}; the study's settings are fixed for every run: start it again with "
+            "a lower --finetune-lr and a new --out")
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write `obj` as JSON whole or not at all (a temporary file renamed over it): a study killed while writing
     its settings or a run's row left half a file, and the rerun that should resume it stopped on it."""
@@ -284,7 +295,8 @@ def downstream(runs: dict[str, Path], per_class: int, data, st: TransferSettings
     if not st.quiet:
         print(f"=== downstream: {used} images per class ({n_train} training images, {steps} fine-tuning "
               f"steps) ===", flush=True)
-    summary = run_compare(data, models, settings, out / f"downstream-{per_class}", frozen=frozen, data_args=data_args)
+    summary = run_compare(data, models, settings, out / f"downstream-{per_class}", frozen=frozen, data_args=data_args,
+                          reword_error=finetune_error)
     return summary, {"per_class": used, "per_class_requested": per_class, "class_counts": counts,
                      "train_images": n_train, "batch": batch, "steps": steps}
 
