@@ -317,3 +317,29 @@ def test_transfer_fine_tuning_divergence_advice_names_the_study_flag(tmp_path, c
         assert "--finetune-lr" in text and "--grad-clip" not in text and not TRAIN_ONLY.search(text), text
     assert _failure(ModelSpec(name="vit", spec="x"), tmp_path / "v2", "fine-tuning", exc)["error"].endswith(
         DIVERGENCE_ADVICE)  # vitlab compare itself keeps its own advice
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# More of the same kind: `vitlab data inspect` writing into its own source
+
+
+@pytest.mark.parametrize("argv", [["--out", "src/Cat"], ["--out", "linked/Dog/insp"], []],
+                         ids=["class-folder", "through-link", "default-from-inside"])
+def test_inspect_out_inside_its_source_is_refused(tmp_path, monkeypatch, capsys, argv):
+    """samples.png written into a class folder became one more image of that class (train 8 -> 9), and the
+    default data-inspect/ inside a folder of class folders one more class."""
+    _photos(tmp_path / "src")
+    (tmp_path / "linked").symlink_to(tmp_path / "src")
+    monkeypatch.chdir(tmp_path / "src" if not argv else tmp_path)
+    source = "." if not argv else "src"
+    before = _files(tmp_path / "src")
+    code, err = _run(["data", "inspect", source, "--quiet", *argv], capsys)
+    assert code == 2 and len(err) == 1 and "inside the source folder" in err[0], err
+    assert _files(tmp_path / "src") == before
+
+
+def test_inspect_out_beside_its_source_is_fine(tmp_path, monkeypatch, capsys):
+    _photos(tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "inspect", "src", "--quiet"]) == 0
+    assert (tmp_path / "data-inspect" / "src" / "samples.png").is_file()

@@ -54,6 +54,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from vitlab.data import load_data, write_skipped
     from vitlab.data.inspect import describe, format_table, sample_grid
 
+    _out_outside_source(args.out, args.source)  # before loading: the default --out is named after the data
     # every split is decoded once (not only val and test): a file whose header reads but whose pixels do not
     # is dropped and listed here exactly as training drops it, so the counts are training's counts
     splits = load_data(args.source, classes=args.classes, per_class=args.per_class, val_fraction=args.val_fraction,
@@ -75,6 +76,24 @@ def run_inspect(args: argparse.Namespace) -> int:
         print(format_table(info))
     print(f"wrote {grid} and {out / 'summary.json'}")
     return 0
+
+
+def _out_outside_source(out: str | None, source: str) -> None:
+    """Refuse an --out (or the default data-inspect/ of the current folder) inside the source's folder: the
+    samples.png written into a class folder was read as one of its images by the next load, and data-inspect/
+    inside a folder of class folders as one more class."""
+    from vitlab.data.hf_datasets import is_hf_source
+    from vitlab.data.load import is_builtin_source, nesting, source_folders
+    from vitlab.data.shards import looks_like_shards
+    from vitlab.errors import VitlabError
+
+    if is_builtin_source(source) or is_hf_source(source) or looks_like_shards(source):
+        return  # sources that read no loose image files: a PNG written among them is never read
+    found = nesting(Path(out or "data-inspect"), source_folders(source))
+    if found is not None and found[0] != "holds":
+        what = f"--out {out}" if out else "the default --out (data-inspect/ in the current folder)"
+        raise VitlabError(f"{what} {found[0]} the source folder {found[1]}: samples.png there would be read as "
+                          "one of its images; give an --out outside the source")
 
 
 def _folder_name(name: str, source: str) -> str:

@@ -94,6 +94,25 @@ def _linked_folders(root: Path, depth: int = 2) -> list[Path]:
     return found
 
 
+def _spellings(path: Path) -> set[Path]:
+    """`path` absolute as written (`..` folded) and with every link resolved: either may be how it nests."""
+    path = Path(path).expanduser()
+    return {Path(os.path.abspath(path)), Path(os.path.realpath(path))}
+
+
+def nesting(out: Path, folders: list[Path]) -> tuple[str, Path] | None:
+    """How a folder to write, `out`, nests with the first of `folders` it nests with ("is", "is inside" or
+    "holds", and that folder), by the paths as written and as links resolve them; None where it is apart."""
+    for folder in folders:
+        for o in _spellings(out):
+            for f in _spellings(folder):
+                if o == f or f in o.parents:
+                    return ("is" if o == f else "is inside"), folder
+                if o in f.parents:
+                    return "holds", folder
+    return None
+
+
 def absolute_source(source: str) -> str:
     """`source` with its local path made absolute (`photos` -> `/home/me/photos`, `hf:data` -> `hf:/home/me/data`,
     `shards/train-{0..9}.tar` -> `/home/me/shards/train-{0..9}.tar`), as a run records it: a relative path read

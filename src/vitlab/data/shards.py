@@ -728,26 +728,22 @@ def check_target(out: Path, shard_size: int, force: bool) -> list[Path]:
     return old
 
 
-def _spellings(path: Path) -> set[Path]:
-    """`path` absolute as written (`..` folded) and with every link resolved: either may be how it nests."""
-    path = Path(path).expanduser()
-    return {Path(os.path.abspath(path)), Path(os.path.realpath(path))}
-
-
 def check_apart(out: Path, source_folders: list[Path]) -> None:
-    """Refuse an OUT inside a folder the source reads (`load.source_folders`), or holding one, by the paths as
-    written and as links resolve them: shards written into their own source are read back as data (and a rerun
-    with --force deleted a shard source before reading it); above it, a folder with .tar files and a classes.txt
-    reads as shards, so the split or class folders beside them were no longer read."""
-    for folder in source_folders:
-        for o in _spellings(out):
-            for f in _spellings(folder):
-                if o == f or f in o.parents:
-                    raise VitlabError(f"OUT {out} is {'' if o == f else 'inside '}the source folder {folder}: its "
-                                      "shards would be read back as data; give an OUT outside the source")
-                if o in f.parents:
-                    raise VitlabError(f"OUT {out} holds the source folder {folder}: its shards and classes.txt would "
-                                      f"change what --data {out} reads; give an OUT beside the source, not above it")
+    """Refuse an OUT inside a folder the source reads (`load.source_folders`), or holding one (`load.nesting`):
+    shards written into their own source are read back as data (and a rerun with --force deleted a shard source
+    before reading it); above it, a folder with .tar files and a classes.txt reads as shards, so the split or
+    class folders beside them were no longer read."""
+    from vitlab.data.load import nesting
+
+    found = nesting(out, source_folders)
+    if found is None:
+        return
+    how, folder = found
+    if how == "holds":
+        raise VitlabError(f"OUT {out} holds the source folder {folder}: its shards and classes.txt would change "
+                          f"what --data {out} reads; give an OUT beside the source, not above it")
+    raise VitlabError(f"OUT {out} {how} the source folder {folder}: its shards would be read back as data; give an "
+                      "OUT outside the source")
 
 
 def write_shards(splits: DataSplits, out: str | os.PathLike, shard_size: int, *, force: bool = False,
