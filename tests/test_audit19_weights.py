@@ -161,13 +161,19 @@ def test_vitlab_save_refuses_a_head_it_cannot_rebuild_before_writing(tmp_path, k
     assert not (tmp_path / "out").exists()  # nothing written: no folder that fails at load
 
 
-@pytest.mark.parametrize("writer", ["hf", "timm"])
+@pytest.mark.parametrize("writer", ["hf", "timm", "timm module"])
 def test_the_peer_exports_refuse_it_too(tmp_path, writer):
-    """save_hf failed on a bare KeyError 'head.weight'; save_timm wrote a file vitlab then refused."""
+    """save_hf failed on a bare KeyError 'head.weight'; save_timm wrote a file vitlab then refused (also when called
+    from its own module, vitlab.weights.timm, not the package's wrapper)."""
+    from vitlab.weights import timm as timm_format
+
+    writers = {"hf": lambda m: save_hf(m, tmp_path / "hf"),
+               "timm": lambda m: save_timm(m, tmp_path / "m.safetensors"),
+               "timm module": lambda m: timm_format.save_timm(m, tmp_path / "m.safetensors")}
     model = _vit(16)
     model.head = HEADS["stack"][0]()
     with pytest.raises(vitlab.VitlabError, match=r"model.head is Sequential"):
-        save_hf(model, tmp_path / "hf") if writer == "hf" else save_timm(model, tmp_path / "m.safetensors")
+        writers[writer](model)
     assert not any(tmp_path.iterdir())
 
 

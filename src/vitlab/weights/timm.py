@@ -498,6 +498,9 @@ def save_timm(model: nn.Module, path: str | Path, class_names: list[str] | None 
     the same model, class names and preprocessing (`stored_record`)."""
     import json
 
+    from vitlab.weights.native import check_savable
+
+    check_savable(model)  # a head put in by hand (nn.Sequential) was written, and refused only at load
     path = timm_output_path(path)
     sd = to_timm_state_dict(model)
     record: dict[str, Any] = {HINTS_KEY: file_hints(model.config)}

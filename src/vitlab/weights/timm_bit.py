@@ -7,7 +7,8 @@ weights with eps 1e-8 (`partial(StdConv2d, eps=1e-8)`), so the config read here 
 Told apart from the two other timm ResNet layouts vitlab reads:
 - the ViT hybrid backbone: keys under `patch_embed.backbone.`;
 - the post-activation ResNetV2 (the ViT code's units): `stem.norm`, `downsample.norm`, no final `norm`,
-  and `norm3` with the unit's output width; here `norm3` has the bottleneck width (conv3's input).
+  and `norm3` with the unit's output width; here `norm3` has the bottleneck width (conv3's input). vitlab reads
+  that layout only from its own `save_timm` export (the record says its numerics); a foreign one is refused.
 """
 
 from __future__ import annotations
