@@ -285,6 +285,14 @@ def test_study_transfer_names_its_own_flags(tmp_path, capsys, argv, flag):
     assert not (tmp_path / "st").exists()
 
 
+def test_study_scaling_refuses_a_negative_multi_seed_max(tmp_path, capsys):
+    """--multi-seed-max -1 was taken (every size one seed) where the other counts refuse a negative."""
+    code, err = _run(["study", "scaling", "--data", "bundled", "--out", str(tmp_path / "sc"),
+                      "--multi-seed-max", "-1"], capsys)
+    assert code == 2 and len(err) == 1 and "--multi-seed-max" in err[0], err
+    assert not (tmp_path / "sc").exists()
+
+
 def test_study_scaling_messages_name_its_flags():
     from vitlab.commands.study import SCALING_FLAGS, in_study_flags
 

@@ -63,6 +63,7 @@ def test_failures_do_not_lose_the_others(tmp_path, monkeypatch, capsys):
     assert "Traceback" in (out / cmp._safe(OTHER) / "error.txt").read_text()
     md = (out / "compare.md").read_text()
     assert "FAILED (fine-tuning: RuntimeError: CUDA out of memory" in md and f"**Failed: bad, {OTHER}**" in md
+    assert "diverges again with the same settings" in md  # retrying alone cannot mend a diverged run
     summary = json.loads((out / "compare.json").read_text())
     assert summary["failed"] == ["bad", OTHER] and summary["mcnemar"] == []
     assert not (out / cmp._safe(OTHER) / "result.json").exists()  # a failed model is retried on the next run

@@ -166,7 +166,7 @@ def _register_scaling(studies: argparse._SubParsersAction) -> None:
                    help="training-set sizes; one above the images left after the validation split means "
                         "all of them (default 1000,3000,10000,30000,60000)")
     s.add_argument("--seeds", type=positive_int, default=d.seeds, help="seeds at the small sizes (default 3)")
-    s.add_argument("--multi-seed-max", type=int, default=d.multi_seed_max,
+    s.add_argument("--multi-seed-max", type=non_negative_int, default=d.multi_seed_max,
                    help="sizes up to this get --seeds seeds, larger ones one (default 10000)")
     s.add_argument("--min-epochs", type=non_negative_float, default=d.min_epochs,
                    help="budget: at least this many epochs (default 5)")

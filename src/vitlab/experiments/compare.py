@@ -1150,7 +1150,8 @@ def _markdown(summary: dict) -> list[str]:
     ]
     if summary.get("failed"):
         md += ["", f"**Failed: {', '.join(summary['failed'])}** (reasons in the status column, tracebacks in "
-               "<model>/error.txt). Rerun the same command with the same --out to retry only these."]
+               "<model>/error.txt). Rerun the same command with the same --out to retry only these; a run that "
+               "diverged diverges again with the same settings, so first make the change its status names."]
     frozen = frozen_rows(summary)
     if frozen:
         md += ["", "## Frozen features before fine-tuning (frozen.csv)", "", rows_markdown(frozen, with_model=True)]
