@@ -215,12 +215,16 @@ def test_hugging_face_and_torchvision_size_keywords_are_taken():
                                       ({"act_layer": "gelu"}, "for act_layer use gelu"),
                                       ({"dynamic_img_size": True}, "any multiple of its stride"),
                                       ({"checkpoint_path": "x.pth"}, "pretrained='PATH'"),
-                                      ({"features_only": True}, "forward_features"),
                                       ({"init_values": 1e-5}, "no LayerScale"),
                                       ({"exportable": True}, "vitlab export")])
 def test_peer_options_without_a_vitlab_setting_say_what_to_do(kw, hint):
     with pytest.raises(VitlabError, match=f"unknown model config fields.*{hint}"):
         vitlab.create_model("vit-ti/16", depth=1, **kw)
+
+
+def test_features_only_in_a_config_points_to_create_model():
+    with pytest.raises(VitlabError, match="unknown model config fields.*create_model.*features_only=True"):
+        vitlab.get_config("vit-ti/16", features_only=True)
 
 
 # ------------------------------------------------------------------------------- a head put in by hand

@@ -60,12 +60,16 @@ def load(
     `num_classes` puts a new zero-initialised head on (dropping the representation layer unless
     `keep_representation`); `image_size` resamples the position embeddings; `overrides` set config fields the file
     cannot tell (`heads=4`, `classifier="token"`). See `vitlab.weights.load`; `vitlab.weights.load_with_meta` also
-    gives the stored class names and preprocessing.
+    gives the stored class names and preprocessing. `features_only=True` (with `out_indices`) gives a feature
+    extractor, as in `create_model`.
     """
+    from vitlab.models.features import FeatureExtractor, feature_options
     from vitlab.weights import load as _load
 
-    return _load(path, num_classes=num_classes, image_size=image_size, keep_representation=keep_representation,
-                 **overrides)
+    features, overrides = feature_options(overrides)
+    model = _load(path, num_classes=num_classes, image_size=image_size, keep_representation=keep_representation,
+                  **overrides)
+    return model if features is None else FeatureExtractor(model, **features)
 
 
 def save(model: "nn.Module", folder: "str | Path", class_names: "list[str] | None" = None,

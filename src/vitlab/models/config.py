@@ -86,8 +86,8 @@ _FOREIGN_FIELDS = {
     "dynamic_img_size": "no setting: a vitlab ViT takes any multiple of its stride at run time (the position "
                         "embeddings are resampled per call)",
     "checkpoint_path": "pretrained='PATH' (or vitlab.load(PATH))",
-    "features_only": "model.forward_intermediates(x, indices=..., intermediates_only=True) (what timm's features_only "
-                     "returns; model.forward_features(x) for the last tokens or feature map)",
+    "features_only": "vitlab.create_model(name, features_only=True, out_indices=...) (a feature extractor around "
+                     "the model, not a config field)",
     "init_values": "no setting: the paper's ViT has no LayerScale",
     "exportable": "no setting: `vitlab export` and torch.onnx export the fused attention as it is",
 }

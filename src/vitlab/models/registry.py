@@ -251,7 +251,20 @@ def create_model(
     The checkpoint's head and size are kept unless `num_classes` (a new zero head) or `image_size`
     (resampled position embeddings) are given; `vitlab models --pretrained` lists the checkpoints.
     Defaults without weights: 1000 classes at 224 px.
+
+    `features_only=True` (timm's): a `models.features.FeatureExtractor` whose forward returns the feature maps of
+    `out_indices` (default: a ViT's last 3 blocks, a ResNet's stem and stages); `feature_cfg={"output_fmt": "NLC",
+    "norm": True}` for tokens or the final norm.
     """
+    from vitlab.models.features import FeatureExtractor, feature_options
+
+    features, overrides = feature_options(overrides)
+    model = _create(name, num_classes, image_size, seed, pretrained, overrides)
+    return model if features is None else FeatureExtractor(model, **features)
+
+
+def _create(name: str, num_classes: int | None, image_size: Any, seed: int | None, pretrained: bool | str | Path,
+            overrides: dict[str, Any]) -> nn.Module:
     name, pretrained = _checkpoint_as_model(name, pretrained)
     image_size, overrides = size_to_run_at(image_size, overrides)
     overrides = canonical_fields(overrides)

@@ -477,10 +477,10 @@ class VisionTransformer(TimmSurface, nn.Module):
         take, last = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[:last + 1]
         self.config = self.config.replace(depth=last + 1)
-        if prune_norm:
-            self.norm = nn.Identity()
         if prune_head:
             self.reset_classifier(0)
+        if prune_norm:
+            self.norm = nn.Identity()
         return take
 
     @property
@@ -515,7 +515,7 @@ class VisionTransformer(TimmSurface, nn.Module):
             self.pre_logits = None
             self.config = self.config.replace(representation_size=None)
         self.num_features = self.config.representation_size or self.config.dim
-        ref = self.norm.weight
+        ref = next(self.parameters())  # the final norm may be pruned (prune_intermediate_layers)
         self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) if num_classes > 0 else nn.Identity()
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)

@@ -47,6 +47,11 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
         model = getattr(model, wrapper, model)
     from vitlab.weights import model_record
 
+    if hasattr(model, "out_indices") and hasattr(getattr(model, "model", None), "config"):
+        # a features_only extractor: its model is cut (blocks, final norm, head), which no config describes
+        raise VitlabError("a features_only extractor is not saved itself: save the whole model, then rebuild the "
+                          "extractor with vitlab.load(FOLDER, features_only=True, out_indices=...); or save "
+                          "extractor.state_dict() with safetensors")
     class_names, preprocess = model_record(model, class_names, preprocess)  # what vitlab.load read, by default
     config = getattr(model, "config", None)
     if not isinstance(config, (ViTConfig, ResNetConfig)):
