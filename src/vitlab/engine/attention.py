@@ -61,15 +61,21 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
     """`folder/fp32-attention.onnx`: logits and every layer's attention, LayerNorm/GELU fused by ORT."""
     from vitlab.engine.onnx_graph import trace_to_onnx
     from vitlab.engine.ort import optimize_vit_graph, require_onnxruntime
+    from vitlab.engine.trusted import discard, is_trusted, remember
 
     require_onnxruntime()
     out = folder / "fp32-attention.onnx"
-    if out.is_file():
+    # reused only if this user's vitlab wrote it and it is unchanged, as every other engine file: any graph found
+    # there ran, and `auto`'s cached pick runs it unchecked (another model's graph gave that model's logits and maps)
+    if is_trusted([out]):
         return out
+    discard([out])
     names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
     raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
                         folder / "attention-raw.onnx", output_names=names)
-    return optimize_vit_graph(raw, out, model.config)
+    optimize_vit_graph(raw, out, model.config)
+    remember([out])
+    return out
 
 
 def _open_attention_graph(model: nn.Module, folder: Path, size: tuple[int, int], threads: int) -> OrtAttentionEngine:

@@ -1,0 +1,64 @@
+"""Audit of the inference engines, their cache beside the model, int8 and ONNX export: cases that gave another
+model's outputs, hung, or failed without one clear line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitlab
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test its own user cache: the records of what vitlab built (engine/trusted.py) live there."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
+
+
+def tiny_vit(seed: int, **overrides) -> torch.nn.Module:
+    """A 2-block ViT whose weights (head included) are random, so two seeds give clearly different logits."""
+    config = dict(dim=32, depth=2, heads=2, mlp_dim=64, patch_size=8, image_size=32, num_classes=5)
+    model = vitlab.create_model("custom", seed=seed, **{**config, **overrides})
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1 or "head" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+    return model.eval()
+
+
+def saved(model: torch.nn.Module, folder: Path) -> Path:
+    vitlab.save(model, folder)
+    return folder
+
+
+def test_inspect_auto_never_runs_an_attention_graph_vitlab_did_not_build(tmp_path):
+    """inspect's attention graph was reused from the cache folder whatever it held (the fp32 and int8 graphs are
+    checked against the user's record of what vitlab built): with auto's cached pick, a graph of other weights gave
+    that model's logits and attention maps."""
+    from vitlab.engine.attention import prepare_attention_engine
+    from vitlab.engine.choose import _Choices, machine_key
+
+    a, b = tiny_vit(0), tiny_vit(1)
+    folder_a, folder_b = saved(a, tmp_path / "a"), saved(b, tmp_path / "b")
+    prepare_attention_engine(a, "onnxruntime", batch_size=2, source=folder_a, quiet=True)
+    prepare_attention_engine(b, "onnxruntime", batch_size=2, source=folder_b, quiet=True)
+    engines_a = next((folder_a / "engines").iterdir())
+    engines_b = next((folder_b / "engines").iterdir())
+    # what `auto` records when ONNX Runtime timed faster here
+    _Choices(engines_a).put(f"{machine_key(torch.get_num_threads())}|batch 2|32x32|fp32+attention",
+                            {"picked": "onnxruntime", "images_per_s": {"onnxruntime": 2.0, "torch": 1.0}})
+    shutil.copyfile(engines_b / "fp32-attention.onnx", engines_a / "fp32-attention.onnx")
+
+    engine = prepare_attention_engine(a, "auto", batch_size=2, source=folder_a, quiet=True)
+    x = torch.randn(2, 3, 32, 32)
+    logits, maps = engine(x)
+    with torch.no_grad():
+        expected, expected_maps = a(x, return_attention=True)
+    assert torch.allclose(logits, expected, atol=1e-4)
+    assert torch.allclose(maps[0], expected_maps[0], atol=1e-5)
