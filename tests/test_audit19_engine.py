@@ -62,3 +62,32 @@ def test_inspect_auto_never_runs_an_attention_graph_vitlab_did_not_build(tmp_pat
         expected, expected_maps = a(x, return_attention=True)
     assert torch.allclose(logits, expected, atol=1e-4)
     assert torch.allclose(maps[0], expected_maps[0], atol=1e-5)
+
+
+def test_choices_written_by_several_commands_at_once(tmp_path):
+    """Commands that finish timing together each record their choice: all wrote through one `choices.tmp`, so one
+    moved it into place and the other failed ('no such file or folder: ...choices.tmp'), or overwrote the
+    other's choice with the file as it had read it at start."""
+    import threading
+
+    from vitlab.engine.choose import _Choices
+
+    writers = [_Choices(tmp_path) for _ in range(4)]  # each read the file before any wrote, as parallel commands do
+    failures = []
+
+    def record(i: int) -> None:
+        try:
+            for j in range(60):
+                writers[i].put(f"key {i} {j}", {"picked": "torch", "images_per_s": {"torch": 1.0}})
+        except Exception as exc:  # noqa: BLE001 - collected for the assert
+            failures.append(exc)
+
+    threads = [threading.Thread(target=record, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    kept = _Choices(tmp_path)
+    assert all(kept.get(f"key {i} 59") for i in range(4))
+    assert not list(tmp_path.glob("*.part")) and not list(tmp_path.glob("*.tmp"))

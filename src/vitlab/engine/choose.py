@@ -8,6 +8,7 @@ held-out images is not measurably below MIN_AGREEMENT are preferred.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -16,8 +17,9 @@ import platform
 import random
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -139,12 +141,14 @@ class _Choices:
 
     def __init__(self, folder: Path):
         self.path = folder / "choices.json"
+        self.data = self._read()
+
+    def _read(self) -> dict:
         try:
-            self.data = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            self.data = {}
-        if not isinstance(self.data, dict):  # a list or null (edited by hand, another tool): timed again
-            self.data = {}
+            return {}
+        return data if isinstance(data, dict) else {}  # a list or null (edited by hand, another tool): timed again
 
     def get(self, key: str) -> dict | None:
         """The choice made before for `key`; None where there is none, or with VITLAB_RETIME=1 (time again: a
@@ -162,11 +166,35 @@ class _Choices:
         return entry
 
     def put(self, key: str, entry: dict) -> None:
-        self.data[key] = entry
+        """Record `entry` under `key`, keeping what other processes recorded since this one read the file. Each
+        writer has its own temporary file: with one shared name, two commands that finished timing together
+        failed ('no such file: choices.tmp') when the other had already moved it into place."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        tmp.replace(self.path)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.part")
+        with _locked(self.path.with_name(f"{self.path.name}.lock")):
+            self.data = {**self._read(), key: entry}
+            try:
+                tmp.write_text(json.dumps(self.data, indent=1))
+                tmp.replace(self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` for the time of a read-modify-write (POSIX; elsewhere none: a choice lost to a
+    concurrent write is only timed again)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def announce(engine, command: str, notes: list[str], quiet: bool):
