@@ -89,7 +89,7 @@ from vitlab.train.state import (
     full_model_state,
     full_optim_state,
     gathered_rng_states,
-    load_optim_state,
+    restore_optimization,
     restore_rng,
 )
 from vitlab.weights.run_checkpoint import META_KEY
@@ -409,8 +409,8 @@ class TrainingRun:
 
     def restore(self, state: dict[str, Any]) -> None:
         check_same_data(state.get("data"), self.data_identity(), self.cfg, self.allow_change)
-        load_optim_state(self.wrapped, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        new_optimizer = "optimizer" in self.changes
+        restore_optimization(self.wrapped, self.optimizer, self.scheduler, state, new_optimizer)
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_state(state)
@@ -431,6 +431,10 @@ class TrainingRun:
                   "config.yaml is written again", file=sys.stderr, flush=True)
             self.run.save_config(dataclasses.replace(self.cfg, resume=None))
         record_changes(self.run, self.cfg, self.changes, step)
+        if new_optimizer and self.main:
+            before, now = self.changes["optimizer"]
+            print(f"vitlab: optimizer {before} -> {now}: its state (moments, momentum) starts afresh at step {step}",
+                  file=sys.stderr, flush=True)
 
     def announce(self, resumed: bool) -> None:
         if not self.main:

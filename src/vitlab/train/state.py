@@ -133,6 +133,34 @@ def full_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     return optimizer.state_dict()
 
 
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings (weight decay, betas, momentum, ...): all but its parameters and the learning
+    rate, which the schedule sets."""
+    return [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
+
+
+def restore_optimization(model: nn.Module, optimizer: torch.optim.Optimizer,
+                         scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, Any],
+                         new_optimizer: bool = False) -> None:
+    """A checkpoint's optimizer state and schedule position under the settings this run was built with. torch's
+    load_state_dict puts back the settings the checkpoint was written with (each group's weight decay, betas,
+    momentum; the schedule's base lr), so `--allow-change lr` (or weight_decay, betas, momentum) was recorded in
+    config.yaml and never applied; unchanged settings come out bit for bit the same. `new_optimizer` (another
+    --optimizer allowed): the old state does not carry over (Adam's moments are no SGD momentum) and it starts
+    afresh."""
+    settings, base_lrs = optimizer_settings(optimizer), list(scheduler.base_lrs)
+    if not new_optimizer:
+        load_optim_state(model, optimizer, state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    for group, kept in zip(optimizer.param_groups, settings, strict=True):
+        group.update(kept)
+    # the learning rate of the step the run goes on with, as LambdaLR.step sets it, from this run's lr and schedule
+    lrs = [base * factor(scheduler.last_epoch) for factor, base in zip(scheduler.lr_lambdas, base_lrs, strict=True)]
+    for group, base, lr in zip(optimizer.param_groups, base_lrs, lrs, strict=True):
+        group["initial_lr"], group["lr"] = base, lr
+    scheduler.base_lrs, scheduler._last_lr = base_lrs, lrs
+
+
 def load_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
