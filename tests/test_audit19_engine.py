@@ -91,3 +91,45 @@ def test_choices_written_by_several_commands_at_once(tmp_path):
     kept = _Choices(tmp_path)
     assert all(kept.get(f"key {i} 59") for i in range(4))
     assert not list(tmp_path.glob("*.part")) and not list(tmp_path.glob("*.tmp"))
+
+
+BUILD_AT_ONCE = """
+import sys, time
+import torch
+import vitlab
+import vitlab.engine.onnx_graph as onnx_graph
+from vitlab.engine import prepare_engine
+
+export = onnx_graph.export_fusable
+
+def slow_export(*args, **kwargs):  # the window of a real model's export (seconds), so both builds overlap
+    path = export(*args, **kwargs)
+    time.sleep(1.5)
+    return path
+
+onnx_graph.export_fusable = slow_export
+model = vitlab.load(sys.argv[1])
+engine = prepare_engine(model, "onnxruntime", source=sys.argv[1], batch_size=2, command="test")
+x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    print(float((engine(x) - model(x)).abs().max()))
+"""
+
+
+def test_commands_building_the_same_engine_at_once(tmp_path):
+    """Two commands started together on a fresh model built the same graph through the same files (raw.onnx,
+    fp32.onnx): one removed the file the other was reading, which then built again or failed with 'engine
+    onnxruntime cannot run this model (FileNotFoundError ...)'. Now one builds and the other waits and reuses it."""
+    import os
+    import subprocess
+    import sys
+
+    folder = saved(tiny_vit(0), tmp_path / "model")
+    env = {**os.environ, "VITLAB_CACHE": str(tmp_path / "user-cache")}
+    runs = [subprocess.Popen([sys.executable, "-c", BUILD_AT_ONCE, str(folder)], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outputs = [run.communicate(timeout=240) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    assert all(float(out) < 1e-4 for out, _ in outputs)
+    said = "".join(err for _, err in outputs)
+    assert said.count("engine: building") == 1, said

@@ -23,6 +23,7 @@ from vitlab.engine.choose import (
     open_or_rebuild,
     reason,
 )
+from vitlab.engine.locking import folder_lock
 from vitlab.engine.torch_engines import TorchEngine
 from vitlab.errors import VitlabError
 
@@ -67,14 +68,15 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
     out = folder / "fp32-attention.onnx"
     # reused only if this user's vitlab wrote it and it is unchanged, as every other engine file: any graph found
     # there ran, and `auto`'s cached pick runs it unchecked (another model's graph gave that model's logits and maps)
-    if is_trusted([out]):
-        return out
-    discard([out])
-    names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
-    raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
-                        folder / "attention-raw.onnx", output_names=names)
-    optimize_vit_graph(raw, out, model.config)
-    remember([out])
+    with folder_lock(folder):  # another command building it at once: one builds, the other reuses it
+        if is_trusted([out]):
+            return out
+        discard([out])
+        names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
+        raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
+                            folder / "attention-raw.onnx", output_names=names)
+        optimize_vit_graph(raw, out, model.config)
+        remember([out])
     return out
 
 

@@ -8,7 +8,6 @@ held-out images is not measurably below MIN_AGREEMENT are preferred.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -19,7 +18,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.engine import ENGINES, INT8_MODES
+from vitlab.engine.locking import folder_lock
 from vitlab.errors import VitlabError
 
 EXACT_TOL = 1e-3  # logits; fp32 ORT with fusions differs by ~1e-6, anything near 1e-3 is a different model
@@ -171,30 +171,13 @@ class _Choices:
         failed ('no such file: choices.tmp') when the other had already moved it into place."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.part")
-        with _locked(self.path.with_name(f"{self.path.name}.lock")):
+        with folder_lock(self.path.parent):
             self.data = {**self._read(), key: entry}
             try:
                 tmp.write_text(json.dumps(self.data, indent=1))
                 tmp.replace(self.path)
             finally:
                 tmp.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on `path` for the time of a read-modify-write (POSIX; elsewhere none: a choice lost to a
-    concurrent write is only timed again)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def announce(engine, command: str, notes: list[str], quiet: bool):
@@ -269,13 +252,14 @@ class _Builder:
         """Reuse `files` if vitlab built them here and they are unchanged (`engine/trusted.py`), else build them."""
         from vitlab.engine.trusted import discard, is_trusted, remember
 
-        if is_trusted(files):
-            return
-        found = discard(files)
-        self.say_building(what + (" (the copy found there was not built by vitlab on this machine, or has changed "
-                                  "since)" if found else ""))
-        build()
-        remember(files)
+        with folder_lock(self.folder):  # a command building the same files at once: it builds, this one waits
+            if is_trusted(files):
+                return
+            found = discard(files)
+            self.say_building(what + (" (the copy found there was not built by vitlab on this machine, or has "
+                                      "changed since)" if found else ""))
+            build()
+            remember(files)
 
     def fp32_path(self) -> Path:
         from vitlab.engine.ort import build_fp32, require_onnxruntime
