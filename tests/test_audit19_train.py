@@ -5,8 +5,8 @@ import pytest
 import torch
 import yaml
 
-from test_train_lifecycle import resume_cfg, run_interrupted, tiny_data
-from vitlab.train import train
+from test_train_lifecycle import resume_cfg, run_interrupted, tiny_cfg, tiny_data
+from vitlab.train import resolve_config, train
 from vitlab.train.optim import lr_factor
 from vitlab.train.run_dir import read_metrics
 
@@ -43,3 +43,23 @@ def test_allowed_change_of_optimizer_starts_its_state_afresh(tmp_path, monkeypat
     assert all(g["momentum"] == 0.8 and "betas" not in g for g in state["param_groups"])
     assert all(set(s) == {"momentum_buffer"} for s in state["state"].values())
     assert "optimizer adamw -> sgd: its state (moments, momentum) starts afresh at step 4" in capsys.readouterr().err
+
+
+# ------------------------------------------------- best.pt of an abandoned continuation
+def test_resume_from_an_older_checkpoint_sets_a_later_best_pt_aside(tmp_path, capsys):
+    """best.pt written after the checkpoint a resume starts from stayed the run's best.pt whenever the new
+    continuation scored lower: `vitlab evaluate RUN/checkpoints/best.pt` then scored weights that the run's
+    metrics.jsonl and summary.json (best_val_acc) no longer hold."""
+    ref = train(tiny_cfg(tmp_path, keep_last=10, lr=3e-3), data=tiny_data())
+    run, folder = ref.run_dir, ref.run_dir / "checkpoints"
+    first = torch.load(folder / "step-0000003.pt", weights_only=True)  # the end of epoch 1 (3 steps an epoch)
+    assert torch.load(folder / "best.pt", weights_only=True)["global_step"] == 6  # epoch 2 scored better
+    capsys.readouterr()
+    # epoch 2 again, now learning nothing
+    again = resolve_config(None, run / "config.yaml", dict(lr=1e-12, resume=str(folder / "step-0000003.pt")))
+    result = train(again, data=tiny_data(), allow_change=("lr",))
+    best = torch.load(folder / "best.pt", weights_only=True)  # the resumed checkpoint is the run's best epoch
+    assert best["global_step"] == 3 and best["best_metric"] == result.best_val_acc == first["best_val"]
+    assert all(torch.equal(best["model"][k], first["model"][k]) for k in first["model"])
+    assert (folder / "abandoned" / "best.pt").is_file()
+    assert "best.pt to" in capsys.readouterr().err  # the note names what it set aside

@@ -189,15 +189,30 @@ class CheckpointManager:
     def set_aside_after(self, step: int) -> list[Path]:
         """Move the step checkpoints after `step` into checkpoints/abandoned/: a resume from an older checkpoint
         drops the later part of metrics.jsonl, and left in place the later checkpoints were what the next
-        `--resume RUN` continued (the abandoned run's weights under the new run's records). Moved, not deleted:
-        they may be all a user has of that part of the run."""
+        `--resume RUN` continued (the abandoned run's weights under the new run's records). best.pt too when it
+        was written after `step`: left in place it stayed the run's best.pt (`vitlab evaluate RUN/checkpoints/
+        best.pt`) whenever the continuation scored lower, weights the run's records do not hold. Moved, not
+        deleted: they may be all a user has of that part of the run."""
         later = [p for p in self.step_files() if int(_STEP_RE.match(p.name).group(1)) > step]
+        if (self.best_step() or 0) > step:
+            later.append(self.folder / "best.pt")
         if later:
             aside = self.folder / "abandoned"
             aside.mkdir(exist_ok=True)
             for p in later:
                 os.replace(p, aside / p.name)
         return later
+
+    def best_step(self) -> int | None:
+        """The global step best.pt was written at; None without a best.pt that reads (memory-mapped: a big
+        checkpoint is not read whole for one number)."""
+        path = self.folder / "best.pt"
+        if not path.is_file():
+            return None
+        try:
+            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+        except Exception:  # a damaged or foreign file: left alone
+            return None
 
     def save_best(self, state: dict[str, Any], metric: float) -> Path:
         state = dict(state, best_metric=float(metric))

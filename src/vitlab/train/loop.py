@@ -426,6 +426,8 @@ class TrainingRun:
                       f"{', '.join(p.name for p in later)} to {self.ckpts.folder / 'abandoned'} (the run goes on "
                       "from here, as metrics.jsonl does; delete them when they are not needed)",
                       file=sys.stderr, flush=True)
+            if any(p.name == "best.pt" for p in later):
+                self.keep_best_of(state)
         if self.main and not (self.run.path / "config.yaml").is_file():
             print(f"vitlab: {self.run.path} has no config.yaml: the run's settings were taken from its checkpoint; "
                   "config.yaml is written again", file=sys.stderr, flush=True)
@@ -435,6 +437,14 @@ class TrainingRun:
             before, now = self.changes["optimizer"]
             print(f"vitlab: optimizer {before} -> {now}: its state (moments, momentum) starts afresh at step {step}",
                   file=sys.stderr, flush=True)
+
+    def keep_best_of(self, state: dict[str, Any]) -> None:
+        """best.pt was set aside (written after the resumed step): where the resumed checkpoint is itself the epoch
+        with the best validation score so far, it is the run's best.pt again; else the next better epoch writes one."""
+        p = self.progress
+        last = p.history[-1] if p.history else {}
+        if p.best_val is not None and last.get("step") == p.global_step and last.get("val_acc") == p.best_val:
+            self.ckpts.save_best(state, p.best_val)
 
     def announce(self, resumed: bool) -> None:
         if not self.main:
