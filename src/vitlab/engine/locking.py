@@ -9,12 +9,11 @@ replaced the file another was reading, and that command failed with 'engine onnx
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-
-LOCK_NAME = "lock"
 
 _guard = threading.Lock()
 _locks: dict[str, threading.RLock] = {}
@@ -41,15 +40,25 @@ def folder_lock(folder: Path) -> Iterator[None]:
             _depth[key] = depth
 
 
+def lock_path(folder: Path) -> Path:
+    """The lock file of an engine folder: in the user's cache (as the records of what was built, engine/trusted.py),
+    so the model's folder holds only what the engines run."""
+    from vitlab.weights.hub import cache_dir
+
+    key = hashlib.blake2b(os.path.abspath(folder).encode(), digest_size=16).hexdigest()
+    return cache_dir() / "engines" / "locks" / f"{key}.lock"
+
+
 @contextlib.contextmanager
 def _file_lock(folder: Path) -> Iterator[None]:
-    """flock on FOLDER/lock; none where that cannot be had (no fcntl, a folder that cannot be written: the build
-    then says why it cannot write there, as before)."""
+    """flock on the folder's lock file; none where that cannot be had (no fcntl, a user cache that cannot be
+    written: commands then build as they did before)."""
     try:
         import fcntl
 
-        folder.mkdir(parents=True, exist_ok=True)
-        handle = open(folder / LOCK_NAME, "a")  # noqa: SIM115 - closed below, after the lock is released
+        path = lock_path(folder)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 - closed below, after the lock is released
     except (ImportError, OSError):
         yield
         return
