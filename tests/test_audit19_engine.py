@@ -133,3 +133,17 @@ def test_commands_building_the_same_engine_at_once(tmp_path):
     assert all(float(out) < 1e-4 for out, _ in outputs)
     said = "".join(err for _, err in outputs)
     assert said.count("engine: building") == 1, said
+
+
+def test_export_int8_with_engine_torch_is_refused(tmp_path, capsys):
+    """`--engine torch` asks for the portable graph (standard operators, any runtime); with --int8 export wrote ONNX
+    Runtime's int8 graph under the same name (predict refuses the pair). --int8 alone still writes it."""
+    from vitlab.cli import main
+
+    folder = saved(tiny_vit(0), tmp_path / "model")
+    out = tmp_path / "q.onnx"
+    assert main(["export", str(folder), str(out), "--int8", "dynamic", "--engine", "torch"]) == 2
+    assert "--engine torch" in capsys.readouterr().err and not out.exists()
+    assert main(["export", str(folder), str(out), "--int8", "dynamic", "--quiet"]) == 0
+    assert "onnxruntime-int8-dynamic" in capsys.readouterr().out
+    assert main(["export", str(folder), str(tmp_path / "p.onnx"), "--quiet"]) == 0  # the portable default

@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "which graph to write: torch (portable ONNX, standard operators, any runtime; the default), onnxruntime "
         "(the fused fp32 graph ONNX Runtime runs), openvino (an OpenVINO model, OUT.xml + OUT.bin), auto (the "
         "graph --engine auto picks for this model on this machine)"))
+    # None: not given (the portable graph, or with --int8 the int8 graph); a --engine torch given with --int8 is refused
+    p.set_defaults(engine=None)
     p.epilog = ("--engine torch writes the portable graph (standard operators, any runtime); onnxruntime the fp32 "
                 "graph with ONNX Runtime's transformer fusions (runs only in ONNX Runtime); auto the faster of the two "
                 "here; openvino an OpenVINO model (OUT.xml and OUT.bin); --int8 the quantized graph (--calibration "
@@ -107,6 +109,10 @@ def _check_engine_flags(args: argparse.Namespace) -> None:
     from vitlab.errors import VitlabError
     from vitlab.export import check_export_engine
 
+    if args.engine == "torch" and args.int8:  # asked for the portable graph, and got ONNX Runtime's int8 graph
+        raise VitlabError("--engine torch writes the portable fp32 graph, and --int8 the int8 graph of ONNX Runtime "
+                          "(its own operators): drop --engine torch, or use --engine openvino for OpenVINO's int8")
+    args.engine = args.engine or "torch"
     check_export_engine(args.engine, args.output)
     low, high = opset_range()
     if not low <= args.opset <= high:  # else torch's exporter fails mid-trace, reported as a vitlab bug
