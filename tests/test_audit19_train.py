@@ -1,6 +1,9 @@
 """Audit 19, training: "resume anything exactly", and a resume with an allowed change does what config.yaml then
 records. Tiny runs of the shared 8x8 three-class set (tests/test_train_loop.py), interrupted by a real SIGINT."""
 
+import json
+import shutil
+
 import pytest
 import torch
 import yaml
@@ -63,3 +66,23 @@ def test_resume_from_an_older_checkpoint_sets_a_later_best_pt_aside(tmp_path, ca
     assert all(torch.equal(best["model"][k], first["model"][k]) for k in first["model"])
     assert (folder / "abandoned" / "best.pt").is_file()
     assert "best.pt to" in capsys.readouterr().err  # the note names what it set aside
+
+
+# ------------------------------------------------- a fine-tuning's weights, resumed from another folder
+def test_finetuning_resumed_from_another_folder_reads_the_weights_it_started_from(tmp_path, monkeypatch):
+    """--weights was recorded as typed: resumed from another folder, a relative path read another file of that
+    name there, and the run went on with that file's normalisation (model/config.json mean 0.2, config.yaml 0.5)."""
+    pre = train(tiny_cfg(tmp_path, name="pre", epochs=1), data=tiny_data()).run_dir / "model"
+    here, there = tmp_path / "here", tmp_path / "there"
+    for folder, mean in ((here, 0.5), (there, 0.2)):  # two model folders named w/ that differ in their input
+        shutil.copytree(pre, folder / "w")
+        config = json.loads((folder / "w" / "config.json").read_text())
+        config["preprocess"]["mean"] = [mean]
+        (folder / "w" / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(here)
+    run = run_interrupted(tmp_path, monkeypatch, step=4, name="ft", weights="w")
+    assert yaml.safe_load((run / "config.yaml").read_text())["weights"] == str(here / "w")
+    monkeypatch.chdir(there)
+    train(resume_cfg(run), data=tiny_data())
+    assert json.loads((run / "model" / "config.json").read_text())["preprocess"]["mean"] == [0.5]
+

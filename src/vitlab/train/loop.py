@@ -61,6 +61,7 @@ from vitlab.train.resume import (
 )
 from vitlab.train.run_dir import RunDir, RunLock, new_run_dir, refuse_if_in_use
 from vitlab.train.setup import (
+    absolute_weights,
     build_model_for,
     build_optimization,
     build_transforms,
@@ -115,6 +116,8 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
         from vitlab.data.load import absolute_source
 
         cfg.data = absolute_source(cfg.data)
+    if isinstance(cfg.weights, str):
+        cfg.weights = absolute_weights(cfg.weights)
     check_installed(cfg.logger)  # a missing tracker package stops here, not mid-run
     t_start = time.perf_counter()
     allow_change = tuple(allow_change)

@@ -149,6 +149,10 @@ def comparable(name: str, value: Any) -> Any:
         from vitlab.data.load import absolute_source
 
         return absolute_source(value)
+    if name == "weights" and isinstance(value, str):  # likewise for a fine-tuning's weights
+        from vitlab.train.setup import absolute_weights
+
+        return absolute_weights(value)
     return value
 
 

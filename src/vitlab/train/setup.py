@@ -8,6 +8,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,17 @@ def load_splits(cfg: TrainConfig, progress: bool, report: bool | None = None, ch
     return load_data(cfg.data, classes=cfg.classes, per_class=cfg.per_class, val_fraction=cfg.val_fraction,
                      test_fraction=cfg.test_fraction, seed=cfg.seed if cfg.data_seed is None else cfg.data_seed,
                      progress=progress, report=report, model_side=training_side(cfg, checkpoint))
+
+
+def absolute_weights(weights: str) -> str:
+    """--weights as a run records it: a local file or folder by its absolute path, as `data` (an existing path is
+    what every loader takes first, so the meaning is the same). Recorded relative, a resume from another folder read
+    another file of that name, and trained on with that file's normalisation, or fell back to the checkpoint.
+    Pretrained names, hf:ORG/NAME, URLs and paths that do not exist here are kept as given."""
+    path = Path(weights).expanduser()
+    if "://" in weights or not path.exists():
+        return weights
+    return str(path.resolve())
 
 
 def finetune_checkpoint(cfg: TrainConfig) -> tuple | None:
