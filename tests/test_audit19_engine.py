@@ -147,3 +147,18 @@ def test_export_int8_with_engine_torch_is_refused(tmp_path, capsys):
     assert main(["export", str(folder), str(out), "--int8", "dynamic", "--quiet"]) == 0
     assert "onnxruntime-int8-dynamic" in capsys.readouterr().out
     assert main(["export", str(folder), str(tmp_path / "p.onnx"), "--quiet"]) == 0  # the portable default
+
+
+@pytest.mark.parametrize("engine", ["torch", "onnxruntime"])
+def test_export_of_a_model_without_head_names_its_output_width(tmp_path, capsys, engine):
+    """A feature extractor (num_classes 0) exports its features; the closing line said output 'logits' Bx0."""
+    import onnxruntime as ort
+
+    from vitlab.cli import main
+
+    folder = saved(tiny_vit(0, num_classes=0), tmp_path / "model")
+    out = tmp_path / "f.onnx"
+    assert main(["export", str(folder), str(out), "--engine", engine, "--quiet"]) == 0
+    said = capsys.readouterr().out
+    width = ort.InferenceSession(str(out)).get_outputs()[0].shape[-1]
+    assert width == 32 and "Bx0" not in said and f"Bx{width} (features" in said

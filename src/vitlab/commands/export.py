@@ -90,9 +90,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _inputs_and_outputs(model, batch: str) -> str:
     """What every exported file takes and gives, in the same words for the portable and the engine graphs."""
-    c, (h, w), n = model.config.in_chans, model.config.image_size, model.config.num_classes
-    return (f"input 'images' {batch}x{c}x{h}x{w}, output 'logits' {batch}x{n}; class names and preprocessing in its "
-            "metadata 'vitlab', docs/serving.md \"Exported files\"")
+    c, (h, w) = model.config.in_chans, model.config.image_size
+    return (f"input 'images' {batch}x{c}x{h}x{w}, output 'logits' {_output_width(model, batch)}; class names and "
+            "preprocessing in its metadata 'vitlab', docs/serving.md \"Exported files\"")
+
+
+def _output_width(model, batch: str) -> str:
+    """What the file's one output holds: the class logits, or for a model without a head (num_classes 0) its
+    features, which the line gave as 'Bx0' though the file gives B x width."""
+    if model.config.num_classes:
+        return f"{batch}x{model.config.num_classes}"
+    width = getattr(model, "num_features", None)
+    return f"{batch}x{width} (features: the model has no classification head)" if width else (
+        "the features (the model has no classification head)")
 
 
 def opset_range() -> tuple[int, int]:
