@@ -2,13 +2,16 @@
 records. Tiny runs of the shared 8x8 three-class set (tests/test_train_loop.py), interrupted by a real SIGINT."""
 
 import json
+import os
 import shutil
+import socket
 
 import pytest
 import torch
 import yaml
 
 from test_train_lifecycle import resume_cfg, run_interrupted, tiny_cfg, tiny_data
+from vitlab.errors import VitlabError
 from vitlab.train import resolve_config, train
 from vitlab.train.optim import lr_factor
 from vitlab.train.run_dir import read_metrics
@@ -86,3 +89,19 @@ def test_finetuning_resumed_from_another_folder_reads_the_weights_it_started_fro
     train(resume_cfg(run), data=tiny_data())
     assert json.loads((run / "model" / "config.json").read_text())["preprocess"]["mean"] == [0.5]
 
+
+# ------------------------------------------------- a run folder copied while its run still trains
+def test_a_lock_copied_with_its_run_folder_does_not_block_the_copy(tmp_path, capsys):
+    """`cp -r runs/a runs/b` while runs/a trains copies runs/a/run.lock: `--resume runs/b` was refused as in use by
+    runs/a's process, with the advice to kill that run. The lock names its folder; the original stays locked."""
+    original = train(tiny_cfg(tmp_path, name="a"), data=tiny_data()).run_dir
+    alive = os.getppid()  # a live process on this machine stands for the run still training in runs/a
+    where = os.stat(original)  # the folder the lock was written in: (device, inode)
+    holder = {"pid": alive, "host": socket.gethostname(), "started": "now", "folder": [where.st_dev, where.st_ino]}
+    (original / "run.lock").write_text(json.dumps(holder))
+    copy = tmp_path / "b"
+    shutil.copytree(original, copy)
+    train(resume_cfg(copy), data=tiny_data())
+    assert "copied with the folder from a run of process" in capsys.readouterr().err
+    with pytest.raises(VitlabError, match=f"in use by process {alive}"):
+        train(resume_cfg(original), data=tiny_data())

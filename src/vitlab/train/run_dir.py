@@ -168,7 +168,7 @@ class RunLock:
                 path.unlink(missing_ok=True)
                 continue
             with os.fdopen(fd, "w") as fh:
-                json.dump(this_process(), fh)
+                json.dump(this_process(path.parent), fh)
             self.path = path
             return
         raise VitlabError(f"cannot take the lock {path}: other processes keep taking it; make sure only one "
@@ -193,9 +193,19 @@ def refuse_if_in_use(folder: str | Path, force: bool = False) -> None:
             take_over_note(path, holder, False)  # raises for a live holder; a stale one is taken over later
 
 
-def this_process() -> dict[str, Any]:
+def this_process(folder: Path) -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "folder": folder_id(folder)}
+
+
+def folder_id(folder: Path) -> list[int] | None:
+    """(device, inode) of the run folder: a lock copied with its folder (`cp -r runs/a runs/b` while runs/a trains)
+    names another folder than the one it lies in, while a moved folder keeps its own."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
 
 
 def read_lock(path: Path) -> dict[str, Any] | None:
@@ -218,6 +228,8 @@ def take_over_note(path: Path, holder: dict[str, Any] | None, force: bool) -> st
     if host != socket.gethostname():
         raise VitlabError(f"run folder {path.parent} is locked by {who}, another machine; if no run is going on "
                           f"there any more, add --force-unlock (two processes writing one run corrupt it)")
+    if holder.get("folder") is not None and holder["folder"] != folder_id(path.parent):
+        return f"took over the lock {path}, copied with the folder from a run of {who} (that run is not this folder's)"
     if isinstance(pid, int) and process_alive(pid):
         raise VitlabError(f"run folder {path.parent} is in use by {who}; wait for that run to end or stop it "
                           f"(kill {pid}, then resume), or use another --name")
