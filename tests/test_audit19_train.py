@@ -10,11 +10,11 @@ import pytest
 import torch
 import yaml
 
-from test_train_lifecycle import resume_cfg, run_interrupted, tiny_cfg, tiny_data
+from test_train_lifecycle import dead_pid, resume_cfg, run_interrupted, tiny_cfg, tiny_data
 from vitlab.errors import VitlabError
-from vitlab.train import resolve_config, train
+from vitlab.train import resolve_config, run_dir, train
 from vitlab.train.optim import lr_factor
-from vitlab.train.run_dir import read_metrics
+from vitlab.train.run_dir import LOCK_NAME, RunLock, read_metrics
 
 pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # tests/conftest.py
 
@@ -105,3 +105,29 @@ def test_a_lock_copied_with_its_run_folder_does_not_block_the_copy(tmp_path, cap
     assert "copied with the folder from a run of process" in capsys.readouterr().err
     with pytest.raises(VitlabError, match=f"in use by process {alive}"):
         train(resume_cfg(original), data=tiny_data())
+
+
+# ------------------------------------------------- two processes taking over one stale lock
+def test_two_processes_taking_over_one_stale_lock_do_not_both_hold_it(tmp_path, monkeypatch):
+    """Two resumes after a SIGKILL both read the stale lock; the first removed it and wrote its own, then the second
+    removed that one too (it had judged the file by what it read before) and wrote its own: two processes trained
+    one run folder. Now the second moves the lock aside, sees it is another and puts it back."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock = folder / LOCK_NAME
+    lock.write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname(), "started": "then"}))
+    first = {"pid": os.getppid(), "host": socket.gethostname(), "started": "now"}  # live, on this machine
+    real_read = run_dir.read_lock
+
+    def first_takes_over_after_our_look(path):
+        holder = real_read(path)  # what we judge: the stale lock
+        monkeypatch.setattr(run_dir, "read_lock", real_read)
+        path.unlink()  # meanwhile the first process takes it over
+        path.write_text(json.dumps(first))
+        return holder
+
+    monkeypatch.setattr(run_dir, "read_lock", first_takes_over_after_our_look)
+    with pytest.raises(VitlabError, match=f"in use by process {first['pid']}"):
+        RunLock().acquire(folder)
+    assert json.loads(lock.read_text()) == first
+    assert [p.name for p in folder.iterdir()] == [LOCK_NAME]  # nothing aside or temporary left behind

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import VitlabError
-from vitlab.train.checkpoint import atomic_write_text, process_alive, remove_stale_temp_files
+from vitlab.train.checkpoint import atomic_write_text, process_alive, remove_stale_temp_files, temp_path
 from vitlab.train.config import TrainConfig, save_yaml
 
 
@@ -160,17 +160,13 @@ class RunLock:
     def acquire(self, folder: str | Path, force: bool = False) -> None:
         path = Path(folder) / LOCK_NAME
         for _ in range(3):  # a lock that vanishes or appears between our look and our write: look again
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = read_lock(path)
-                print(f"vitlab: {take_over_note(path, holder, force)}", file=sys.stderr, flush=True)
-                path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as fh:
-                json.dump(this_process(path.parent), fh)
-            self.path = path
-            return
+            if create_lock(path, this_process(path.parent)):
+                self.path = path
+                return
+            holder = read_lock(path)
+            note = take_over_note(path, holder, force)  # raises for a live holder
+            if remove_lock(path, holder):
+                print(f"vitlab: {note}", file=sys.stderr, flush=True)
         raise VitlabError(f"cannot take the lock {path}: other processes keep taking it; make sure only one "
                           "process trains this run folder, then try again")
 
@@ -181,6 +177,49 @@ class RunLock:
             if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
                 self.path.unlink(missing_ok=True)
         self.path = None
+
+
+def create_lock(path: Path, record: dict[str, Any]) -> bool:
+    """Write the lock where there is none (False where there is one), whole: linked from a temporary file, so that
+    no process reads it half written, takes it for a killed writer's and takes it over."""
+    tmp = temp_path(path)
+    try:
+        tmp.write_text(json.dumps(record))
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: created, then written
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def remove_lock(path: Path, judged: dict[str, Any] | None) -> bool:
+    """Remove the lock read as `judged` (stale, or forced); False where it is another by now. Two processes taking
+    over one stale lock at once both removed it, the second the lock the first had just written, and both trained
+    the run: the lock is moved aside first, and one that is not the one judged is put back."""
+    aside = path.with_name(f".{path.name}.aside.tmp-{os.getpid()}")  # a stale one is cleaned up as leftovers are
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:  # another process removed it
+        return False
+    try:
+        if read_lock(aside) == judged:
+            return True
+        try:
+            os.link(aside, path)
+        except FileExistsError:  # a third process wrote one meanwhile: that one stands
+            pass
+        return False
+    finally:
+        aside.unlink(missing_ok=True)
 
 
 def refuse_if_in_use(folder: str | Path, force: bool = False) -> None:
