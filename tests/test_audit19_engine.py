@@ -162,3 +162,27 @@ def test_export_of_a_model_without_head_names_its_output_width(tmp_path, capsys,
     said = capsys.readouterr().out
     width = ort.InferenceSession(str(out)).get_outputs()[0].shape[-1]
     assert width == 32 and "Bx0" not in said and f"Bx{width} (features" in said
+
+
+def test_a_link_planted_in_the_engine_folder_is_not_written_through(tmp_path):
+    """The builders write fixed names into MODEL/engines/<hash>/ (raw.onnx, attention-raw.onnx, ...): a link left
+    there under such a name (anyone who can write to a shared model folder) made vitlab overwrite its target, any
+    file of the user running it, with an ONNX graph."""
+    from vitlab.engine import prepare_engine
+    from vitlab.engine.attention import prepare_attention_engine
+    from vitlab.engine.choose import fingerprint
+
+    model = tiny_vit(0)
+    folder = saved(model, tmp_path / "model")
+    engines = folder / "engines" / fingerprint(model)
+    engines.mkdir(parents=True)
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    for name in ("raw.onnx", "attention-raw.onnx"):
+        (engines / name).symlink_to(victim)
+    x = torch.randn(2, 3, 32, 32)
+    engine = prepare_engine(model, "onnxruntime", source=folder, batch_size=2, quiet=True)
+    logits, _ = prepare_attention_engine(model, "onnxruntime", batch_size=2, source=folder, quiet=True)(x)
+    assert victim.read_bytes() == b"precious"
+    with torch.no_grad():
+        assert torch.allclose(engine(x), model(x), atol=1e-4) and torch.allclose(logits, model(x), atol=1e-4)

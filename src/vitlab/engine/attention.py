@@ -62,7 +62,7 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
     """`folder/fp32-attention.onnx`: logits and every layer's attention, LayerNorm/GELU fused by ORT."""
     from vitlab.engine.onnx_graph import trace_to_onnx
     from vitlab.engine.ort import optimize_vit_graph, require_onnxruntime
-    from vitlab.engine.trusted import discard, is_trusted, remember
+    from vitlab.engine.trusted import discard, is_trusted, remember, remove_links
 
     require_onnxruntime()
     out = folder / "fp32-attention.onnx"
@@ -72,6 +72,7 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
         if is_trusted([out]):
             return out
         discard([out])
+        remove_links(folder)
         names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
         raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
                             folder / "attention-raw.onnx", output_names=names)

@@ -174,7 +174,9 @@ class _Choices:
         with folder_lock(self.path.parent):
             self.data = {**self._read(), key: entry}
             try:
-                tmp.write_text(json.dumps(self.data, indent=1))
+                tmp.unlink(missing_ok=True)
+                with open(tmp, "x") as handle:  # a new file: never written through a link planted under its name
+                    handle.write(json.dumps(self.data, indent=1))
                 tmp.replace(self.path)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -250,12 +252,13 @@ class _Builder:
 
     def _kept_or_built(self, files: list[Path], what: str, build: Callable[[], object]) -> None:
         """Reuse `files` if vitlab built them here and they are unchanged (`engine/trusted.py`), else build them."""
-        from vitlab.engine.trusted import discard, is_trusted, remember
+        from vitlab.engine.trusted import discard, is_trusted, remember, remove_links
 
         with folder_lock(self.folder):  # a command building the same files at once: it builds, this one waits
             if is_trusted(files):
                 return
             found = discard(files)
+            remove_links(self.folder)
             self.say_building(what + (" (the copy found there was not built by vitlab on this machine, or has "
                                       "changed since)" if found else ""))
             build()

@@ -67,3 +67,16 @@ def discard(files: list[Path]) -> bool:
             found = True
             path.unlink()
     return found
+
+
+def remove_links(folder: Path) -> None:
+    """Remove the symbolic links in an engine folder before building into it. vitlab makes none there, and the
+    builders write fixed names (raw.onnx, fp32.onnx, ...) through them: a link planted in a shared model's folder
+    made the next user's vitlab overwrite the link's target (any file of theirs) with an ONNX graph."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:  # not made yet: nothing in it
+        return
+    for entry in entries:
+        if entry.is_symlink():
+            Path(entry.path).unlink(missing_ok=True)
