@@ -186,3 +186,32 @@ def test_a_link_planted_in_the_engine_folder_is_not_written_through(tmp_path):
     assert victim.read_bytes() == b"precious"
     with torch.no_grad():
         assert torch.allclose(engine(x), model(x), atol=1e-4) and torch.allclose(logits, model(x), atol=1e-4)
+
+
+def test_calibration_images_that_cannot_be_used_are_said_so(tmp_path, capsys):
+    """--calibration given, no image in it readable: the command said 'static int8 needs calibration images: add
+    --calibration DATA' (and --int8 auto 'no calibration images'), as if none were given; one image file was
+    refused as 'cannot use ... as data'; the data loader's refusals did not name the flag."""
+    from PIL import Image
+
+    from vitlab.cli import main
+
+    folder = saved(tiny_vit(0), tmp_path / "model")
+    image = tmp_path / "one.png"
+    Image.new("RGB", (40, 40), (90, 20, 200)).save(image)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for i in range(3):
+        (broken / f"{i}.png").write_bytes(b"not a png")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def error(*flags: str) -> str:
+        assert main(["predict", str(folder), str(image), "--quiet", *flags]) == 2
+        return capsys.readouterr().err
+
+    for mode in ("static", "auto"):
+        said = error("--int8", mode, "--calibration", str(broken))
+        assert "none of the 3 calibration images could be read" in said and "--calibration" in said
+    assert "at least 16 calibration images, got 1" in error("--int8", "static", "--calibration", str(image))
+    assert f"--calibration {empty}:" in error("--int8", "static", "--calibration", str(empty))

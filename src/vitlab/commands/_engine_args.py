@@ -59,8 +59,12 @@ def calibration_for(args: argparse.Namespace, preprocess, default=None):
         return None
     if getattr(args, "calibration", None):
         from vitlab.engine.calibration import calibration_from_source
+        from vitlab.errors import VitlabError
 
-        return calibration_from_source(args.calibration, preprocess)
+        try:
+            return calibration_from_source(args.calibration, preprocess)
+        except VitlabError as exc:  # the data loader's words name no flag ('cal has no class subfolders')
+            raise VitlabError(f"--calibration {args.calibration}: {exc}") from exc
     return default() if default is not None else None
 
 

@@ -25,12 +25,14 @@ def calibration_from_files(files: Sequence[str | Path], preprocess, limit: int =
 
     files = list(files)
     step = max(1, len(files) // limit)
-    tensors = []
+    tensors, unread = [], []
     for _, tensor in prefetched(files[::step][:limit], lambda path: preprocess(open_image(path)), ahead=32):
         try:
             tensors.append(tensor.result())
-        except VitlabError:
-            continue
+        except VitlabError as exc:
+            unread.append(exc)
+    if unread and not tensors:  # else the command said it had no calibration images, as if none were given
+        raise VitlabError(f"none of the {len(unread)} calibration images could be read ({unread[0]})")
     return _batches(tensors)
 
 
@@ -49,6 +51,8 @@ def calibration_from_source(source: str, preprocess, limit: int = CALIBRATION_IM
     # source. Hidden entries decide nothing: a `.thumbnails/` folder made a folder of images a "data set"
     from vitlab.data.images import is_image_file
 
+    if p.is_file() and is_image_file(p):  # one image: read as such, not refused as a data set
+        return calibration_from_files([p], preprocess, limit)
     if p.is_dir() and any(not c.name.startswith(".") and is_image_file(c) and c.is_file() for c in p.iterdir()):
         from vitlab.predict import collect_images
 
