@@ -12,7 +12,7 @@ import yaml
 
 from test_train_lifecycle import dead_pid, resume_cfg, run_interrupted, tiny_cfg, tiny_data
 from vitlab.errors import VitlabError
-from vitlab.train import resolve_config, run_dir, train
+from vitlab.train import loop, resolve_config, run_dir, train
 from vitlab.train.optim import lr_factor
 from vitlab.train.run_dir import LOCK_NAME, RunLock, read_metrics
 
@@ -131,3 +131,35 @@ def test_two_processes_taking_over_one_stale_lock_do_not_both_hold_it(tmp_path, 
         RunLock().acquire(folder)
     assert json.loads(lock.read_text()) == first
     assert [p.name for p in folder.iterdir()] == [LOCK_NAME]  # nothing aside or temporary left behind
+
+
+# ------------------------------------------------- a run stopped before its first checkpoint
+class Killed(BaseException):
+    """A SIGKILL, as far as the run folder is concerned: nothing after this point runs."""
+
+
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(tmp_path, monkeypatch, capsys):
+    """With --ckpt-every 200 a kill in the first 200 steps leaves config.yaml and metrics.jsonl but no checkpoint:
+    `--resume RUN` was refused (no checkpoints) and the same command again too (the folder holds a run)."""
+    ref = train(tiny_cfg(tmp_path, name="ref", ckpt_every=0), data=tiny_data()).model
+    real, calls = loop.params_finite, {"n": 0}
+
+    def killed_in_step_2(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Killed
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "params_finite", killed_in_step_2)
+        with pytest.raises(Killed):
+            train(tiny_cfg(tmp_path, ckpt_every=0), data=tiny_data())
+    run = tmp_path / "run"
+    assert not list((run / "checkpoints").iterdir()) and read_metrics(run)  # step 1's record, no checkpoint
+    capsys.readouterr()
+    again = train(resume_cfg(run), data=tiny_data())
+    assert "it starts again from step 0" in capsys.readouterr().err
+    for (k, a), b in zip(ref.state_dict().items(), again.model.state_dict().values()):
+        assert torch.equal(a, b), k
+    steps = [r["step"] for r in read_metrics(run) if r["type"] == "step"]
+    assert steps == sorted(set(steps)) == list(range(1, 7))  # each step once: the stopped attempt's records went

@@ -58,6 +58,7 @@ from vitlab.train.resume import (
     resolve_threads,
     resume_command,
     run_folder_of,
+    starts_over,
 )
 from vitlab.train.run_dir import RunDir, RunLock, new_run_dir, refuse_if_in_use
 from vitlab.train.setup import (
@@ -281,6 +282,7 @@ class TrainingRun:
         self.allow_change = tuple(allow_change)
         self.changes = dict(changes or {})
         self.progress = Progress()
+        self.fresh_start = False  # --resume of a run that wrote no checkpoint: it starts again (setup)
         self.trackers = Trackers()  # --logger: TensorBoard / wandb beside metrics.jsonl (rank 0), opened in setup
         self.bar: Any = None
         self.step_delay = float(os.environ.get("VITLAB_TEST_STEP_SLEEP", "0"))  # tests: leave time to kill a run
@@ -292,7 +294,9 @@ class TrainingRun:
         if cfg.resume:
             if self.info.world_size == 1:  # under torchrun rank 0's lock (open_run_folder) is the check
                 refuse_if_in_use(run_folder_of(cfg.resume), force_unlock)
-            find_resume_checkpoint(cfg.resume)  # fail before loading anything
+            self.fresh_start = starts_over(cfg.resume)
+            if not self.fresh_start:
+                find_resume_checkpoint(cfg.resume)  # fail before loading anything
         seed_everything(cfg.seed)
         self.setup_model(model, data)
         self.setup_batches()
@@ -377,7 +381,7 @@ class TrainingRun:
         lock_run_folder(lock, self.run, info, force_unlock)  # before anything in the folder is touched
         self.run.remove_leftovers()
         self.ckpts = CheckpointManager(self.run.path / "checkpoints", cfg.keep_last)
-        state, state_path = load_resume_state(cfg.resume) if cfg.resume else (None, None)
+        state, state_path = load_resume_state(cfg.resume) if cfg.resume and not self.fresh_start else (None, None)
         if state is not None:
             check_world_size(state, info.world_size, self.allow_change, self.changes)
             load_model_state(self.raw_model, state["model"], state_path)
@@ -402,7 +406,11 @@ class TrainingRun:
         if state is not None:
             self.restore(state)
             return
-        self.run.save_config(cfg)
+        if self.fresh_start and self.main:
+            self.run.metrics_path.unlink(missing_ok=True)  # the stopped attempt's records: its steps are done again
+            print(f"vitlab: {self.run.path} holds no checkpoint (the run stopped before its first one): it starts "
+                  "again from step 0 with its recorded settings", file=sys.stderr, flush=True)
+        self.run.save_config(dataclasses.replace(cfg, resume=None))
         if self.main:
             from vitlab.data import write_skipped
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from vitlab.errors import VitlabError
 from vitlab.runtime import auto_threads
-from vitlab.train.checkpoint import checkpoint_folder, load_resume_state
+from vitlab.train.checkpoint import CheckpointManager, checkpoint_folder, load_resume_state
 from vitlab.train.config import TrainConfig, lacked_by, load_yaml, recorded_values
 from vitlab.train.run_dir import RunDir
 
@@ -47,6 +47,15 @@ def run_folder_of(resume: str | Path) -> Path:
     if p.is_dir() and checkpoint_folder(p) == p:  # RUN/checkpoints: its run is the folder above
         return p.parent
     return p
+
+
+def starts_over(resume: str | Path) -> bool:
+    """`--resume RUN` of a run folder that holds its config.yaml but no step checkpoint (stopped before its first
+    one, which --ckpt-every 200 puts 200 steps in): nothing to continue, and a run from step 0 with the recorded
+    settings is that run, where the resume was refused and a new run in the folder too (it holds a run)."""
+    p = Path(resume)
+    return (p.is_dir() and (run_folder_of(p) / "config.yaml").is_file()
+            and not CheckpointManager(checkpoint_folder(p)).step_files())
 
 
 def recorded_config(resume: str | Path) -> dict[str, Any]:
