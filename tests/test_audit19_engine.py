@@ -215,3 +215,23 @@ def test_calibration_images_that_cannot_be_used_are_said_so(tmp_path, capsys):
         assert "none of the 3 calibration images could be read" in said and "--calibration" in said
     assert "at least 16 calibration images, got 1" in error("--int8", "static", "--calibration", str(image))
     assert f"--calibration {empty}:" in error("--int8", "static", "--calibration", str(empty))
+
+
+def test_an_engine_with_nowhere_to_write_says_so(tmp_path, monkeypatch):
+    """A read-only model folder and a user cache that cannot be written: 'engine onnxruntime cannot run this model
+    (...)', which blamed the model; now the line names the folder and VITLAB_CACHE."""
+    from vitlab.engine import prepare_engine
+    from vitlab.errors import VitlabError
+
+    model = tiny_vit(0)
+    folder = saved(model, tmp_path / "model")
+    not_a_folder = tmp_path / "cache-is-a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("VITLAB_CACHE", str(not_a_folder))
+    folder.chmod(0o555)
+    try:
+        for engine, int8 in (("onnxruntime", None), ("auto", "dynamic")):
+            with pytest.raises(VitlabError, match="cannot write its files in .*set VITLAB_CACHE to a writable folder"):
+                prepare_engine(model, engine, int8=int8, source=folder, batch_size=2, quiet=True)
+    finally:
+        folder.chmod(0o755)

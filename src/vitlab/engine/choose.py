@@ -403,7 +403,7 @@ def prepare_engine(
         except VitlabError:
             raise
         except Exception as exc:  # an exporter or compiler that cannot take this model: one line, not a traceback
-            raise VitlabError(f"engine {engine} cannot run this model ({reason(exc)}); use --engine torch") from exc
+            raise _not_built(f"engine {engine}", exc, folder, "use --engine torch") from exc
         notes.append(f"{chosen.name} (as asked)")
     elif int8 is not None:
         try:
@@ -411,12 +411,22 @@ def prepare_engine(
         except VitlabError:
             raise
         except Exception as exc:  # the exporter or ORT's quantizer cannot take this model
-            raise VitlabError(f"int8 cannot be built for this model ({reason(exc)}); run without --int8") from exc
+            raise _not_built("int8", exc, folder, "run without --int8") from exc
     else:
         chosen = _choose_exact(builder, folder, f"batch {batch_size}|{size[0]}x{size[1]}", batch_size, notes)
     if sub_batches and (engine == "auto" or int8 is not None):
         chosen = _in_best_sub_batches(chosen, builder, batch_size, notes, say)
     return announce(chosen, command, notes, quiet)
+
+
+def _not_built(what: str, exc: BaseException, folder: Path, fix: str) -> VitlabError:
+    """The one line for an engine that could not be built: a folder it cannot write to is no fault of the model
+    (a read-only model folder and user cache read 'engine onnxruntime cannot run this model (PermissionError ...)')."""
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+        return VitlabError(f"{what} cannot write its files in {folder} ({reason(exc)}): set VITLAB_CACHE to a "
+                           f"writable folder, or {fix}")
+    return VitlabError(f"{what} cannot {'be built for' if what == 'int8' else 'run'} this model ({reason(exc)}); "
+                       f"{fix}")
 
 
 def _refuse_int8_without_transformer(model: nn.Module) -> None:
