@@ -141,7 +141,8 @@ class Killed(BaseException):
 def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(tmp_path, monkeypatch, capsys):
     """With --ckpt-every 200 a kill in the first 200 steps leaves config.yaml and metrics.jsonl but no checkpoint:
     `--resume RUN` was refused (no checkpoints) and the same command again too (the folder holds a run)."""
-    ref = train(tiny_cfg(tmp_path, name="ref", ckpt_every=0), data=tiny_data()).model
+    # one thread for both runs: the automatic count follows the load, and another count sums in another order
+    ref = train(tiny_cfg(tmp_path, name="ref", ckpt_every=0, threads=1), data=tiny_data()).model
     real, calls = loop.params_finite, {"n": 0}
 
     def killed_in_step_2(*args, **kwargs):
@@ -153,7 +154,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(tmp_pa
     with monkeypatch.context() as m:
         m.setattr(loop, "params_finite", killed_in_step_2)
         with pytest.raises(Killed):
-            train(tiny_cfg(tmp_path, ckpt_every=0), data=tiny_data())
+            train(tiny_cfg(tmp_path, ckpt_every=0, threads=1), data=tiny_data())
     run = tmp_path / "run"
     assert not list((run / "checkpoints").iterdir()) and read_metrics(run)  # step 1's record, no checkpoint
     capsys.readouterr()
@@ -163,3 +164,20 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(tmp_pa
         assert torch.equal(a, b), k
     steps = [r["step"] for r in read_metrics(run) if r["type"] == "step"]
     assert steps == sorted(set(steps)) == list(range(1, 7))  # each step once: the stopped attempt's records went
+
+
+def test_a_finetuning_resumes_with_the_normalisation_it_started_with(tmp_path, monkeypatch):
+    """A resume read the mean and std from the weights again: where the file had changed since the run started
+    (re-saved, another vitlab's record of a pretrained name), the run went on with another normalisation than
+    config.yaml records, and ended with other weights than the run left alone."""
+    weights = train(tiny_cfg(tmp_path, name="pre", epochs=1), data=tiny_data()).run_dir / "model"
+    # one thread for both: the automatic count follows the machine's load, and another sums in another order
+    ref = train(tiny_cfg(tmp_path, name="ref", weights=str(weights), threads=1), data=tiny_data()).model
+    run = run_interrupted(tmp_path, monkeypatch, step=4, name="ft", weights=str(weights), threads=1)
+    config = json.loads((weights / "config.json").read_text())
+    config["preprocess"]["mean"] = [0.2]  # the weights' file changes before the resume
+    (weights / "config.json").write_text(json.dumps(config))
+    again = train(resume_cfg(run), data=tiny_data()).model
+    for (k, a), b in zip(ref.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert json.loads((run / "model" / "config.json").read_text())["preprocess"]["mean"] == [0.5]

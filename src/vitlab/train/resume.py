@@ -125,8 +125,9 @@ def check_run_settings(cfg: TrainConfig, allow_change: tuple[str, ...],
     for name, before in recorded.items():
         if name in NEUTRAL_SETTINGS or name in NUMERIC_SETTINGS:
             continue
-        if name in ("mean", "std") and cfg.weights:
-            continue  # fine-tuning takes them from the weights' preprocessing on every start
+        if name in ("mean", "std") and cfg.weights:  # fine-tuning's are its weights' when the run started: the record
+            setattr(cfg, name, before)
+            continue
         now = getattr(cfg, name)
         if name in FILLED_BY_THE_RUN and now == FILLED_BY_THE_RUN[name]:
             setattr(cfg, name, before)

@@ -330,7 +330,9 @@ def build_transforms(cfg: TrainConfig, model: nn.Module, data, preprocess, devic
     image_size = tuple(mcfg.image_size) if mcfg is not None else (cfg.image_size or data.train.image_size[0],) * 2
     in_chans = mcfg.in_chans if mcfg is not None else data.channels
     mean, std = cfg.mean, cfg.std
-    if preprocess is not None:  # fine-tuning keeps the normalisation the weights were trained with
+    # fine-tuning keeps the normalisation the weights were trained with, as the run recorded it when it started: a
+    # resume that read it from the weights again went on with another where the file had changed since
+    if preprocess is not None and not cfg.resume:
         mean, std = tuple(preprocess.mean), tuple(preprocess.std)
         cfg.mean, cfg.std = list(mean), list(std)
     if cfg.image_size is None:
