@@ -232,3 +232,17 @@ def test_int8_without_onnxruntime_runs_openvino_alone(monkeypatch):
     assert found and all(m.startswith("openvino") for m in found)
     with pytest.raises(VitlabError, match=r"vitlab\[onnx\]"):  # dynamic int8 is ONNX Runtime's alone
         choose.int8_candidates("auto", "dynamic")
+
+
+def test_static_int8_across_runtimes_is_not_called_int8_auto(tmp_path, monkeypatch):
+    """--int8 static --engine auto times static int8 in each runtime; the line said 'int8 auto', a choice between
+    static and dynamic the user had not asked for."""
+    monkeypatch.setattr(choose, "interleaved_speeds",
+                        lambda engines, *a, **k: {m: {"openvino-static": 30.0}.get(m, 10.0) for m in engines})
+    monkeypatch.setattr(choose, "_agreement", lambda engine, reference, holdout: (1.0, len(holdout)))
+    engine = prepare_engine(tiny(), "auto", int8="static", calibration=[images(64).numpy()], source=tmp_path,
+                            quiet=True, sub_batches=False, batch_size=5)
+    assert "int8 static, fastest runtime: " in engine.note and "int8 auto" not in engine.note
+    again = prepare_engine(tiny(), "auto", int8="static", calibration=[images(64).numpy()], source=tmp_path,
+                           quiet=True, sub_batches=False, batch_size=5)
+    assert "int8 static, fastest runtime, chosen before" in again.note

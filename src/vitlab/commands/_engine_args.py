@@ -21,7 +21,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
                         "present")  # inspect has no --int8: its help named a flag it refuses
     if int8:
         p.add_argument("--int8", nargs="?", const="auto", choices=INT8_CHOICES, default=None,
-                       help="int8 inference in ONNX Runtime or OpenVINO (with --engine auto: both, where installed; "
+                       help="int8 inference in ONNX Runtime or OpenVINO (predict and evaluate with --engine auto: both, where installed; "
                             "timed once per machine and batch size, the fastest kept): static (activation ranges calibrated on your images), "
                             "dynamic (ranges per call; ONNX Runtime only), or auto (static unless dynamic times over "
                             "5%% faster, of those whose top-1 agreement with fp32 on held-out images is not "
