@@ -181,3 +181,13 @@ def test_a_finetuning_resumes_with_the_normalisation_it_started_with(tmp_path, m
     for (k, a), b in zip(ref.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), k
     assert json.loads((run / "model" / "config.json").read_text())["preprocess"]["mean"] == [0.5]
+
+
+def test_a_resume_at_another_image_size_names_the_tensor_that_does_not_fit(tmp_path, monkeypatch):
+    """--image-size with --allow-change image_size builds position embeddings of another grid; the one line said
+    'another model or model_args than the run's' and named neither the tensor nor the image size."""
+    run = run_interrupted(tmp_path, monkeypatch, step=4)  # 8 px, patches of 2: 16 positions and the class token
+    with pytest.raises(VitlabError) as err:
+        train(resume_cfg(run, image_size=12), data=tiny_data(), allow_change=("image_size",))
+    assert "pos_embed: checkpoint [1, 17, 32], model [1, 37, 32]; another model, model_args or image_size" in str(
+        err.value)

@@ -195,8 +195,25 @@ def load_model_state(model: nn.Module, weights: dict[str, torch.Tensor], path: P
     try:
         model.load_state_dict(weights)
     except RuntimeError:
-        raise VitlabError(f"checkpoint {path} does not fit the model this command builds (another model or "
-                          f"model_args than the run's); resume with the run's model settings") from None
+        raise VitlabError(f"checkpoint {path} does not fit the model this command builds ({first_misfit(model, weights)}"
+                          f"another model, model_args or image_size than the run's); resume with the run's model "
+                          "settings") from None
+
+
+def first_misfit(model: nn.Module, weights: dict[str, torch.Tensor]) -> str:
+    """`pos_embed: checkpoint [1, 17, 16], model [1, 26, 16]; ` for the first tensor whose shape differs (or that one
+    side lacks), so that the line says what differs (an --image-size resumed with --allow-change: the position
+    embeddings)."""
+    own = model.state_dict()
+    for name in list(own) + [k for k in weights if k not in own]:
+        mine, theirs = own.get(name), weights.get(name)
+        if mine is None or theirs is None or mine.shape != theirs.shape:
+            return f"{name}: checkpoint {shape_of(theirs)}, model {shape_of(mine)}; "
+    return ""
+
+
+def shape_of(tensor: torch.Tensor | None) -> list[int] | str:
+    return list(tensor.shape) if tensor is not None else "none"
 
 
 def check_world_size(state: dict[str, Any], world: int, allow_change: tuple[str, ...],
