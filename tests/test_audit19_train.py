@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-from test_train_lifecycle import dead_pid, resume_cfg, run_interrupted, tiny_cfg, tiny_data
+from test_train_lifecycle import ARGS, dead_pid, resume_cfg, run_interrupted, tiny_cfg, tiny_data
+from vitlab.cli import main
 from vitlab.errors import VitlabError
 from vitlab.train import loop, resolve_config, run_dir, train
 from vitlab.train.optim import lr_factor
@@ -191,3 +192,16 @@ def test_a_resume_at_another_image_size_names_the_tensor_that_does_not_fit(tmp_p
         train(resume_cfg(run, image_size=12), data=tiny_data(), allow_change=("image_size",))
     assert "pos_embed: checkpoint [1, 17, 32], model [1, 37, 32]; another model, model_args or image_size" in str(
         err.value)
+
+
+def test_recipe_on_resume_is_refused_in_one_line_not_dropped(tmp_path, capsys):
+    """`vitlab train --resume RUN --recipe pretrain` went on with the run's recorded small-data settings without a
+    word (config.yaml outranks a recipe); the run's own recipe named again still resumes."""
+    steps = [*ARGS[: ARGS.index("--epochs")], "--steps", "2", *ARGS[ARGS.index("--epochs") + 2:]]
+    assert main(["train", *steps, "--threads", "1", "--out", str(tmp_path), "--name", "run"]) == 0
+    run = str(tmp_path / "run")
+    capsys.readouterr()
+    assert main(["train", "--resume", run, "--recipe", "pretrain"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "with --recipe pretrain: the run continues with its recorded settings" in err
+    assert main(["train", "--resume", run, "--recipe", "small-data"]) == 0

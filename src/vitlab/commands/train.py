@@ -147,7 +147,20 @@ def config_from_args(args: argparse.Namespace, default_recipe: str, extra: dict 
             yaml_path = checkpoint_config(args.resume) or None
         overrides["resume"] = str(args.resume)
     recipe = args.recipe or (None if yaml_path else default_recipe)
-    return resolve_config(recipe, yaml_path, overrides)
+    cfg = resolve_config(recipe, yaml_path, overrides)
+    if args.resume and args.recipe and cfg.recipe != args.recipe:
+        refuse_recipe_on_resume(args, cfg.recipe)
+    return cfg
+
+
+def refuse_recipe_on_resume(args: argparse.Namespace, recorded: str) -> None:
+    """--recipe on a resume was silently dropped: the run's config.yaml outranks a recipe, so the run went on with
+    its recorded settings whatever recipe was named."""
+    from vitlab.errors import VitlabError
+
+    raise VitlabError(f"cannot resume {args.resume} with --recipe {args.recipe}: the run continues with its recorded "
+                      f"settings (recipe {recorded}); drop --recipe, and change single settings with their flags and "
+                      "--allow-change")
 
 
 def allowed_changes(args: argparse.Namespace) -> tuple[str, ...]:
