@@ -1,5 +1,6 @@
 """Fixtures shared by several test modules."""
 
+import os
 import random
 
 import numpy as np
@@ -14,6 +15,15 @@ def same_random_start():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def idle_load_average(monkeypatch):
+    """Training's automatic thread count reads the load average (1 thread on a busy machine, runtime.auto_threads).
+    Under the suite's own load a test's reference run and its interrupted run could take different counts, and so
+    different bits: a resume test then failed by chance. Tests see an idle machine unless they set a load."""
+    if hasattr(os, "getloadavg"):
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
 
 
 @pytest.fixture()

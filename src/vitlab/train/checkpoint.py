@@ -154,8 +154,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise VitlabError(f"no checkpoint at {path}")
+    from vitlab.weights.io import check_torch_zip
+
     try:
+        check_torch_zip(path)  # a flipped byte loaded silently as another weight or optimizer moment
         return torch.load(path, map_location="cpu", weights_only=True)
+    except VitlabError as exc:
+        raise VitlabError(f"{exc}; resume from another one") from None
     except Exception as exc:  # a truncated or foreign file
         raise VitlabError(f"cannot read checkpoint {path}: {type(exc).__name__}; resume from another one") from None
 

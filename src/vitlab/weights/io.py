@@ -128,7 +128,7 @@ def load_tensor_file(path: str | Path) -> Any:
             return load_file(str(p), device="cpu")
         except Exception as exc:  # SafetensorsError (truncated header/data), OSError
             raise VitlabError(f"cannot read {p} as safetensors ({exc}); is the file complete?") from exc
-    _check_torch_zip(p)
+    check_torch_zip(p)
     try:
         if p.name.endswith(".safetensors"):  # torch.load would hand a path with this name to safetensors
             with open(p, "rb") as fh:
@@ -162,20 +162,27 @@ def _torch_load_error(path: Path, exc: Exception) -> VitlabError:
     )
 
 
-def _check_torch_zip(path: Path) -> None:
-    """torch.save writes its zip uncompressed: a member declaring far more bytes than the file holds is
-    a zip bomb, refused before torch decompresses it."""
+def check_torch_zip(path: Path) -> None:
+    """Refuse a torch zip that would load wrong: a member declaring far more bytes than the file holds (torch.save
+    writes uncompressed, so that is a zip bomb or damage), or a member whose bytes fail the CRC-32 the zip records.
+    torch.load checks no checksum, so a flipped byte (a disk or copy error) loaded as a silently changed weight or
+    optimizer moment; reading the file once more costs about 0.5 s per GB."""
     try:
         if not zipfile.is_zipfile(path):  # can raise on a damaged end-of-archive record
             return
         with zipfile.ZipFile(path) as z:
             declared = sum(info.file_size for info in z.infolist())
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
+            size = path.stat().st_size
+            if declared > 2 * size + 2**20:
+                raise VitlabError(f"{path} declares {declared / 2**20:.0f} MB of data in a {size / 2**20:.1f} MB "
+                                  "file (torch writes its files uncompressed: a zip bomb or a damaged file); re-save "
+                                  "the weights")
+            damaged = z.testzip()
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError):
         return  # torch.load reports the damaged archive in its own words
-    size = path.stat().st_size
-    if declared > 2 * size + 2**20:
-        raise VitlabError(f"{path} declares {declared / 2**20:.0f} MB of data in a {size / 2**20:.1f} MB file "
-                          "(torch writes its files uncompressed: a zip bomb or a damaged file); re-save the weights")
+    if damaged is not None:
+        raise VitlabError(f"{path} is damaged: its part {damaged} fails the checksum the file records (a changed "
+                          "byte, from the disk or a copy); use another copy, or download or save it again")
 
 
 _WRAPPERS = ("model", "state_dict", "model_state", "module")
