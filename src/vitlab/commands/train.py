@@ -24,7 +24,8 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--model", "model", str, "registry name (vit-ti/16, vit-s/16, resnet-50, custom, ...)"),
     ("--model-args", "model_args", str, "model overrides, e.g. dim=64,depth=6,heads=4,mlp_dim=128,patch_size=4"),
     ("--image-size", "image_size", int, "training resolution (default: the data's / the checkpoint's)"),
-    ("--epochs", "epochs", float, "epochs (ignored when --steps > 0)"),
+    ("--epochs", "epochs", float, "epochs (ignored when --steps is given too; replaces the steps of a recipe or "
+                                  "--config, e.g. the finetune recipe's 1000)"),
     ("--steps", "steps", int, "optimizer steps (overrides --epochs; 0: train for --epochs)"),
     ("--batch-size", "batch_size", int, "global batch size (all processes, after accumulation)"),
     ("--micro-batch", "micro_batch", int, "per-process batch of one forward pass; the rest is gradient accumulation"),
@@ -33,7 +34,8 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--weight-decay", "weight_decay", float, "weight decay of the weight matrices only: decoupled (x lr) with adamw, L2 with sgd, none with adam"),
     ("--momentum", "momentum", float, "SGD momentum"),
     ("--warmup-steps", "warmup_steps", int, "linear warm-up steps"),
-    ("--warmup-epochs", "warmup_epochs", float, "linear warm-up in epochs (when --warmup-steps is not given)"),
+    ("--warmup-epochs", "warmup_epochs", float, "linear warm-up in epochs (ignored when --warmup-steps is given "
+                                                "too; replaces the warm-up steps of a recipe or --config)"),
     ("--decay", "decay", str, "cosine | linear | constant"),
     ("--lr-end", "lr_end", float, "final lr of the linear decay"),
     ("--grad-clip", "grad_clip", float, "clip gradients at this global norm (0: off)"),
