@@ -235,3 +235,13 @@ def test_an_engine_with_nowhere_to_write_says_so(tmp_path, monkeypatch):
                 prepare_engine(model, engine, int8=int8, source=folder, batch_size=2, quiet=True)
     finally:
         folder.chmod(0o755)
+
+
+def test_an_openvino_name_without_its_engine_says_which_engine(tmp_path, capsys):
+    """`vitlab export M x.xml` said only 'name it OUT.onnx'; the .xml means OpenVINO, which --engine openvino writes."""
+    from vitlab.cli import main
+
+    folder = saved(tiny_vit(0), tmp_path / "model")
+    assert main(["export", str(folder), str(tmp_path / "x.xml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--engine openvino" in err[0] and not (tmp_path / "x.xml").exists()

@@ -157,6 +157,9 @@ def check_export_engine(engine: str, path: str | Path | None = None) -> None:
                           f"beside it), not {Path(path).name}")
     if engine != "openvino" and path is not None and Path(path).suffix.lower() != ".onnx":
         # `vitlab export MODEL out/` wrote a file named `out`: a folder meant, or a name no tool takes for ONNX
+        if Path(path).suffix.lower() == ".xml":  # an OpenVINO name without the engine that writes it
+            raise VitlabError(f"{Path(path).name} names an OpenVINO model: add --engine openvino, or name it OUT.onnx "
+                              "for ONNX")
         raise VitlabError(f"export writes one ONNX model file: name it OUT.onnx, not {Path(path).name or path}"
                           + (" (a folder)" if str(path).endswith(("/", "\\")) or Path(path).is_dir() else ""))
 
