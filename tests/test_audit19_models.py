@@ -133,28 +133,20 @@ def test_vit_prune_keeps_what_the_indices_need_and_saves_as_a_shallower_model(tm
         assert torch.equal(back.forward_features(x), model.forward_features(x))
 
 
+@pytest.mark.parametrize("index", [2, 0], ids=["middle-stage", "stem"])
 @pytest.mark.parametrize("name", ["resnet-50", "bit-r50x1", "bit-r50x1-postact"])
-def test_resnet_prune_to_a_middle_stage_makes_its_map_the_features(name):
+def test_resnet_pruned_to_a_feature_makes_its_map_the_features(name, index):
+    """timm: the pre-head norm goes with the last stage, and the stem's pool when only the stem is kept."""
     model = _tiny(name)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        second = model.forward_intermediates(x, indices=[2], intermediates_only=True)[0]
-    assert model.prune_intermediate_layers([2]) == [2]
-    assert model.num_classes == 0 and model.config.resnet.layers == (1, 1)
-    assert model.num_features == second.shape[1]
+        kept = model.forward_intermediates(x, indices=[index], intermediates_only=True)[0]
+    assert model.prune_intermediate_layers([index]) == [index]
+    assert model.num_classes == 0 and model.config.resnet.layers == (1,) * index
+    assert model.num_features == kept.shape[1]
     with torch.no_grad():
-        assert torch.equal(model.forward_features(x), second)  # timm: the pre-head norm goes with the last stage
-        assert model(x).shape == (2, second.shape[1])
-
-
-@pytest.mark.parametrize("name", ["resnet-50", "bit-r50x1", "bit-r50x1-postact"])
-def test_resnet_prune_to_the_stem_drops_its_pool(name):
-    model = _tiny(name)
-    x = torch.randn(1, 3, 32, 32)
-    with torch.no_grad():
-        stem = model.forward_intermediates(x, indices=[0], intermediates_only=True)[0]
-        model.prune_intermediate_layers([0])
-        assert torch.equal(model.forward_features(x), stem)
+        assert torch.equal(model.forward_features(x), kept)
+        assert model(x).shape == (2, kept.shape[1])
 
 
 # --------------------------------------------------------------------------- timm post-activation ResNetV2 files
