@@ -26,9 +26,21 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
 def model_folder_name(spec: str) -> str:
     """A model argument as part of a default output folder's name (eval-<this>-test, inspect-<this>): its last
     path part, with what a folder name should not hold (/, parentheses, commas) as dashes."""
+    import re
     from pathlib import Path
 
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(spec).name or spec)
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(spec).name or spec)
+    # 'custom(dim=32,patch_size=7)' gave 'custom-dim-32-patch_size-7-', and eval-...-7--test after it
+    return re.sub(r"-{2,}", "-", name).strip("-") or "model"
+
+
+def weights_folder_name(spec: str) -> str:
+    """`model_folder_name` of a model argument, a weights file without its suffix: eval-ViT-B_16-test and
+    inspect-ViT-B_16, not ...ViT-B_16.npz... (evaluate kept the suffix where inspect dropped it)."""
+    from pathlib import Path
+
+    path = Path(spec).expanduser()
+    return model_folder_name(path.stem if path.is_file() else spec)
 
 
 def parse_image_size(text: str) -> int | tuple[int, int]:

@@ -16,7 +16,12 @@ from vitlab.commands._argtypes import (
     seed_value,
 )
 from vitlab.commands._engine_args import add_engine_arguments
-from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, model_folder_name
+from vitlab.commands._load_args import (
+    WEIGHTS_HELP,
+    add_load_arguments,
+    model_folder_name,
+    weights_folder_name,
+)
 from vitlab.errors import VitlabError
 
 
@@ -273,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
             other = model_folder_name(args.data)
         out = loaded.run / "-".join(filter(None, ("eval", loaded.checkpoint, other, args.split, int8)))
     else:
-        out = Path("-".join(filter(None, ("eval", model_folder_name(args.model), args.split, int8))))
+        out = Path("-".join(filter(None, ("eval", weights_folder_name(args.model), args.split, int8))))
     res.info["model_description"] = loaded.description
     res.info["data"] = data.summary()
     # the square file images are stored at (they are resized from it to the model's input)

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 
 from vitlab.commands._argtypes import THREADS_HELP, fraction, non_negative_int, positive_int, seed_value
 from vitlab.commands._engine_args import add_engine_arguments
-from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, model_folder_name
+from vitlab.commands._load_args import (
+    WEIGHTS_HELP,
+    add_load_arguments,
+    model_folder_name,
+    weights_folder_name,
+)
 from vitlab.errors import VitlabError
 
 if TYPE_CHECKING:
@@ -213,9 +218,7 @@ def run_defaults(args: argparse.Namespace) -> dict:
                                                   else model_folder_name(args.data))
             args.out = str(run / "-".join(filter(None, ("inspect", checkpoint, other))))
         else:
-            p = Path(args.model).expanduser()
-            # a weights file names the folder without its suffix: inspect-ViT-B_16, not inspect-ViT-B_16.npz
-            args.out = f"inspect-{model_folder_name(p.stem if p.is_file() else args.model)}"
+            args.out = f"inspect-{weights_folder_name(args.model)}"
     if run is not None:
         settings["run"] = str(run)
     if run is not None and not args.images and not args.data:
