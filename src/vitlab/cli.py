@@ -4,7 +4,8 @@ Each sub-command lives in its own module under `vitlab/commands/` and exposes
 `register(subparsers)`, which adds its parser and sets `func(args) -> int | None`.
 
 Every failure reaches the user as one line on stderr ("vitlab CMD: error: cause; fix") and a non-zero
-exit; VITLAB_DEBUG=1 shows tracebacks and the libraries' warnings instead.
+exit. VITLAB_DEBUG=1 shows the libraries' warnings, and the traceback of an unexpected failure (an OSError or
+any other exception vitlab did not raise itself) instead of its line; vitlab's own errors stay one line.
 """
 
 from __future__ import annotations
