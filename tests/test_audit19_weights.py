@@ -212,6 +212,18 @@ def test_training_a_given_model_with_such_a_head_is_refused_before_the_first_ste
     assert kept.test_metrics is not None and not (kept.run_dir / "model").exists()
 
 
+def test_dropout_on_a_given_model_with_such_a_head_is_one_line(tmp_path):
+    """--dropout / --drop-path rebuild the model from its config: with a head put in by hand and save_model=False
+    that was a bare load_state_dict error listing unexpected keys."""
+    model = vitlab.create_model("custom", dim=32, depth=1, heads=2, mlp_dim=64, patch_size=2, image_size=8,
+                                in_chans=1, num_classes=3)
+    model.head = nn.Sequential(nn.Dropout(0.1), nn.Linear(32, 3))
+    with pytest.raises(vitlab.VitlabError, match=r"--drop-path rebuild the model.*model.head is Sequential.*"
+                                                 r"create_model\(\.\.\., drop_path=0.2\)") as info:
+        train(tiny_cfg(tmp_path, epochs=1, save_model=False, drop_path=0.2), model=model, data=tiny_data())
+    assert "\n" not in str(info.value)
+
+
 # ------------------------------------------------------------------- 3. the trained model in memory
 TIMM_VIEW = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode", "label_names")
 
