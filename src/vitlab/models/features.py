@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
+from vitlab.models.surface import check_output_fmt
 
 # timm's `out_indices` when none is given: ViTs take the last 3 blocks; ResNets the stem and 4 stages
 VIT_DEFAULT_OUT_INDICES = 3
@@ -68,7 +69,7 @@ class FeatureExtractor(nn.Module):
         if not hasattr(model, "forward_intermediates"):
             raise VitlabError(f"{type(model).__name__} has no forward_intermediates, so it cannot give features; "
                               "use a model from vitlab.create_model or vitlab.load")
-        _check_format(model, output_fmt)
+        check_output_fmt(output_fmt, model.output_formats)  # before the model is cut
         indices = default_out_indices(model) if out_indices is None else out_indices
         if isinstance(indices, tuple):
             indices = list(indices)
@@ -82,13 +83,6 @@ class FeatureExtractor(nn.Module):
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return self.model.forward_intermediates(x, indices=self.out_indices, norm=self.norm,
                                                 output_fmt=self.output_fmt, intermediates_only=True)
-
-
-def _check_format(model: nn.Module, output_fmt: str) -> None:
-    """Before the model is cut: ViTs give maps or tokens, ResNets maps."""
-    from vitlab.models.surface import check_output_fmt
-
-    check_output_fmt(output_fmt, ("NCHW", "NLC") if hasattr(model, "blocks") else ("NCHW",))
 
 
 def default_out_indices(model: nn.Module) -> int | list[int]:

@@ -235,12 +235,9 @@ class PooledClassifier(TimmSurface):
         self.grad_checkpointing = enable
 
     def _run_stages(self, x: torch.Tensor) -> torch.Tensor:
-        """`self.stages` on x, block by block under activation checkpointing when it is on and gradients flow."""
-        if not (self.grad_checkpointing and self.training and torch.is_grad_enabled()):
-            return self.stages(x)
-        for stage in self.stages:
-            for block in stage.blocks:
-                x = checkpoint(block, x, use_reentrant=False)
+        """Every stage on x (`_run_stage`: block by block under activation checkpointing when it is on)."""
+        for stage in self._stage_modules():
+            x = self._run_stage(stage, x)
         return x
 
     def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -276,6 +273,7 @@ class PooledClassifier(TimmSurface):
     # -------------------------------------------------------------------- intermediate features
     # timm's feature list of a ResNet: the stem's output before its pool (index 0), then every stage's.
     _stem_feature_module = "stem.norm"  # timm's name of the stem's feature (a ReLU follows the norm here)
+    output_formats = ("NCHW",)  # feature maps only (timm's ResNets likewise)
 
     def _stage_modules(self) -> list[nn.Module]:
         return list(self.stages)
@@ -288,7 +286,7 @@ class PooledClassifier(TimmSurface):
         return x
 
     def _run_stage(self, stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """One stage, block by block under activation checkpointing where `_run_stages` would use it."""
+        """One stage, block by block under activation checkpointing when it is on and gradients flow."""
         if not (self.grad_checkpointing and self.training and torch.is_grad_enabled()):
             return stage(x)
         for block in getattr(stage, "blocks", stage):
@@ -300,7 +298,7 @@ class PooledClassifier(TimmSurface):
         """timm's `forward_intermediates` of a ResNet: feature maps of the stem (index 0, before its pool) and of
         each stage (1..S) in `indices` (None: all; n: the last n; a list, negative from the end); `norm` puts the
         last stage's through the pre-head norm where there is one. Returns (forward_features(x), maps) or the maps."""
-        check_output_fmt(output_fmt, ("NCHW",))
+        check_output_fmt(output_fmt, self.output_formats)
         stages = self._stage_modules()
         take, last = feature_take_indices(1 + len(stages), indices)
         self._check_images(x)

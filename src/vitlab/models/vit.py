@@ -432,6 +432,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         return (logits, attentions) if return_attention else logits
 
     # -------------------------------------------------------------------- intermediate features
+    output_formats = ("NCHW", "NLC")  # patch tokens as maps (B, D, h, w) or as tokens (B, h*w, D)
+
     def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
                               output_fmt: str = "NCHW", intermediates_only: bool = False, output_dict: bool = False,
@@ -440,7 +442,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         list, negative from the end), as maps (B, D, h, w) ('NCHW') or tokens (B, h*w, D) ('NLC'), the prefix
         (class) token split off; `norm` puts each through the final LayerNorm. Returns (forward_features(x),
         intermediates), the intermediates alone, or timm's dict. Hybrids take theirs from the blocks too, as timm's."""
-        check_output_fmt(output_fmt, ("NCHW", "NLC"))
+        check_output_fmt(output_fmt, self.output_formats)
         if attn_mask is not None or is_causal:
             raise VitlabError("attn_mask / is_causal: vitlab's ViT attends over all tokens (no masking); leave "
                               "them out")
