@@ -187,13 +187,13 @@ def with_regularisation(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     if all(getattr(config, k) == v for k, v in wanted.items()):
         return model
     from vitlab.models.registry import build_model
-    from vitlab.weights.native import check_savable
+    from vitlab.weights.native import check_savable, hand_put_head
 
     try:
         check_savable(model)  # a module put in by hand (a head): the rebuild from the config would not hold it
-    except VitlabError as exc:
+    except VitlabError:
         flags = "/".join(f"--{k.replace('_', '-')}" for k in wanted)
-        head = str(exc).split(", but ")[0] if str(exc).startswith("model.") else "a module was changed by hand"
+        head = hand_put_head(model) or "a module was changed by hand"
         raise VitlabError(f"{flags} rebuild the model from its config, which cannot hold a module put in by hand "
                           f"({head}); give {' and '.join(f'{k}=' for k in wanted)} when building the model instead: "
                           f"vitlab.create_model(..., {', '.join(f'{k}={v}' for k, v in wanted.items())})") from None

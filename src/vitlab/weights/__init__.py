@@ -510,8 +510,9 @@ def adapt(
 def model_record(model: nn.Module, class_names: list[str] | None, preprocess: Any) -> tuple[Any, Any]:
     """(class names, preprocessing) to write with `model`: the ones given, else those `vitlab.load` read from the
     model's file (`model.class_names`, `model.preprocess`), so that loading and saving again keeps them."""
-    for wrapper in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
-        model = getattr(model, wrapper, model)
+    from vitlab.weights.native import unwrapped
+
+    model = unwrapped(model)
     if class_names is None:
         class_names = getattr(model, "class_names", None)
     if preprocess is None:

@@ -41,13 +41,12 @@ def default_preprocess(config: ViTConfig, antialias: bool = True) -> dict:
 
 def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | None = None, preprocess: Any = None) -> Path:
     """Write `folder/config.json` + `folder/model.safetensors`; `load(folder)` gives the same model back."""
+    from vitlab.models.features import FeatureExtractor
+    from vitlab.weights import model_record
     from vitlab.weights.io import save_safetensors
 
-    for wrapper in ("module", "_orig_mod"):  # DistributedDataParallel, torch.compile
-        model = getattr(model, wrapper, model)
-    from vitlab.weights import model_record
-
-    if hasattr(model, "out_indices") and hasattr(getattr(model, "model", None), "config"):
+    model = unwrapped(model)
+    if isinstance(model, FeatureExtractor):
         # a features_only extractor: its model is cut (blocks, final norm, head), which no config describes
         raise VitlabError("a features_only extractor is not saved itself: save the whole model, then rebuild the "
                           "extractor with vitlab.load(FOLDER, features_only=True, out_indices=...); or save "
@@ -75,6 +74,13 @@ def save_native(model: nn.Module, folder: str | Path, class_names: list[str] | N
     return folder
 
 
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel or torch.compile wrapper (the one that holds the config)."""
+    for wrapper in ("module", "_orig_mod"):
+        model = getattr(model, wrapper, model)
+    return model
+
+
 def check_savable(model: nn.Module) -> None:
     """Refuse, before anything is written, a model whose tensors are not those its config builds: a saved folder
     holds the config and the tensors, and `vitlab.load` rebuilds the model from the config, so a module put in by
@@ -86,11 +92,9 @@ def check_savable(model: nn.Module) -> None:
     expected = model_shapes(model.config)
     found = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     head = getattr(model, "_head_name", "head")
-    in_head = f"{head}."
-    head_problems = shape_problems({k: v for k, v in expected.items() if k.startswith(in_head)},
-                                   {k: v for k, v in found.items() if k.startswith(in_head)})
-    if head_problems:
-        raise VitlabError(_head_refusal(model, head, expected.get(f"{head}.weight")))
+    described = _hand_put_head(model, expected, found)
+    if described is not None:
+        raise VitlabError(_head_refusal(described, head, expected.get(f"{head}.weight")))
     problems = shape_problems(expected, found)
     if problems:
         raise VitlabError(f"{type(model).__name__}'s weights are not those its config builds ({'; '.join(problems)}), "
@@ -98,7 +102,26 @@ def check_savable(model: nn.Module) -> None:
                           "undo the change, or save model.state_dict() with safetensors yourself")
 
 
-def _head_refusal(model: nn.Module, head: str, weight_shape: tuple[int, ...] | None) -> str:
+def hand_put_head(model: nn.Module) -> str | None:
+    """'model.head is Sequential(Dropout, Linear)' where the head's tensors are not those the config builds (a head
+    put in by hand), else None."""
+    from vitlab.weights.limits import model_shapes
+
+    return _hand_put_head(model, model_shapes(model.config), {k: tuple(v.shape) for k, v in model.state_dict().items()})
+
+
+def _hand_put_head(model: nn.Module, expected: dict, found: dict) -> str | None:
+    """`hand_put_head` from the shapes the config builds and those the model holds."""
+    from vitlab.weights.limits import shape_problems
+
+    head = getattr(model, "_head_name", "head")
+    in_head = f"{head}."
+    problems = shape_problems({k: v for k, v in expected.items() if k.startswith(in_head)},
+                              {k: v for k, v in found.items() if k.startswith(in_head)})
+    return f"model.{head} is {_describe(getattr(model, head, None))}" if problems else None
+
+
+def _head_refusal(described: str, head: str, weight_shape: tuple[int, ...] | None) -> str:
     """The line that says which head vitlab's format stores and how to get there."""
     if weight_shape is None:  # a model without classes: no head
         stored, reset = "nn.Identity() (the model has num_classes=0)", "model.reset_classifier(0)"
@@ -106,7 +129,7 @@ def _head_refusal(model: nn.Module, head: str, weight_shape: tuple[int, ...] | N
         classes, width = weight_shape[0], weight_shape[-1]
         stored = f"one nn.Linear({width}, {classes}) with a bias"
         reset = f"model.{head} = nn.Linear({width}, {classes}) (or model.reset_classifier({classes}))"
-    return (f"model.{head} is {_describe(getattr(model, head, None))}, but a saved vitlab model's {head} is {stored}, "
+    return (f"{described}, but a saved vitlab model's {head} is {stored}, "
             f"which vitlab.load rebuilds from the config; set {reset} before saving, or save model.state_dict() "
             "with safetensors and rebuild this head yourself after loading")
 
