@@ -19,11 +19,11 @@ from vitlab.engine.choose import (
     artefact_folder,
     check_exact,
     keep_fastest,
+    kept_or_built,
     machine_key,
     open_or_rebuild,
     reason,
 )
-from vitlab.engine.locking import folder_lock
 from vitlab.engine.torch_engines import TorchEngine
 from vitlab.errors import VitlabError
 
@@ -62,22 +62,18 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
     """`folder/fp32-attention.onnx`: logits and every layer's attention, LayerNorm/GELU fused by ORT."""
     from vitlab.engine.onnx_graph import trace_to_onnx
     from vitlab.engine.ort import optimize_vit_graph, require_onnxruntime
-    from vitlab.engine.trusted import discard, is_trusted, remember, remove_links
-
     require_onnxruntime()
     out = folder / "fp32-attention.onnx"
-    # reused only if this user's vitlab wrote it and it is unchanged, as every other engine file: any graph found
-    # there ran, and `auto`'s cached pick runs it unchecked (another model's graph gave that model's logits and maps)
-    with folder_lock(folder):  # another command building it at once: one builds, the other reuses it
-        if is_trusted([out]):
-            return out
-        discard([out])
-        remove_links(folder)
+
+    def build() -> None:
         names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
         raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
                             folder / "attention-raw.onnx", output_names=names)
         optimize_vit_graph(raw, out, model.config)
-        remember([out])
+
+    # reused only if this user's vitlab wrote it and it is unchanged, as every other engine file: any graph found
+    # there ran, and `auto`'s cached pick runs it unchecked (another model's graph gave that model's logits and maps)
+    kept_or_built(folder, [out], build)
     return out
 
 

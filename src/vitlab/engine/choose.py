@@ -182,6 +182,24 @@ class _Choices:
                 tmp.unlink(missing_ok=True)
 
 
+def kept_or_built(folder: Path, files: list[Path], build: Callable[[], object],
+                  say_building: Callable[[bool], None] = lambda found: None) -> None:
+    """Reuse `files` in `folder` if vitlab built them here and they are unchanged (`engine/trusted.py`), else build
+    them under the folder's lock (a command building the same files at once builds, the other waits and reuses
+    them), with the links planted in the folder removed first; `say_building(found)` says so, `found`: whether an
+    untrusted copy was there."""
+    from vitlab.engine.trusted import discard, is_trusted, remember, remove_links
+
+    with folder_lock(folder):
+        if is_trusted(files):
+            return
+        found = discard(files)
+        remove_links(folder)
+        say_building(found)
+        build()
+        remember(files)
+
+
 def announce(engine, command: str, notes: list[str], quiet: bool):
     """Keep the one line saying what runs (`engine.note`) and print it unless `quiet` (commands that must
     first finish reading their inputs print `engine.note` themselves)."""
@@ -252,17 +270,9 @@ class _Builder:
 
     def _kept_or_built(self, files: list[Path], what: str, build: Callable[[], object]) -> None:
         """Reuse `files` if vitlab built them here and they are unchanged (`engine/trusted.py`), else build them."""
-        from vitlab.engine.trusted import discard, is_trusted, remember, remove_links
-
-        with folder_lock(self.folder):  # a command building the same files at once: it builds, this one waits
-            if is_trusted(files):
-                return
-            found = discard(files)
-            remove_links(self.folder)
-            self.say_building(what + (" (the copy found there was not built by vitlab on this machine, or has "
-                                      "changed since)" if found else ""))
-            build()
-            remember(files)
+        kept_or_built(self.folder, files, build, lambda found: self.say_building(
+            what + (" (the copy found there was not built by vitlab on this machine, or has changed since)"
+                    if found else "")))
 
     def fp32_path(self) -> Path:
         from vitlab.engine.ort import build_fp32, require_onnxruntime
