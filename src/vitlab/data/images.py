@@ -126,7 +126,7 @@ def normalise_mode(img: Image.Image, mode: str | None = None) -> Image.Image:
     """Return `img` as "RGB" or "L". `mode=None` keeps grey images grey and makes the rest RGB."""
     m = img.mode
     if m in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        img = _grey_16_transparent_white(img, _to_8bit_grey(img)) if "transparency" in img.info else _to_8bit_grey(img)
+        img = _grey_16_transparent_white(img, _to_8bit_grey(img))
     elif m == "1":
         img = img.convert("L")
     elif m == "P":

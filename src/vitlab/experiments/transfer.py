@@ -189,27 +189,30 @@ def study_advice(run: Path, lr_flag: str):
     """A run that diverges (loss or weights not finite) says what the study can change: its advice named
     --grad-clip and --precision, which the studies do not have, and a rerun of the same command resumes the run
     into the same divergence (the settings of a study folder are fixed)."""
-    from vitlab.train.loop import DIVERGENCE_ADVICE
-
     try:
         yield
     except VitlabError as exc:
-        text = str(exc)
-        if not text.endswith(DIVERGENCE_ADVICE):
+        reworded = _with_study_advice(str(exc), lr_flag)
+        if reworded is None:
             raise
-        raise VitlabError(f"{run.name}: {text[:-len(DIVERGENCE_ADVICE)]}; the study's settings are fixed for every run: "
-                          f"start it again with a lower {lr_flag} and a new --out") from None
+        raise VitlabError(f"{run.name}: {reworded}") from None
 
 
 def finetune_error(text: str) -> str:
     """A downstream fine-tuning's failure in the study's words (`run_compare`'s reword_error): compare's advice
     for a diverged run names compare's flags (--lr, --grad-clip, --precision), which the study does not have."""
+    return _with_study_advice(text, "--finetune-lr") or text
+
+
+def _with_study_advice(text: str, lr_flag: str) -> str | None:
+    """`text` with the training loop's divergence advice replaced by what the study can change; None where the
+    text is no divergence."""
     from vitlab.train.loop import DIVERGENCE_ADVICE
 
     if not text.endswith(DIVERGENCE_ADVICE):
-        return text
+        return None
     return (f"{text[:-len(DIVERGENCE_ADVICE)]}; the study's settings are fixed for every run: start it again with "
-            "a lower --finetune-lr and a new --out")
+            f"a lower {lr_flag} and a new --out")
 
 
 def write_json(path: Path, obj: Any) -> None:
