@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from test_cli_hostile import run_cli  # (exit code, stderr lines) of `vitlab ARGV`
 from vitlab.cli import main
 from vitlab.data import load_data
 from vitlab.data.images import check_image_header, decode_image, open_image, pil_to_tensor
@@ -201,14 +202,6 @@ def test_cifar_short_names_file_keeps_its_names_and_says_so(tmp_path):
 # 3. `vitlab data shard SRC OUT` with OUT and SRC nested
 
 
-def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip().splitlines()
-
-
 def _photos(root: Path) -> Path:
     rng = np.random.default_rng(0)
     for cls in ("Cat", "Dog"):
@@ -229,7 +222,7 @@ def test_shard_out_nested_with_its_source_is_refused_in_one_line(tmp_path, monke
     (tmp_path / "linked").symlink_to(tmp_path / "src")
     monkeypatch.chdir(tmp_path)
     before = _files(tmp_path / "src")
-    code, err = _run(["data", "shard", "src", out, "--quiet"], capsys)
+    code, err = run_cli(["data", "shard", "src", out, "--quiet"], capsys)
     assert code == 2 and len(err) == 1, err
     assert "source folder" in err[0] and ("inside" in err[0] or "holds" in err[0] or " is the " in err[0])
     assert _files(tmp_path / "src") == before  # nothing written into the source (was: shards in src/Cat)
@@ -244,7 +237,7 @@ def test_shard_out_inside_a_class_folder_linked_from_elsewhere_is_refused(tmp_pa
     farm.mkdir()
     for cls in ("Cat", "Dog"):
         (farm / cls).symlink_to(tmp_path / "photos" / cls)
-    code, err = _run(["data", "shard", str(farm), str(tmp_path / "photos" / "Dog" / "shards"), "--quiet"], capsys)
+    code, err = run_cli(["data", "shard", str(farm), str(tmp_path / "photos" / "Dog" / "shards"), "--quiet"], capsys)
     assert code == 2 and len(err) == 1 and "inside the source folder" in err[0], err
     assert not (tmp_path / "photos" / "Dog" / "shards").exists()
 
@@ -256,7 +249,7 @@ def test_shard_of_shards_into_their_own_folder_keeps_them(tmp_path, capsys):
     capsys.readouterr()
     first = (tmp_path / "s" / "train-000000.tar").read_bytes()
     for source in (str(tmp_path / "s"), str(tmp_path / "s" / "train-{000000..000000}.tar")):
-        code, err = _run(["data", "shard", source, str(tmp_path / "s"), "--force", "--quiet"], capsys)
+        code, err = run_cli(["data", "shard", source, str(tmp_path / "s"), "--force", "--quiet"], capsys)
         assert code == 2 and len(err) == 1 and "is the source folder" in err[0], err
     assert (tmp_path / "s" / "train-000000.tar").read_bytes() == first
 
@@ -279,7 +272,7 @@ TRAIN_ONLY = re.compile(r"(?<![\w-])--(epochs|steps|batch-size|lr)(?![\w-])|(?<!
     (["--finetune-min-steps", "-1"], "--finetune-min-steps"),
 ], ids=["no-finetune-length", "negative-min-steps"])
 def test_study_transfer_names_its_own_flags(tmp_path, capsys, argv, flag):
-    code, err = _run(["study", "transfer", "--data", "bundled", "--out", str(tmp_path / "st"), *argv], capsys)
+    code, err = run_cli(["study", "transfer", "--data", "bundled", "--out", str(tmp_path / "st"), *argv], capsys)
     assert code == 2 and len(err) == 1, err
     assert flag in err[0] and not TRAIN_ONLY.search(err[0]), err[0]  # was "(e.g. --epochs 10)"
     assert not (tmp_path / "st").exists()
@@ -287,7 +280,7 @@ def test_study_transfer_names_its_own_flags(tmp_path, capsys, argv, flag):
 
 def test_study_scaling_refuses_a_negative_multi_seed_max(tmp_path, capsys):
     """--multi-seed-max -1 was taken (every size one seed) where the other counts refuse a negative."""
-    code, err = _run(["study", "scaling", "--data", "bundled", "--out", str(tmp_path / "sc"),
+    code, err = run_cli(["study", "scaling", "--data", "bundled", "--out", str(tmp_path / "sc"),
                       "--multi-seed-max", "-1"], capsys)
     assert code == 2 and len(err) == 1 and "--multi-seed-max" in err[0], err
     assert not (tmp_path / "sc").exists()
@@ -305,7 +298,7 @@ def test_study_scaling_messages_name_its_flags():
 @pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--warmup-steps", "-1"), ("--weight-decay", "-1"),
                                          ("--grad-clip", "-1")])
 def test_compare_refuses_a_bad_value_by_its_flag(tmp_path, capsys, flag, value):
-    code, err = _run(["compare", "--data", "bundled", "--models", "vit-ti/16", "--out", str(tmp_path / "c"),
+    code, err = run_cli(["compare", "--data", "bundled", "--models", "vit-ti/16", "--out", str(tmp_path / "c"),
                       flag, value], capsys)
     assert code == 2 and len(err) == 1 and f"argument {flag}:" in err[0], err  # was "batch_size must be >= 1"
 
@@ -341,7 +334,7 @@ def test_inspect_out_inside_its_source_is_refused(tmp_path, monkeypatch, capsys,
     monkeypatch.chdir(tmp_path / "src" if not argv else tmp_path)
     source = "." if not argv else "src"
     before = _files(tmp_path / "src")
-    code, err = _run(["data", "inspect", source, "--quiet", *argv], capsys)
+    code, err = run_cli(["data", "inspect", source, "--quiet", *argv], capsys)
     assert code == 2 and len(err) == 1 and "inside the source folder" in err[0], err
     assert _files(tmp_path / "src") == before
 
