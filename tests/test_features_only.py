@@ -1,7 +1,8 @@
 """timm's `features_only` on vitlab models: `create_model(..., features_only=True)` and `vitlab.load(...,
 features_only=True)` give a feature extractor built on `forward_intermediates`.
 
-Checked by hand against timm 1.0.31 (torch 2.14.1, /work/peers), with the same weights loaded strictly: ViT-Ti/16
+Checked against timm 1.0.31 (torch 2.14.1; tests/fixtures/intermediates19/check_features_only.py, run where timm is
+installed), with the same weights loaded strictly: ViT-Ti/16
 (exact GELU) with the default, (1, -1) and norm=True within 3.4e-6; ResNet-50 with the default and (2, 3) equal;
 feature_info channels and reductions equal. Here the outputs are compared with the whole model's own
 `forward_intermediates`, which tests/test_audit19_models.py checks against timm's outputs.

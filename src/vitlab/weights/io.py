@@ -166,7 +166,7 @@ def check_torch_zip(path: Path) -> None:
     """Refuse a torch zip that would load wrong: a member declaring far more bytes than the file holds (torch.save
     writes uncompressed, so that is a zip bomb or damage), or a member whose bytes fail the CRC-32 the zip records.
     torch.load checks no checksum, so a flipped byte (a disk or copy error) loaded as a silently changed weight or
-    optimizer moment; reading the file once more costs about 0.5 s per GB."""
+    optimizer moment; the check reads the file once more, about as long as torch.load's own read."""
     try:
         if not zipfile.is_zipfile(path):  # can raise on a damaged end-of-archive record
             return
