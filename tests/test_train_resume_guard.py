@@ -241,8 +241,12 @@ def test_a_relative_data_path_is_recorded_absolute_and_other_data_refused(tmp_pa
     (tmp_path / "b").mkdir()
     _image_folder(tmp_path / "b" / "folder", 20)
     config = yaml.safe_load((run / "config.yaml").read_text())
-    config["data"] = "folder"  # as runs recorded it before: relative
+    config["data"] = "folder"  # as runs recorded it before: relative, in config.yaml and the checkpoint
     (run / "config.yaml").write_text(yaml.safe_dump(config))
+    step4 = run / "checkpoints" / "step-0000004.pt"
+    state = torch.load(step4, weights_only=True)
+    state["config"]["data"] = "folder"
+    torch.save(state, step4)
     monkeypatch.chdir(tmp_path / "b")
     capsys.readouterr()
     assert main(["train", "--resume", str(run / "checkpoints" / "step-0000004.pt")]) == 2

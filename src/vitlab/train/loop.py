@@ -49,6 +49,7 @@ from vitlab.train.outputs import (
 )
 from vitlab.train.precision import autocast_context, set_stem_precision
 from vitlab.train.resume import (
+    check_hand_edits,
     check_resume,
     check_same_data,
     check_world_size,
@@ -281,6 +282,7 @@ class TrainingRun:
         self.stop = stop or StopSignals()
         self.allow_change = tuple(allow_change)
         self.changes = dict(changes or {})
+        self.config_put_back = False  # a hand edit of config.yaml that the resuming command undid (check_hand_edits)
         self.progress = Progress()
         self.fresh_start = False  # --resume of a run that wrote no checkpoint: it starts again (setup)
         self.trackers = Trackers()  # --logger: TensorBoard / wandb beside metrics.jsonl (rank 0), opened in setup
@@ -382,7 +384,8 @@ class TrainingRun:
         self.run.remove_leftovers()
         self.ckpts = CheckpointManager(self.run.path / "checkpoints", cfg.keep_last)
         state, state_path = load_resume_state(cfg.resume) if cfg.resume and not self.fresh_start else (None, None)
-        if state is not None:
+        if state is not None:  # before the weights load: an edited model_args says so, not a shape mismatch
+            self.config_put_back = check_hand_edits(run_path, state, cfg, self.allow_change, self.changes)
             check_world_size(state, info.world_size, self.allow_change, self.changes)
             load_model_state(self.raw_model, state["model"], state_path)
         return state
@@ -444,6 +447,8 @@ class TrainingRun:
                   "config.yaml is written again", file=sys.stderr, flush=True)
             self.run.save_config(dataclasses.replace(self.cfg, resume=None))
         record_changes(self.run, self.cfg, self.changes, step)
+        if self.config_put_back and not self.changes:  # config.yaml says again what the run goes on with
+            self.run.save_config(dataclasses.replace(self.cfg, resume=None))
         if new_optimizer and self.main:
             before, now = self.changes["optimizer"]
             print(f"vitlab: optimizer {before} -> {now}: its state (moments, momentum) starts afresh at step {step}",

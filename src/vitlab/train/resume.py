@@ -19,7 +19,7 @@ from vitlab.errors import VitlabError
 from vitlab.runtime import auto_threads
 from vitlab.train.checkpoint import CheckpointManager, checkpoint_folder, load_resume_state
 from vitlab.train.config import TrainConfig, lacked_by, load_yaml, recorded_values
-from vitlab.train.run_dir import RunDir
+from vitlab.train.run_dir import RunDir, read_metrics
 
 # Decided once when a run starts, recorded in config.yaml and each checkpoint, restored by --resume:
 # a resumed process that picked them afresh (e.g. fewer threads under load) computes differently.
@@ -227,6 +227,53 @@ def check_world_size(state: dict[str, Any], world: int, allow_change: tuple[str,
                               f"resume it with `{launch} --resume RUN` to continue exactly, or add --allow-change "
                               "world_size to go on with this count (the batch split and numerics change)")
         changes["world_size"] = (before, world)
+
+
+def check_hand_edits(run_path: Path, state: dict[str, Any], cfg: TrainConfig, allow_change: tuple[str, ...],
+                     changes: dict[str, tuple[Any, Any]]) -> bool:
+    """config.yaml edited by hand since the resumed checkpoint was written: the resume is built from config.yaml,
+    so the command saw no difference and the run went on with the edited settings, recorded nowhere. Each edit is a
+    change of the run as a flag would be: refused in one line unless allowed, else recorded in `changes` as
+    (checkpoint's value, value the run goes on with). Returns whether config.yaml must be written again (an edit
+    that the command itself put back)."""
+    edits = edits_since_checkpoint(run_path, state)
+    refused = [name for name in edits if name not in allow_change]
+    if refused:
+        shown = ", ".join(describe_change(name, *edits[name]) for name in refused)
+        raise VitlabError(f"cannot resume {run_path}: its config.yaml was edited after checkpoint step "
+                          f"{state.get('global_step')} was written ({shown}); put the recorded value"
+                          f"{'s' if len(refused) > 1 else ''} back to continue the run as it was, or add "
+                          f"--allow-change {','.join(refused)} to go on with the edit (metrics.jsonl then records it)")
+    put_back = False
+    for name, (before, _) in edits.items():
+        now = getattr(cfg, name)
+        if comparable(name, now) == comparable(name, before):
+            changes.pop(name, None)
+            put_back = True
+        else:
+            changes[name] = (before, now)
+    return put_back
+
+
+def edits_since_checkpoint(run_path: Path, state: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{setting: (value the checkpoint recorded, value in config.yaml)} where they differ, leaving out the changes
+    a resume from this checkpoint allowed (metrics.jsonl's change records at its step: the checkpoint was written
+    before them) and the settings that may differ on any resume."""
+    path = run_path / "config.yaml"
+    config = state.get("config")
+    if not isinstance(config, dict) or not path.is_file():
+        return {}
+    try:
+        written = recorded_values(load_yaml(path))
+    except VitlabError:
+        return {}
+    step, base = state.get("global_step"), recorded_values(config)
+    for record in read_metrics(run_path) if (run_path / "metrics.jsonl").is_file() else []:
+        if record.get("type") == "change" and record.get("step") == step:
+            base.update(recorded_values({k: v[1] for k, v in record.get("changed", {}).items()}))
+    return {name: (base[name], value) for name, value in written.items()
+            if name in base and name not in NEUTRAL_SETTINGS and name != "world_size"
+            and comparable(name, base[name]) != comparable(name, value)}
 
 
 def print_numerics(cfg: TrainConfig, precision: str, world: int) -> None:
