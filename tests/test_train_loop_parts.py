@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
+import yaml
 
 from vitlab.errors import VitlabError
-from vitlab.train import loop, resolve_config
+from vitlab.train import loop, resolve_config, train
 from vitlab.train.checkpoint import rng_state
 from vitlab.train.distributed import DistInfo
 from vitlab.train.setup import param_groups, plain_name, plan_steps, split_batch, step_seed
@@ -462,3 +463,34 @@ def test_the_loss_figure_says_when_the_train_loss_is_smoothed(tmp_path):
     assert _train_loss_note(tmp_path) == ", mixed targets"
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"label_smoothing": 0.0}))
     assert _train_loss_note(tmp_path) == ""
+
+
+# ------------------------------------------------- a module of the caller's own
+class OwnNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+
+    def forward(self, x):
+        return self.f(x)
+
+
+def test_a_module_of_ones_own_trains_to_the_end_without_a_model_folder(tmp_path, capsys):
+    """It trained, then failed after the last step on 'not a vitlab model' (the model folder), with no
+    summary.json: now it says at the start that model/ is left out, and records save_model false."""
+    from test_train_lifecycle import tiny_cfg, tiny_data
+
+    result = train(tiny_cfg(tmp_path, drop_path=None), model=OwnNet(), data=tiny_data())
+    assert "OwnNet is not a vitlab model, so the run writes no model/ folder" in capsys.readouterr().err
+    assert (result.run_dir / "summary.json").is_file() and not (result.run_dir / "model").exists()
+    assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["save_model"] is False
+    assert result.model is not None and result.test_metrics is not None
+
+
+def test_dropout_flags_on_a_module_of_ones_own_are_refused(tmp_path):
+    """--drop-path was recorded in config.yaml and applied nowhere on such a module."""
+    from test_train_lifecycle import tiny_cfg, tiny_data
+
+    with pytest.raises(VitlabError, match=r"--drop-path apply to vitlab's models; OwnNet is a module of your own"):
+        train(tiny_cfg(tmp_path, drop_path=0.1), model=OwnNet(), data=tiny_data())
+    assert not (tmp_path / "run").exists()

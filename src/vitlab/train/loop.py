@@ -331,7 +331,7 @@ class TrainingRun:
         if model is None:
             model, preprocess, given_classes, kept_head = build_model_for(cfg, data, checkpoint)
         else:
-            model = with_regularisation(prepare_given_model(model, len(self.class_names), cfg), cfg)
+            model = with_regularisation(prepare_given_model(model, len(self.class_names), cfg, self.main), cfg)
         init_head(model, cfg)
         self.head_note = kept_head or new_head_note(model, cfg, given_classes, len(self.class_names))
         self.model_config = getattr(model, "config", None)

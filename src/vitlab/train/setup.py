@@ -255,13 +255,36 @@ def describe_given_model(model: nn.Module) -> tuple[str, dict[str, Any]] | None:
     return config.name, args
 
 
-def prepare_given_model(model: nn.Module, num_classes: int, cfg: TrainConfig) -> nn.Module:
-    """A model handed in by the caller: give it a zero head when its classes do not match."""
+def prepare_given_model(model: nn.Module, num_classes: int, cfg: TrainConfig, report: bool = True) -> nn.Module:
+    """A model handed in by the caller: give it a zero head when its classes do not match; see `own_module`
+    for a module that is not vitlab's."""
     config = getattr(model, "config", None)
-    if config is not None and config.num_classes != num_classes and hasattr(model, "reset_classifier"):
+    if not hasattr(config, "to_dict"):
+        return own_module(model, cfg, report)
+    if config.num_classes != num_classes and hasattr(model, "reset_classifier"):
         model.reset_classifier(num_classes)
-    if cfg.save_model and hasattr(config, "to_dict"):
+    if cfg.save_model:
         refuse_unsavable(model)
+    return model
+
+
+def own_module(model: nn.Module, cfg: TrainConfig, report: bool) -> nn.Module:
+    """A module of the caller's own (not built by vitlab) trains as it is. --dropout / --drop-path rebuild a vitlab
+    model from its config: on such a module they were recorded in config.yaml and applied nowhere, so they are
+    refused. Its model folder cannot be written (vitlab.load rebuilds a model from a vitlab config): the run
+    failed on that after its last step, with no summary.json; now it leaves model/ out, says so at the start,
+    and records save_model false."""
+    given = [f"--{k.replace('_', '-')}" for k in ("dropout", "drop_path") if getattr(cfg, k) is not None]
+    name = type(model).__name__
+    if given:
+        raise VitlabError(f"{' and '.join(given)} apply to vitlab's models; {name} is a module of your own: set its "
+                          f"dropout in its code and drop {' and '.join(given)}")
+    if cfg.save_model:
+        cfg.save_model = False
+        if report:
+            print(f"vitlab: {name} is not a vitlab model, so the run writes no model/ folder (vitlab.load rebuilds "
+                  "models from their config); its weights are in the run's checkpoints and in the result's .model",
+                  file=sys.stderr, flush=True)
     return model
 
 
