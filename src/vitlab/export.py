@@ -210,8 +210,7 @@ def export_for_engine(
     "openvino"). "openvino": the model OpenVINO runs, fp32 or int8. The built files are kept beside the
     model like every engine's (`vitlab.engine.choose.artefact_folder`).
     """
-    from vitlab.engine.choose import interleaved_speeds, prepare_engine
-    from vitlab.engine.ort import OrtEngine
+    from vitlab.engine.choose import prepare_engine
 
     check_export_engine(engine, path)
     path = Path(path)
@@ -229,14 +228,48 @@ def export_for_engine(
     built = prepare_engine(model, "onnxruntime", source=source, command="export", quiet=True)
     if engine == "onnxruntime":
         return _copy_built(built.path, path, metadata, FUSED)
-    portable = export_onnx(model, path.with_suffix(".portable.onnx"))  # auto: time both graphs
-    x = torch.randn(8, model.config.in_chans, *model.config.image_size)
-    speeds = interleaved_speeds({FUSED: built, PORTABLE: OrtEngine(portable, torch.get_num_threads())}, x)
-    timing = f" (auto: ONNX Runtime fused {speeds[FUSED]:.1f} vs portable {speeds[PORTABLE]:.1f} images/s)"
-    if speeds[PORTABLE] >= speeds[FUSED]:
+    return _faster_of_fused_and_portable(model, built, path, metadata)
+
+
+def _faster_of_fused_and_portable(model: nn.Module, built, path: Path, metadata: dict | None) -> tuple[Path, str]:
+    """export --engine auto: the fused graph (`built`, checked against PyTorch when it was built) or the portable
+    one, whichever ONNX Runtime runs faster here. The portable graph is written in a private folder (it went to
+    OUT.portable.onnx beside the output, overwriting and then deleting a user's file of that name) and checked
+    against PyTorch as `--engine torch` checks it before it may be kept (it was kept unchecked)."""
+    import shutil
+    import tempfile
+
+    from vitlab.engine.choose import interleaved_speeds
+    from vitlab.engine.ort import OrtEngine
+
+    work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        portable = export_onnx(model, work / path.name, metadata=metadata)
+        problem = _portable_problem(model, portable)
+        if problem:
+            return _copy_built(built.path, path, metadata, f"{FUSED} (auto: the portable graph {problem}, not kept)")
+        x = torch.randn(8, model.config.in_chans, *model.config.image_size)
+        speeds = interleaved_speeds({FUSED: built, PORTABLE: OrtEngine(portable, torch.get_num_threads())}, x)
+        timing = f" (auto: ONNX Runtime fused {speeds[FUSED]:.1f} vs portable {speeds[PORTABLE]:.1f} images/s)"
+        if speeds[PORTABLE] < speeds[FUSED]:
+            return _copy_built(built.path, path, metadata, FUSED + timing)
+        data = external_data_path(portable)  # the graph names it by this file name: it moves beside the output
+        external_data_path(path).unlink(missing_ok=True)
+        if data.exists():
+            data.replace(external_data_path(path))
         portable.replace(path)
-        if metadata:
-            _write_metadata(path, metadata)
         return path, PORTABLE + timing
-    portable.unlink()
-    return _copy_built(built.path, path, metadata, FUSED + timing)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _portable_problem(model: nn.Module, portable: Path) -> str | None:
+    """Why the portable graph may not be kept (it does not run in ONNX Runtime, or gives other logits than
+    PyTorch), or None."""
+    try:
+        diff, scale = onnx_difference(model, portable)
+    except Exception as exc:  # any failure to run it: it is not kept
+        return f"did not run in ONNX Runtime ({type(exc).__name__})"
+    if not matches_pytorch(diff, scale):
+        return f"differed from PyTorch by {diff:.2e} (largest logit {scale:.3g})"
+    return None
