@@ -71,11 +71,18 @@ def artefact_folder(model: nn.Module, source: str | Path | None = None) -> Path:
     fp = fingerprint(model)
     if source is not None:
         p = Path(source)
-        if p.is_dir() and _writable(p):
+        if p.is_dir() and _writable(p) and not _linked(p / "engines" / fp):
             return p / "engines" / fp
-        if p.is_file() and _writable(p.parent):
+        if p.is_file() and _writable(p.parent) and not _linked(p.parent / f"{p.name}.engines" / fp):
             return p.parent / f"{p.name}.engines" / fp
     return cache_dir() / "engines" / fp
+
+
+def _linked(folder: Path) -> bool:
+    """Whether the engines folder beside a model, or its <hash> folder, is a link: a model folder from elsewhere
+    can hold one (its author can compute the hash from the weights), and the build wrote vitlab's files (and its
+    lock) wherever it pointed. Such a model's engines go to the user cache instead."""
+    return folder.parent.is_symlink() or folder.is_symlink()
 
 
 def machine_key(threads: int) -> str:
