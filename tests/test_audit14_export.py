@@ -14,6 +14,7 @@ ort = pytest.importorskip("onnxruntime")
 
 # bytes: the tiny model's weights exceed it as ViT-H's (2.5 GB) exceed protobuf's 2 GB
 LIMIT = 40_000
+REAL_LIMIT = onnx.checker.MAXIMUM_PROTOBUF
 
 
 def _tiny(**kw):
@@ -45,8 +46,8 @@ def protobuf_limit(monkeypatch):
         if proto.ByteSize() > LIMIT:
             real_save(proto, str(f), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
 
-    def save(proto, f, *a, **kw):
-        if not kw.get("save_as_external_data") and proto.ByteSize() > LIMIT:
+    def save(proto, f, *a, **kw):  # at the limit the test has set (LIMIT, unless it puts 2 GB back)
+        if not kw.get("save_as_external_data") and proto.ByteSize() > onnx.checker.MAXIMUM_PROTOBUF:
             raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
         return real_save(proto, f, *a, **kw)
 
@@ -76,21 +77,89 @@ def test_export_over_protobuf_limit_writes_graph_and_one_data_file(tmp_path, pro
     assert np.abs(session.run(["logits"], {"images": x.numpy()})[0] - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-def test_onnxruntime_engine_refuses_a_model_over_the_limit_in_one_line(tmp_path, protobuf_limit):
-    # before: torch wrote the weights as per-weight files into MODEL/engines/, then the optimizer or the quantizer
-    # failed on saving them (EncodeError), leaving gigabytes behind
+def test_onnxruntime_engines_of_a_model_over_the_limit_keep_one_weights_file(tmp_path, protobuf_limit, monkeypatch):
+    # before 2026-11-28 refused in one line (ViT-H had no ONNX Runtime engine, no int8); before that torch wrote the
+    # weights as per-weight files into MODEL/engines/ and the optimizer or the quantizer failed on saving them
     from vitlab.engine import prepare_engine
-    from vitlab.errors import VitlabError
 
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
     model = _tiny()
     source = tmp_path / "model"
     source.mkdir()
-    with pytest.raises(VitlabError, match="one ONNX file of at most 2 GB") as caught:
-        prepare_engine(model, "onnxruntime", source=source, quiet=True)
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(x)
+    engine = prepare_engine(model, "onnxruntime", source=source, quiet=True)
+    assert float((engine(x) - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    (folder,) = (source / "engines").iterdir()
+    graph_only = onnx.load(str(folder / "fp32.onnx"), load_external_data=False)
+    assert any(node.op_type == "FastGelu" for node in graph_only.graph.node)  # ORT's optimizer ran
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(("choices", ".lock"))) == [
+        "fp32.onnx", "fp32.onnx.data"]  # no per-weight files, no build folder left
+    assert (folder / "fp32.onnx.data").stat().st_mode & 0o777 == (folder / "fp32.onnx").stat().st_mode & 0o777
+    # int8 from that graph: a quarter of the weights, one file again (the limit back at 2 GB, which LIMIT less the
+    # 1 MiB margin of `fits_one_protobuf` cannot show at this size)
+    monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", REAL_LIMIT)
+    int8 = prepare_engine(model, "onnxruntime", int8="dynamic", source=source, quiet=True, sub_batches=False)
+    assert float((int8(x) - ref).abs().max()) < 0.05 * float(ref.abs().max())
+    assert (folder / "int8-dynamic.onnx").is_file() and not list(folder.glob("*.src.onnx*"))
+    # the weights file is checked with the graph: changed, the graph is built again instead of run
+    monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", LIMIT)
+    data = folder / "fp32.onnx.data"
+    built = data.read_bytes()
+    data.write_bytes(built[:-4] + b"\0\0\0\0")
+    again = prepare_engine(model, "onnxruntime", source=source, quiet=True)
+    assert data.read_bytes() == built  # built again, the same bytes
+    assert float((again(x) - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_attention_graph_of_a_model_over_the_limit(tmp_path, protobuf_limit, monkeypatch):
+    from vitlab.engine.attention import prepare_attention_engine
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
+    model = _tiny()
+    source = tmp_path / "model"
+    source.mkdir()
+    engine = prepare_attention_engine(model, "onnxruntime", source=source, quiet=True)
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    logits, maps = engine(x)
+    with torch.no_grad():
+        ref = model(x)
+    assert float((logits - ref).abs().max()) <= 1e-5 * float(ref.abs().max()) and len(maps) == 2
+    (folder,) = (source / "engines").iterdir()
+    assert {"fp32-attention.onnx", "fp32-attention.onnx.data"} <= {p.name for p in folder.iterdir()}
+    assert not list(folder.glob(".build-*"))
+
+
+def test_export_for_onnxruntime_of_a_model_over_the_limit(tmp_path, protobuf_limit, monkeypatch, capsys):
+    from vitlab.weights import save_native
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
+    model = _tiny()
+    save_native(model, tmp_path / "native", class_names=list("abcde"))
+    out = tmp_path / "out" / "m.onnx"
+    assert main(["export", str(tmp_path / "native"), str(out), "--engine", "onnxruntime"]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.onnx", "m.onnx.data"]
+    assert (out.parent / "m.onnx.data").stat().st_mode & 0o777 == out.stat().st_mode & 0o777  # onnx made it 0600
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    meta = json.loads(session.get_modelmeta().custom_metadata_map["vitlab"])
+    assert meta["class_names"] == list("abcde") and meta["engine"] == "onnxruntime fp32 (fused)"
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(session.run(["logits"], {"images": x.numpy()})[0] - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_int8_of_a_model_whose_int8_weights_exceed_the_limit_is_refused_in_one_line(tmp_path, monkeypatch):
+    from vitlab.engine import prepare_engine
+    from vitlab.errors import VitlabError
+
+    monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", LIMIT // 8)  # the int8 weights (a quarter) exceed it
+    source = tmp_path / "model"
+    source.mkdir()
+    with pytest.raises(VitlabError, match="int8 graphs are one ONNX file of at most 2 GB") as caught:
+        prepare_engine(_tiny(), "onnxruntime", int8="dynamic", source=source, quiet=True)
     assert "\n" not in str(caught.value)
-    assert not list(source.rglob("*.onnx*"))  # nothing written before the refusal
-    engine = prepare_engine(model, "auto", source=source, quiet=True, sub_batches=False)
-    assert engine.name in ("torch", "openvino") and "onnxruntime left out: ONNX Runtime's engine graphs" in engine.note
 
 
 def test_openvino_build_of_a_model_over_the_limit_leaves_no_weight_files(tmp_path, protobuf_limit):

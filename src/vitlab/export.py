@@ -85,7 +85,16 @@ def save_graph(proto, path: str | Path) -> Path:
     else:
         onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data.name, size_threshold=1024)
+        readable_as_graph(path)
     return path
+
+
+def readable_as_graph(path: Path) -> None:
+    """Give the weights file beside the graph at `path` the graph's permissions: onnx creates it readable by its
+    owner alone, so a graph shared with others came without its weights."""
+    data = external_data_path(path)
+    if data.exists():
+        data.chmod(path.stat().st_mode & 0o777)
 
 
 def check_onnx(model: nn.Module, path: str | Path, batch: int = 2, seed: int = 0) -> float:
@@ -181,8 +190,18 @@ def _copy_openvino(built, path: Path, metadata: dict | None) -> tuple[Path, str]
 
 
 def _copy_built(built: Path, path: Path, metadata: dict | None, kind: str) -> tuple[Path, str]:
+    """The graph an engine runs, as `path`, with vitlab's metadata. A graph over 2 GB names its weights file
+    (`external_data_path`), so it is written anew with its weights in PATH.data rather than copied."""
     import shutil
 
+    if external_data_path(built).exists():
+        import onnx
+
+        proto = onnx.load(str(built))
+        if metadata:
+            _set_metadata(proto, {**metadata, "engine": kind})
+        save_graph(proto, path)
+        return path, kind
     shutil.copyfile(built, path)
     if metadata:
         _write_metadata(path, {**metadata, "engine": kind})

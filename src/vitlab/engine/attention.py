@@ -61,26 +61,36 @@ class OrtAttentionEngine:
 def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
     """`folder/fp32-attention.onnx`: logits and every layer's attention, LayerNorm/GELU fused by ORT."""
     from vitlab.engine.onnx_graph import trace_to_onnx
-    from vitlab.engine.ort import optimize_vit_graph, require_onnxruntime
+    from vitlab.engine.ort import (
+        graph_files,
+        optimize_vit_graph,
+        over_protobuf_limit,
+        private_folder,
+        require_onnxruntime,
+    )
+
     require_onnxruntime()
     out = folder / "fp32-attention.onnx"
 
     def build() -> None:
         names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
-        raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
-                            folder / "attention-raw.onnx", output_names=names)
-        optimize_vit_graph(raw, out, model.config)
+        with private_folder(folder) as work:  # over 2 GB torch writes one file per weight beside the raw graph
+            raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
+                                work / "attention-raw.onnx", output_names=names)
+            optimize_vit_graph(raw, out, model.config, external=over_protobuf_limit(model))
 
     # reused only if this user's vitlab wrote it and it is unchanged, as every other engine file: any graph found
     # there ran, and `auto`'s cached pick runs it unchecked (another model's graph gave that model's logits and maps)
-    kept_or_built(folder, [out], build)
+    kept_or_built(folder, graph_files(out, model), build)
     return out
 
 
 def _open_attention_graph(model: nn.Module, folder: Path, size: tuple[int, int], threads: int) -> OrtAttentionEngine:
     """The cached graph, or built again once when ORT cannot load it (a build killed half-way)."""
+    from vitlab.engine.ort import graph_files
+
     return open_or_rebuild(lambda: OrtAttentionEngine(build_with_attention(model, folder, size), threads),
-                           [folder / "fp32-attention.onnx"], lambda what: None)
+                           graph_files(folder / "fp32-attention.onnx", model), lambda what: None)
 
 
 def _max_diff(a: AttentionResult, b: AttentionResult) -> float:

@@ -281,20 +281,24 @@ class _Builder:
             what + (" (the copy found there was not built by vitlab on this machine, or has changed since)"
                     if found else "")))
 
+    def fp32_files(self) -> list[Path]:
+        """The fused fp32 graph, and its weights file for a model over 2 GB (`ort.graph_files`)."""
+        from vitlab.engine.ort import graph_files
+
+        return graph_files(self.folder / "fp32.onnx", self.model)
+
     def fp32_path(self) -> Path:
         from vitlab.engine.ort import build_fp32, require_onnxruntime
 
         require_onnxruntime()  # not installed: said in one line, before any "building" line
-        path = self.folder / "fp32.onnx"
-        self._kept_or_built([path], "the ONNX Runtime graph",
-                            lambda: build_fp32(self.model, self.folder, self.image_size))
-        return path
+        files = self.fp32_files()
+        self._kept_or_built(files, "the ONNX Runtime graph", lambda: build_fp32(self.model, self.folder, self.image_size))
+        return files[0]
 
     def onnxruntime(self):
         from vitlab.engine.ort import OrtEngine
 
-        return open_or_rebuild(lambda: OrtEngine(self.fp32_path(), self.threads), [self.folder / "fp32.onnx"],
-                               self.say_building)
+        return open_or_rebuild(lambda: OrtEngine(self.fp32_path(), self.threads), self.fp32_files(), self.say_building)
 
     def openvino_fp32_path(self) -> Path:
         from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_files, require_openvino
@@ -321,7 +325,7 @@ class _Builder:
             files = [*ir_files(self.folder / FP32_IR), *self.folder.glob("openvino-int8-*")]
             return open_or_rebuild(lambda: self._openvino_int8(mode, calibration, tag), files, self.say_building)
         return open_or_rebuild(lambda: self._int8(mode, calibration, tag),
-                               [self.folder / "fp32.onnx", *self.folder.glob(f"int8-{mode}*.onnx")], self.say_building)
+                               [*self.fp32_files(), *self.folder.glob(f"int8-{mode}*.onnx")], self.say_building)
 
     def _openvino_int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None):
         from vitlab.engine.openvino import OvEngine, build_int8_ir, ir_files
@@ -334,9 +338,10 @@ class _Builder:
                         precision="bf16" if bf16 else "f32")
 
     def _int8(self, mode: str, calibration: list[np.ndarray] | None, tag: str | None):
-        from vitlab.engine.ort import OrtEngine, build_int8_dynamic
+        from vitlab.engine.ort import OrtEngine, build_int8_dynamic, refuse_int8_over_protobuf_limit
         from vitlab.engine.static_int8 import build_int8_static
 
+        refuse_int8_over_protobuf_limit(self.model)
         if mode == "static":
             # calibrated artefacts depend on the images: rebuilt when the calibration changes
             path = self.folder / f"int8-static-{tag or calibration_tag(calibration)}.onnx"

@@ -75,41 +75,102 @@ def is_vit(model: nn.Module) -> bool:
 
 def build_fp32(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
     """`folder/fp32.onnx`: the model exported in the fusable form, then fused by ORT's transformer optimizer
-    (Attention, SkipLayerNormalization, FastGelu/BiasGelu) for a ViT; exported as it is otherwise."""
+    (Attention, SkipLayerNormalization, FastGelu/BiasGelu) for a ViT; exported as it is otherwise. A model over
+    protobuf's 2 GB (ViT-H) keeps its weights in `fp32.onnx.data` beside it (`graph_files`)."""
     require_onnxruntime()
     from vitlab.engine.onnx_graph import export_fusable
 
-    refuse_over_protobuf_limit(model)
-    raw = export_fusable(model, folder / "raw.onnx", image_size)
     out = folder / "fp32.onnx"
-    if not is_vit(model):
-        raw.replace(out)
-        return out
-    return optimize_vit_graph(raw, out, model.config)
+    with private_folder(folder) as work:  # over 2 GB torch writes one file per weight beside the raw graph
+        raw = export_fusable(model, work / "raw.onnx", image_size)
+        if is_vit(model):
+            return optimize_vit_graph(raw, out, model.config, external=over_protobuf_limit(model))
+        return resave(raw, out)
 
 
-def refuse_over_protobuf_limit(model: nn.Module) -> None:
-    """The fused and int8 graphs are each written as one protobuf file, which cannot exceed 2 GB; a larger model
-    (ViT-H, BiT-R152x4) is refused in one line before torch writes gigabytes of per-weight files into the engine
-    folder only for the optimizer or quantizer to fail on them (EncodeError)."""
+def weight_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+def over_protobuf_limit(model: nn.Module) -> bool:
+    """Whether the model's fp32 graph is too large for one protobuf file (2 GB: ViT-H, BiT-R152x4), so that its
+    weights go to a file of their own beside it."""
     from vitlab.export import fits_one_protobuf
 
-    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    if not fits_one_protobuf(size):
-        raise VitlabError(f"ONNX Runtime's engine graphs are one ONNX file of at most 2 GB, and this model's weights "
-                          f"take {size / 2**30:.1f} GiB: use --engine torch or openvino (`vitlab export` writes the "
-                          "portable graph with its weights in OUT.onnx.data)")
+    return not fits_one_protobuf(weight_bytes(model))
 
 
-def optimize_vit_graph(raw: Path, out: Path, cfg) -> Path:
+def graph_files(path: Path, model: nn.Module) -> list[Path]:
+    """The files of the fp32 graph at `path`: the graph, and for a model over 2 GB its weights file
+    (`export.external_data_path`), which is checked and rebuilt with it (`engine/trusted.py`)."""
+    from vitlab.export import external_data_path
+
+    return [path, external_data_path(path)] if over_protobuf_limit(model) else [path]
+
+
+@contextlib.contextmanager
+def private_folder(folder: Path) -> Iterator[Path]:
+    """A temporary folder inside `folder`, removed afterwards with whatever the build left in it."""
+    import shutil
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=folder, prefix=".build-"))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def resave(raw: Path, out: Path) -> Path:
+    """`raw` as one graph at `out`: moved where it is one file, else written again with its weights in one file
+    beside `out` (torch's exporter leaves one file per weight beside `raw`)."""
+    import onnx
+
+    from vitlab.export import external_data_path, save_graph
+
+    if _self_contained(raw):
+        raw.replace(out)
+        external_data_path(out).unlink(missing_ok=True)
+        return out
+    return save_graph(onnx.load(str(raw)), out)
+
+
+def _self_contained(path: Path) -> bool:
+    """Whether the ONNX file at `path` holds all its weights (none stored in files beside it)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    return not any(uses_external_data(t) for t in onnx.load(str(path), load_external_data=False).graph.initializer)
+
+
+def refuse_int8_over_protobuf_limit(model: nn.Module) -> None:
+    """The int8 graphs are one protobuf file (ORT's quantizers write them so): at about a quarter of the fp32
+    weights, every model of the paper fits (ViT-H/14: 0.6 GB); a model whose int8 weights would not is refused in
+    one line before anything is built."""
+    from vitlab.export import fits_one_protobuf
+
+    size = weight_bytes(model)
+    if not fits_one_protobuf(size // 4):
+        raise VitlabError(f"ONNX Runtime's int8 graphs are one ONNX file of at most 2 GB, and this model's int8 "
+                          f"weights would take about {size / 4 / 2**30:.1f} GiB: drop --int8, or use --engine "
+                          "openvino")
+
+
+def optimize_vit_graph(raw: Path, out: Path, cfg, external: bool = False) -> Path:
     """ORT's transformer optimizer on an exported ViT graph (Attention, FastGelu/BiasGelu, LayerNorm fusions), then
-    SkipLayerNormalization put back (`unfuse_skip_layernorm`); writes `out` and removes `raw`."""
+    SkipLayerNormalization put back (`unfuse_skip_layernorm`); writes `out` (`external`: its weights in
+    `out.data`, for a graph over 2 GB) and removes `raw`."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     with _quiet_tools():
         fused = optimize_model(str(raw), model_type="vit", num_heads=cfg.heads, hidden_size=cfg.dim, opt_level=0)
     unfuse_skip_layernorm(fused.model)
-    fused.save_model_to_file(str(out))
+    fused.save_model_to_file(str(out), use_external_data_format=external, all_tensors_to_one_file=True)
+    if external:
+        from vitlab.export import readable_as_graph
+
+        readable_as_graph(out)
     raw.unlink()
     return out
 
@@ -163,7 +224,8 @@ def _head_nodes(path: Path) -> list[str]:
     goes straight into the logits and costs almost nothing to avoid."""
     import onnx
 
-    heads = [n for n in onnx.load(str(path)).graph.node if n.op_type in ("MatMul", "Gemm")][-1:]
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    heads = [n for n in nodes if n.op_type in ("MatMul", "Gemm")][-1:]
     # ORT's quantizers first rewrite a Gemm into MatMul + Add under the name NAME_MatMul, and exclude by the
     # names they see then: without that name the classifier was quantized after all (until 2026-11-25)
     return [name for n in heads for name in ([n.name, f"{n.name}_MatMul"] if n.op_type == "Gemm" else [n.name])]
@@ -200,17 +262,20 @@ def _int8_source(fp32_path: Path, out: Path) -> Path:
     """The fp32 graph as the int8 quantizers should see it (`split_gelu_bias`), beside `out`."""
     import onnx
 
+    from vitlab.export import save_graph
+
     proto = onnx.load(str(fp32_path))
     split_gelu_bias(proto)
-    source = out.with_name(out.stem + ".src.onnx")
-    onnx.save(proto, str(source))
-    return source
+    # beside `out` (the quantizer writes there); over 2 GB with its weights in SOURCE.data (`save_graph`)
+    return save_graph(proto, out.with_name(out.stem + ".src.onnx"))
 
 
 def build_int8_dynamic(fp32_path: Path, out: Path) -> Path:
     """Weights int8 offline, activations quantized per call; fused Attention becomes QAttention."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from vitlab.export import external_data_path
 
     source = _int8_source(fp32_path, out)
     with _quiet_tools():
@@ -220,4 +285,5 @@ def build_int8_dynamic(fp32_path: Path, out: Path) -> Path:
                          per_channel=True, nodes_to_exclude=_head_nodes(source),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     source.unlink()
+    external_data_path(source).unlink(missing_ok=True)
     return out
