@@ -113,6 +113,26 @@ def test_onnxruntime_engines_of_a_model_over_the_limit_keep_one_weights_file(tmp
     assert float((again(x) - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
 
 
+def test_onnxruntime_engine_of_a_resnet_over_the_limit(tmp_path, protobuf_limit, monkeypatch):
+    """Not a ViT: no fusions, the exported graph itself, written again with its weights in one file (torch leaves
+    one file per weight)."""
+    from vitlab.engine import prepare_engine
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
+    model = _small_resnet()
+    source = tmp_path / "model"
+    source.mkdir()
+    engine = prepare_engine(model, "onnxruntime", source=source, quiet=True)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(x)
+    assert float((engine(x) - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    (folder,) = (source / "engines").iterdir()
+    assert sorted(p.name for p in folder.iterdir() if p.suffix in (".onnx", ".data")) == ["fp32.onnx",
+                                                                                        "fp32.onnx.data"]
+    assert not list(folder.glob(".build-*"))
+
+
 def test_attention_graph_of_a_model_over_the_limit(tmp_path, protobuf_limit, monkeypatch):
     from vitlab.engine.attention import prepare_attention_engine
 

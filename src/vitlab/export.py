@@ -72,15 +72,16 @@ def external_data_path(path: Path) -> Path:
     return path.with_name(path.name + ".data")
 
 
-def save_graph(proto, path: str | Path) -> Path:
-    """Write `proto` to `path`: one file, or over protobuf's 2 GB limit the graph in `path` and every weight in
-    `external_data_path(path)` (ONNX's external data, which ONNX Runtime reads from beside the graph)."""
+def save_graph(proto, path: str | Path, external: bool | None = None) -> Path:
+    """Write `proto` to `path`: one file, or over protobuf's 2 GB limit (or with `external`) the graph in `path` and
+    every weight in `external_data_path(path)` (ONNX's external data, which ONNX Runtime reads from beside the
+    graph)."""
     import onnx
 
     path = Path(path)
     data = external_data_path(path)
     data.unlink(missing_ok=True)  # onnx appends to an existing data file: an earlier export's would be kept
-    if fits_one_protobuf(_graph_bytes(proto)):
+    if not external and (external is False or fits_one_protobuf(_graph_bytes(proto))):
         onnx.save(proto, str(path))
     else:
         onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

@@ -83,9 +83,10 @@ def build_fp32(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> P
     out = folder / "fp32.onnx"
     with private_folder(folder) as work:  # over 2 GB torch writes one file per weight beside the raw graph
         raw = export_fusable(model, work / "raw.onnx", image_size)
+        external = over_protobuf_limit(model)  # as `graph_files` expects the files
         if is_vit(model):
-            return optimize_vit_graph(raw, out, model.config, external=over_protobuf_limit(model))
-        return resave(raw, out)
+            return optimize_vit_graph(raw, out, model.config, external=external)
+        return resave(raw, out, external)
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -122,26 +123,18 @@ def private_folder(folder: Path) -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def resave(raw: Path, out: Path) -> Path:
-    """`raw` as one graph at `out`: moved where it is one file, else written again with its weights in one file
-    beside `out` (torch's exporter leaves one file per weight beside `raw`)."""
+def resave(raw: Path, out: Path, external: bool) -> Path:
+    """`raw` as the graph at `out`: moved, or with `external` (a model over 2 GB) written again with its weights in
+    one file beside `out` (torch's exporter leaves one file per weight beside `raw`)."""
     import onnx
 
     from vitlab.export import external_data_path, save_graph
 
-    if _self_contained(raw):
+    if not external:
         raw.replace(out)
         external_data_path(out).unlink(missing_ok=True)
         return out
-    return save_graph(onnx.load(str(raw)), out)
-
-
-def _self_contained(path: Path) -> bool:
-    """Whether the ONNX file at `path` holds all its weights (none stored in files beside it)."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
-
-    return not any(uses_external_data(t) for t in onnx.load(str(path), load_external_data=False).graph.initializer)
+    return save_graph(onnx.load(str(raw)), out, external=True)
 
 
 def refuse_int8_over_protobuf_limit(model: nn.Module) -> None:
