@@ -390,3 +390,23 @@ def test_preprocess_refuses_broken_records(kwargs, fragment):
     record.update(kwargs)
     with pytest.raises(VitlabError):
         Preprocess.from_dict(record)
+
+
+def test_an_error_line_is_one_write(monkeypatch):
+    """Under torchrun every process reports the same failure into one pipe: print wrote the newline separately,
+    and the processes' lines ran together ("...checkpoint filevitlab train: error: ...")."""
+    import io
+    import sys
+
+    writes = []
+
+    class Recorder(io.StringIO):
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    assert main(["train", "--resume", "/nonexistent/run/checkpoints/step-0000003.pt"]) == 2
+    (line,) = [w for w in writes if "error" in w]
+    assert line.startswith("vitlab train: error: ") and line.endswith("\n") and line.count("\n") == 1
+    assert "\n" not in writes  # no newline written on its own

@@ -234,14 +234,13 @@ def _run(args: argparse.Namespace, prog: str) -> int:
     try:
         return int(args.func(args) or 0)
     except VitlabError as exc:
-        print(f"{prog}: error: {one_line(str(exc))}", file=sys.stderr)
+        _say(f"{prog}: error: {one_line(str(exc))}")
         return 2
     except FileNotFoundError as exc:
-        print(f"{prog}: error: no such file or folder: {exc.filename or exc}; check the path",
-              file=sys.stderr)
+        _say(f"{prog}: error: no such file or folder: {exc.filename or exc}; check the path")
         return 2
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        _say(f"{prog}: interrupted")
         return 130
     except BrokenPipeError:  # `vitlab models | head`: the reader left early, which is no error
         _silence_stdout()
@@ -250,13 +249,20 @@ def _run(args: argparse.Namespace, prog: str) -> int:
         if os.environ.get("VITLAB_DEBUG"):
             raise
         if _is_out_of_memory(exc):
-            print(f"{prog}: error: {_memory_message(exc)}", file=sys.stderr)
+            _say(f"{prog}: error: {_memory_message(exc)}")
             return 2
         if isinstance(exc, OSError):
-            print(f"{prog}: error: {_os_message(exc)}", file=sys.stderr)
+            _say(f"{prog}: error: {_os_message(exc)}")
             return 2
-        print(f"{prog}: error: {_unexpected_message(exc)}", file=sys.stderr)
+        _say(f"{prog}: error: {_unexpected_message(exc)}")
         return 1
+
+
+def _say(line: str) -> None:
+    """`line` on stderr in one write: under torchrun every process reports the same failure into one pipe, and
+    print's separate write of the newline let the two lines run together ("...recordsvitlab train: error: ...")."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _silence_stdout() -> None:
