@@ -122,6 +122,11 @@ def test_onnxruntime_engine_of_a_resnet_over_the_limit(tmp_path, protobuf_limit,
     model = _small_resnet()
     source = tmp_path / "model"
     source.mkdir()
+    from vitlab.engine.choose import artefact_folder
+
+    killed = artefact_folder(model, source) / ".build-killed"  # what a build killed half-way leaves
+    killed.mkdir(parents=True)
+    (killed / "onnx__Conv_1").write_bytes(b"a per-weight file")
     engine = prepare_engine(model, "onnxruntime", source=source, quiet=True)
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

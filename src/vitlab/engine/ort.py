@@ -111,11 +111,16 @@ def graph_files(path: Path, model: nn.Module) -> list[Path]:
 
 @contextlib.contextmanager
 def private_folder(folder: Path) -> Iterator[Path]:
-    """A temporary folder inside `folder`, removed afterwards with whatever the build left in it."""
+    """A temporary folder inside `folder`, removed afterwards with whatever the build left in it. Builds run under
+    the folder's lock (`choose.kept_or_built`), so another one found there is a killed build's (gigabytes of
+    per-weight files for ViT-H): removed first."""
     import shutil
     import tempfile
 
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".build-*"):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(dir=folder, prefix=".build-"))
     try:
         yield work
