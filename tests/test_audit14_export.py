@@ -248,3 +248,26 @@ def test_portable_export_is_one_file_and_valid_at_every_opset(tmp_path):
         path = export_onnx(model, tmp_path / f"m{opset}.onnx", opset=opset, metadata={"class_names": list("abcde")})
         onnx.checker.check_model(onnx.load(str(path)), full_check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m14.onnx", "m18.onnx"]
+
+
+def test_a_build_short_of_memory_is_refused_in_one_line_and_auto_runs_torch(tmp_path, monkeypatch):
+    """ORT's optimizer holds several copies of the weights at its peak: ViT-H/14's build on a 24 GB machine was
+    killed by the OS without a word. A build short of free memory is refused first; auto leaves ORT out."""
+    from vitlab.engine import prepare_engine
+    from vitlab.engine.ort import BUILD_MEMORY_FACTOR, weight_bytes
+    from vitlab.errors import VitlabError
+    from vitlab.models import fast_linear
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
+    model = _tiny()
+    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: BUILD_MEMORY_FACTOR * weight_bytes(model) - 1)
+    source = tmp_path / "model"
+    source.mkdir()
+    with pytest.raises(VitlabError, match=r"takes about 0 GiB of memory at its peak and 0 GiB are free: use --engine "
+                                          r"torch") as caught:
+        prepare_engine(model, "onnxruntime", source=source, quiet=True)
+    assert "\n" not in str(caught.value) and not list(source.rglob("*.onnx*"))
+    engine = prepare_engine(model, "auto", source=source, quiet=True, sub_batches=False)
+    assert engine.name in ("torch", "openvino") and "onnxruntime left out: building ONNX Runtime's graph" in engine.note
+    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: BUILD_MEMORY_FACTOR * weight_bytes(model))
+    assert prepare_engine(model, "onnxruntime", source=source, quiet=True).name == "onnxruntime"

@@ -66,6 +66,7 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
         optimize_vit_graph,
         over_protobuf_limit,
         private_folder,
+        refuse_without_build_memory,
         require_onnxruntime,
     )
 
@@ -73,6 +74,7 @@ def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, 
     out = folder / "fp32-attention.onnx"
 
     def build() -> None:
+        refuse_without_build_memory(model)
         names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
         with private_folder(folder) as work:  # over 2 GB torch writes one file per weight beside the raw graph
             raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),

@@ -80,6 +80,7 @@ def build_fp32(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> P
     require_onnxruntime()
     from vitlab.engine.onnx_graph import export_fusable
 
+    refuse_without_build_memory(model)
     out = folder / "fp32.onnx"
     with private_folder(folder) as work:  # over 2 GB torch writes one file per weight beside the raw graph
         raw = export_fusable(model, work / "raw.onnx", image_size)
@@ -91,6 +92,28 @@ def build_fp32(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> P
 
 def weight_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+# ORT's transformer optimizer holds several copies of a graph's weights at once: `vitlab export --engine onnxruntime`
+# of ViT-H/14 (2.35 GiB of weights) peaked at 22.2 GiB, about 8.5x the weights above the model it had loaded (`python
+# benchmarks/over_2gb.py --model vit-h/14`, docs/results/over_2gb_vit_h14.txt; 7.3x for the wide ViT of
+# docs/results/over_2gb.txt; both include the check against eager PyTorch and the copy), and a build that ran out of
+# memory was killed by the OS without a word. So a build is refused in one line where the free memory is short of
+# this many times the weights (the build itself: a machine right at the edge can still run out).
+BUILD_MEMORY_FACTOR = 7
+
+
+def refuse_without_build_memory(model: nn.Module) -> None:
+    """Refuse to build ONNX Runtime's graph where the free memory (Linux's MemAvailable) is short of what ORT's
+    optimizer takes at its peak (BUILD_MEMORY_FACTOR x the weights): under `--engine auto` the candidate is left
+    out with this reason, and eager PyTorch runs."""
+    from vitlab.models.fast_linear import available_memory_bytes
+
+    need, free = BUILD_MEMORY_FACTOR * weight_bytes(model), available_memory_bytes()
+    if free is not None and need > free:
+        raise VitlabError(f"building ONNX Runtime's graph of this model takes about {need / 2**30:.0f} GiB of memory "
+                          f"at its peak and {free / 2**30:.0f} GiB are free: use --engine torch (or openvino), or free "
+                          "memory")
 
 
 def over_protobuf_limit(model: nn.Module) -> bool:
