@@ -494,3 +494,16 @@ def test_dropout_flags_on_a_module_of_ones_own_are_refused(tmp_path):
     with pytest.raises(VitlabError, match=r"--drop-path apply to vitlab's models; OwnNet is a module of your own"):
         train(tiny_cfg(tmp_path, drop_path=0.1), model=OwnNet(), data=tiny_data())
     assert not (tmp_path / "run").exists()
+
+
+def test_a_module_of_ones_own_resumes_exactly(tmp_path):
+    """Its config.yaml cannot rebuild it: `train(cfg, model=...)` with a fresh module of the same code resumes."""
+    from test_train_lifecycle import tiny_cfg, tiny_data
+
+    ref = train(tiny_cfg(tmp_path, drop_path=None, keep_last=10), model=OwnNet(), data=tiny_data())
+    run = ref.run_dir
+    resumed = train(resolve_config(None, run / "config.yaml", dict(resume=str(run / "checkpoints" / "step-0000004.pt"))),
+                    model=OwnNet(), data=tiny_data())
+    untimed = [{k: v for k, v in h.items() if k != "time_s"} for h in (resumed.history[-1], ref.history[-1])]
+    assert untimed[0] == untimed[1]
+    assert all(torch.equal(a, b) for a, b in zip(ref.model.state_dict().values(), resumed.model.state_dict().values()))
