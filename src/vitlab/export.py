@@ -81,7 +81,8 @@ def save_graph(proto, path: str | Path, external: bool | None = None) -> Path:
     path = Path(path)
     data = external_data_path(path)
     data.unlink(missing_ok=True)  # onnx appends to an existing data file: an earlier export's would be kept
-    if not external and (external is False or fits_one_protobuf(_graph_bytes(proto))):
+    one_file = fits_one_protobuf(_graph_bytes(proto)) if external is None else not external
+    if one_file:
         onnx.save(proto, str(path))
     else:
         onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -137,14 +138,6 @@ def _set_metadata(proto, metadata: dict) -> None:
     entry.key, entry.value = "vitlab", json.dumps(metadata)
 
 
-def _write_metadata(path: Path, metadata: dict) -> None:
-    import onnx
-
-    proto = onnx.load(str(path))
-    _set_metadata(proto, metadata)
-    save_graph(proto, path)
-
-
 PORTABLE = "portable ONNX (standard operators)"
 FUSED = "onnxruntime fp32 (fused)"
 
@@ -191,21 +184,20 @@ def _copy_openvino(built, path: Path, metadata: dict | None) -> tuple[Path, str]
 
 
 def _copy_built(built: Path, path: Path, metadata: dict | None, kind: str) -> tuple[Path, str]:
-    """The graph an engine runs, as `path`, with vitlab's metadata. A graph over 2 GB names its weights file
-    (`external_data_path`), so it is written anew with its weights in PATH.data rather than copied."""
+    """The graph an engine runs, as `path`, with vitlab's metadata: written anew from the built graph (a graph over
+    2 GB names its weights file, `external_data_path`, so its weights go to PATH.data), or copied as it is where
+    there is neither metadata to add nor a weights file."""
     import shutil
 
-    if external_data_path(built).exists():
-        import onnx
-
-        proto = onnx.load(str(built))
-        if metadata:
-            _set_metadata(proto, {**metadata, "engine": kind})
-        save_graph(proto, path)
+    if not metadata and not external_data_path(built).exists():
+        shutil.copyfile(built, path)
         return path, kind
-    shutil.copyfile(built, path)
+    import onnx
+
+    proto = onnx.load(str(built))
     if metadata:
-        _write_metadata(path, {**metadata, "engine": kind})
+        _set_metadata(proto, {**metadata, "engine": kind})
+    save_graph(proto, path)
     return path, kind
 
 

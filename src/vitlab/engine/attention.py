@@ -61,25 +61,16 @@ class OrtAttentionEngine:
 def build_with_attention(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
     """`folder/fp32-attention.onnx`: logits and every layer's attention, LayerNorm/GELU fused by ORT."""
     from vitlab.engine.onnx_graph import trace_to_onnx
-    from vitlab.engine.ort import (
-        graph_files,
-        optimize_vit_graph,
-        over_protobuf_limit,
-        private_folder,
-        refuse_without_build_memory,
-        require_onnxruntime,
-    )
+    from vitlab.engine.ort import build_graph, graph_files, require_onnxruntime
 
     require_onnxruntime()
     out = folder / "fp32-attention.onnx"
+    names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
 
     def build() -> None:
-        refuse_without_build_memory(model)
-        names = ["logits"] + [f"attention_{i}" for i in range(len(model.blocks))]
-        with private_folder(folder) as work:  # over 2 GB torch writes one file per weight beside the raw graph
-            raw = trace_to_onnx(_WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size),
-                                work / "attention-raw.onnx", output_names=names)
-            optimize_vit_graph(raw, out, model.config, external=over_protobuf_limit(model))
+        build_graph(model, out, lambda work: trace_to_onnx(
+            _WithAttention(model), torch.zeros(1, model.config.in_chans, *image_size), work / "attention-raw.onnx",
+            output_names=names))
 
     # reused only if this user's vitlab wrote it and it is unchanged, as every other engine file: any graph found
     # there ran, and `auto`'s cached pick runs it unchecked (another model's graph gave that model's logits and maps)

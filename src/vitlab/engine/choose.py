@@ -80,8 +80,8 @@ def artefact_folder(model: nn.Module, source: str | Path | None = None) -> Path:
 
 def _linked(folder: Path) -> bool:
     """Whether the engines folder beside a model, or its <hash> folder, is a link: a model folder from elsewhere
-    can hold one (its author can compute the hash from the weights), and the build wrote vitlab's files (and its
-    lock) wherever it pointed. Such a model's engines go to the user cache instead."""
+    can hold one (its author can compute the hash from the weights), and the build wrote vitlab's files wherever
+    it pointed. Such a model's engines go to the user cache instead."""
     return folder.parent.is_symlink() or folder.is_symlink()
 
 

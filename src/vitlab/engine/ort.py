@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -75,15 +75,20 @@ def is_vit(model: nn.Module) -> bool:
 
 def build_fp32(model: nn.Module, folder: Path, image_size: tuple[int, int]) -> Path:
     """`folder/fp32.onnx`: the model exported in the fusable form, then fused by ORT's transformer optimizer
-    (Attention, SkipLayerNormalization, FastGelu/BiasGelu) for a ViT; exported as it is otherwise. A model over
-    protobuf's 2 GB (ViT-H) keeps its weights in `fp32.onnx.data` beside it (`graph_files`)."""
+    (Attention, SkipLayerNormalization, FastGelu/BiasGelu) for a ViT; exported as it is otherwise (`build_graph`)."""
     require_onnxruntime()
     from vitlab.engine.onnx_graph import export_fusable
 
+    return build_graph(model, folder / "fp32.onnx", lambda work: export_fusable(model, work / "raw.onnx", image_size))
+
+
+def build_graph(model: nn.Module, out: Path, export: Callable[[Path], Path]) -> Path:
+    """The graph at `out` from `export(work)`, which writes the raw graph into a private folder (over 2 GB torch
+    writes one file per weight beside it): ORT's fusions for a ViT, as exported otherwise. A model over protobuf's
+    2 GB (ViT-H) keeps its weights in OUT.data beside it (`graph_files`); a build short of memory is refused first."""
     refuse_without_build_memory(model)
-    out = folder / "fp32.onnx"
-    with private_folder(folder) as work:  # over 2 GB torch writes one file per weight beside the raw graph
-        raw = export_fusable(model, work / "raw.onnx", image_size)
+    with private_folder(out.parent) as work:
+        raw = export(work)
         external = over_protobuf_limit(model)  # as `graph_files` expects the files
         if is_vit(model):
             return optimize_vit_graph(raw, out, model.config, external=external)
