@@ -1,13 +1,15 @@
 """Robust image decoding with Pillow: every odd-but-valid image becomes RGB or L, every bad file a VitlabError.
 
 Handles EXIF rotation, CMYK, RGBA/LA/palette transparency (composited on white), 16-bit and float
-grey images (rescaled to 8 bit; 16-bit grey with alpha too), truncated files, non-image files and decompression bombs.
+grey images (rescaled to 8 bit; 16-bit grey with alpha too), 16-bit colour PNGs and TIFFs (from all 16 bits),
+truncated files, non-image files and decompression bombs.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +104,75 @@ def _flatten_grey_alpha_16(img: Image.Image) -> Image.Image:
         value = (grey * alpha + 65535.0 * (1.0 - alpha)) * SCALE_16BIT
         out[top:top + rows] = np.clip(value, 0, 255).round()
     return Image.fromarray(out)
+
+
+# Pillow has no 16-bit colour modes either: a 16-bit RGB or RGBA PNG or TIFF opens as 8-bit RGB(A)
+# from each sample's high byte (raw mode "RGB;16B": 0xFF00 became 255, where 16-bit grey and PPM are rounded from
+# all 16 bits to 254), and a 16-bit tRNS colour was compared with those 8-bit pixels (never matched, or matched
+# the wrong ones). The same file decoded a second time through the other byte order's raw mode ("RGB;16L") gives
+# each sample's low byte, the filters and strips being undone alike; the two make every 16-bit value whole.
+_OTHER_BYTE_ORDER = {f"{mode};16{order}": f"{mode};16{other}" for mode in ("RGB", "RGBA")
+                     for order, other in (("B", "L"), ("L", "B"), ("N", "B" if sys.byteorder == "little" else "L"))}
+# the decoders whose tiles undo their layout (filters, strips, compression: libtiff's comes out in native order,
+# "N") before unpacking
+_COLOUR_16_CODECS = {"PNG": ("zip",), "TIFF": ("raw", "libtiff")}
+
+
+def _tile_raw_mode(tile) -> str | None:
+    args = tile.args
+    return args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else None
+
+
+def is_colour_16(img: Image.Image) -> bool:
+    """Whether `img` (opened, not yet loaded) is a 16-bit RGB or RGBA PNG or TIFF, whose samples Pillow cuts to
+    their high byte."""
+    codecs = _COLOUR_16_CODECS.get(img.format, ())
+    return (img.mode in ("RGB", "RGBA") and bool(img.tile)
+            and all(t.codec_name in codecs and _tile_raw_mode(t) in _OTHER_BYTE_ORDER
+                    and _tile_raw_mode(t).startswith(img.mode + ";") for t in img.tile))
+
+
+def _swapped_byte_order(tile):
+    args, raw = tile.args, _OTHER_BYTE_ORDER[_tile_raw_mode(tile)]
+    return tile._replace(args=raw if isinstance(args, str) else (raw, *args[1:]))
+
+
+def _open_low_bytes(source, start: int | None) -> Image.Image:
+    """A 16-bit colour image (is_colour_16) opened a second time and set to decode each sample's low byte:
+    `source` a path, or a file object rewound to `start`."""
+    if start is not None:
+        source.seek(start)
+    img = pil_open(source)
+    if not is_colour_16(img):  # the file changed between the two reads
+        img.close()
+        raise ValueError("the image changed while it was read")
+    img.tile = [_swapped_byte_order(t) for t in img.tile]
+    return img
+
+
+def _whole_colour_16(high: Image.Image, source, start: int | None) -> None:
+    """Put into `high` (a 16-bit colour image as Pillow decodes it: the high bytes) the 8-bit values of its whole
+    16-bit samples, the same file (`source` at `start`) decoded again for the low bytes: each value by the scale
+    16-bit grey is read with (SCALE_16BIT), rounded once; RGBA composited on white from the 16-bit values (as
+    _flatten_grey_alpha_16) and left opaque; a pixel of the tRNS colour (16-bit values) white, and the tRNS
+    colour dropped, as it named 16-bit values that the 8-bit pixels do not hold."""
+    w, h = high.size
+    key = high.info.pop("transparency", None)
+    out = np.empty((h, w, len(high.mode)), np.uint8)
+    rows = max(1, _GREY_BLOCK_PIXELS // max(1, w))
+    with _open_low_bytes(source, start) as low:
+        low.load()
+        for top in range(0, h, rows):  # a few rows at a time, as _to_8bit_grey
+            box = (0, top, w, min(h, top + rows))
+            full = np.asarray(high.crop(box)).astype(np.float64) * 256 + np.asarray(low.crop(box))
+            if high.mode == "RGBA":
+                alpha = full[..., 3:] / 65535.0
+                full[..., :3] = full[..., :3] * alpha + 65535.0 * (1.0 - alpha)
+                full[..., 3] = 65535.0
+            elif isinstance(key, tuple) and len(key) == 3:
+                full[(full == np.asarray(key, np.float64)).all(axis=-1)] = 65535.0
+            out[top:box[3]] = np.clip(full * SCALE_16BIT, 0, 255).round()
+    high.frombytes(out.tobytes())  # in place: the image keeps its EXIF, which turns it next
 
 
 def _grey_16_transparent_white(img: Image.Image, grey: Image.Image) -> Image.Image:
@@ -263,13 +334,17 @@ def decode_image(source, name, mode: str | None = None, max_pixels: int | None =
     # No global state is changed here (images are decoded from several threads): the size limit is
     # checked explicitly, and Pillow's default LOAD_TRUNCATED_IMAGES=False makes truncated data an error.
     try:
+        start = None if isinstance(source, (str, os.PathLike)) else source.tell()  # where a second read begins
         with pil_open(source) as img:
             if draft is not None and img.format == "JPEG":
                 img.draft(None, draft)  # sets the reduced scale (and size) the JPEG will be decoded at
             check_image_size(name, *img.size, max_pixels)  # before any pixel is decoded, at the size decoded
             grey_alpha_16 = is_grey_alpha_16(img)
             packed = grey_alpha_16 and _reinterpret_grey_alpha_16(img)
+            colour_16 = is_colour_16(img)
             img.load()
+            if colour_16:
+                _whole_colour_16(img, source, start)
             img = _upright(img)  # turns the packed pixels whole, as any pixel
             out = normalise_mode(_flatten_grey_alpha_16(img) if packed else img, mode)
             if grey_alpha_16 and mode is None and out.mode == "RGB":  # Pillow's 8-bit RGBA: grey all the same
