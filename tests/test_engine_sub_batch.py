@@ -57,14 +57,15 @@ def test_sub_batches_give_each_image_its_own_logits_in_order():
 
 def fake_speeds(sub_batch_speeds: dict[str, float], timed: list[dict]):
     """interleaved_speeds stand-in: onnxruntime beats openvino beats torch; the sub-batch candidates get the given
-    speeds."""
+    speeds, and eager torch timed beside them (fp32 auto) `sub_batch_speeds["torch"]`, else 0.5."""
 
     def speeds(engines, x, rounds=5):
         timed.append({"names": sorted(engines), "x": len(x),
                       "sub_batches": {k: getattr(e, "size", None) for k, e in engines.items()}})
-        if "torch" in engines:
+        if "onnxruntime" in engines:
             return {name: {"torch": 1.0, "onnxruntime": 2.0}.get(name, 1.5) for name in engines}
-        return {name: sub_batch_speeds[name] for name in engines}
+        return {name: sub_batch_speeds.get(name, 0.5) if name == "torch" else sub_batch_speeds[name]
+                for name in engines}
 
     return speeds
 
@@ -76,10 +77,12 @@ def test_auto_keeps_the_faster_sub_batch_and_caches_it(tmp_path, monkeypatch, ca
     engine = prepare_engine(model, "auto", batch_size=16, source=tmp_path, command="evaluate")
     err = capsys.readouterr().err
     assert isinstance(engine, SubBatched) and engine.size == 8 and engine.name == "onnxruntime"
-    assert "timing onnxruntime at batch 16 against sub-batches of 8, 4 once" in err
-    assert "in sub-batches of 8 (auto, measured: 12.5 images/s; batches of 16: 10.0, 4: 11.0)" in engine.note
+    assert "timing onnxruntime at batch 16 against sub-batches of 8, 4 and eager torch once" in err
+    assert ("in sub-batches of 8 (auto, measured: 12.5 images/s; batches of 16: 10.0, 4: 11.0; torch 0.5)"
+            in engine.note)
     # every candidate runs the whole batch; the sub-batched ones cut it as they will at run time
-    assert timed[-1] == {"names": ["16", "4", "8"], "x": 16, "sub_batches": {"16": None, "8": 8, "4": 4}}
+    assert timed[-1] == {"names": ["16", "4", "8", "torch"], "x": 16,
+                         "sub_batches": {"16": None, "8": 8, "4": 4, "torch": None}}
     x = images(20)
     with torch.no_grad():
         assert (engine(x) - model(x)).abs().max() < 1e-4
@@ -94,7 +97,8 @@ def test_whole_batches_stay_whole_where_they_are_faster(tmp_path, monkeypatch):
     monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"32": 9.0, "16": 8.0, "8": 7.0, "4": 6.0}, []))
     engine = prepare_engine(tiny(), "auto", batch_size=32, source=tmp_path, quiet=True)
     assert not isinstance(engine, SubBatched) and engine.name == "onnxruntime"
-    assert "whole batches of 32 (auto, measured: 9.0 images/s; sub-batches of 16: 8.0, 8: 7.0, 4: 6.0)" in engine.note
+    assert ("whole batches of 32 (auto, measured: 9.0 images/s; sub-batches of 16: 8.0, 8: 7.0, 4: 6.0; torch 0.5)"
+            in engine.note)
 
 
 def test_small_batches_and_asked_for_engines_are_not_timed_for_sub_batches(tmp_path, monkeypatch):
@@ -134,4 +138,45 @@ def test_a_damaged_cached_sub_batch_choice_is_measured_again(tmp_path, monkeypat
     timed: list[dict] = []
     monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 5.0, "8": 1.0, "4": 1.0}, timed))
     engine = prepare_engine(model, "auto", batch_size=16, source=tmp_path, quiet=True)
-    assert not isinstance(engine, SubBatched) and [t["names"] for t in timed] == [["16", "4", "8"]]
+    assert not isinstance(engine, SubBatched) and [t["names"] for t in timed] == [["16", "4", "8", "torch"]]
+
+
+def test_eager_torch_runs_where_it_beats_the_picks_best_sub_batches_in_the_same_timing(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """fp32 auto picks its engine in one timing and that engine's sub-batches in another, minutes later; where eager
+    PyTorch, timed beside the sub-batches, is faster than all of them, it runs (a pick measured faster than torch
+    at first must not end up slower than it)."""
+    timed: list[dict] = []
+    monkeypatch.setattr(choose, "interleaved_speeds",
+                        fake_speeds({"16": 1.2, "8": 1.4, "4": 1.3, "torch": 1.6}, timed))
+    model = tiny()
+    engine = prepare_engine(model, "auto", batch_size=16, source=tmp_path, command="predict")
+    assert not isinstance(engine, SubBatched) and engine.name == "torch"
+    assert [t["names"] for t in timed][-1] == ["16", "4", "8", "torch"]
+    assert ("torch after all, whole batches of 16 (auto, measured with the sub-batches: 1.6 images/s against "
+            "onnxruntime's best, sub-batches of 8, 1.4)") in engine.note
+    x = images(5)
+    with torch.no_grad():
+        assert torch.equal(engine(x), engine(x)) and (engine(x) - model(x)).abs().max() < 1e-5
+    capsys.readouterr()
+    monkeypatch.setattr(choose, "interleaved_speeds", lambda *a, **k: pytest.fail("timed again"))
+    again = prepare_engine(model, "auto", batch_size=16, source=tmp_path, quiet=True)
+    assert again.name == "torch" and not isinstance(again, SubBatched)
+    assert "torch after all, whole batches of 16 (auto, chosen before on this machine" in again.note
+
+
+def test_int8_and_a_torch_pick_time_no_extra_torch_row(tmp_path, monkeypatch):
+    timed: list[dict] = []
+    monkeypatch.setattr(choose, "interleaved_speeds", fake_speeds({"16": 3.0, "8": 4.0, "4": 3.5}, timed))
+    prepare_engine(tiny(), "auto", int8="dynamic", batch_size=16, source=tmp_path, quiet=True)
+    assert all("torch" not in t["names"] for t in timed)
+
+    def torch_first(engines, x, rounds=5):
+        timed.append(sorted(engines))
+        return {name: 3.0 if name == "torch" else 1.0 for name in engines}
+
+    timed.clear()
+    monkeypatch.setattr(choose, "interleaved_speeds", torch_first)
+    (tmp_path / "other").mkdir()  # a folder of its own: the int8 run above cached its fp32 choice beside tmp_path
+    engine = prepare_engine(tiny(), "auto", batch_size=16, source=tmp_path / "other", quiet=True)
+    assert engine.name == "torch" and timed[-1] == ["16", "4", "8"]  # torch's own sub-batches, no second torch

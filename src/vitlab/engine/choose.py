@@ -437,7 +437,9 @@ def prepare_engine(
     else:
         chosen = _choose_exact(builder, folder, f"batch {batch_size}|{size[0]}x{size[1]}", batch_size, notes)
     if sub_batches and (engine == "auto" or int8 is not None):
-        chosen = _in_best_sub_batches(chosen, builder, batch_size, notes, say)
+        # fp32 auto times eager PyTorch beside the pick's sub-batches, so what runs is never measured slower
+        reference = builder.torch() if int8 is None and chosen.name != "torch" else None
+        chosen = _in_best_sub_batches(chosen, builder, batch_size, notes, say, reference)
     return announce(chosen, command, notes, quiet)
 
 
@@ -516,9 +518,13 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
 SUB_BATCH_ROUNDS = 3
 
 
-def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str], say: Callable[[str], None]):
+def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str], say: Callable[[str], None],
+                         reference=None):
     """`engine`, or `engine` in sub-batches (`sub_batch.SubBatched`) where those ran faster than whole batches
-    of `batch`; timed once per machine, shape and engine, and cached with the engine's choice."""
+    of `batch`; timed once per machine, shape and engine, and cached with the engine's choice. `reference` (eager
+    PyTorch, where fp32 auto picked another engine) is timed with them and runs instead where it was faster: the
+    engine's pick and this timing are minutes apart on a VM whose speed drifts (an OpenVINO pick at 7.8 images/s
+    against torch's 7.5 ran at 6.8 in its best sub-batches here), and one interleaved timing settles it."""
     from vitlab.engine.sub_batch import SubBatched, sub_batch_sizes
 
     sizes = sub_batch_sizes(batch)
@@ -529,18 +535,30 @@ def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str]
     key = f"{machine_key(builder.threads)}|batch {batch}|{size[0]}x{size[1]}|sub-batches of {engine.name}"
     cached = choices.get(key)
     timed = [batch, *sizes]  # the whole batch first
-    names = [str(s) for s in timed]
+    names = [str(s) for s in timed] + (["torch"] if reference is not None else [])
     if cached and cached["picked"] in names and all(n in cached.get("images_per_s", {}) for n in names):
-        picked, speeds, how = int(cached["picked"]), cached["images_per_s"], "chosen before on this machine"
+        picked, speeds, how = cached["picked"], cached["images_per_s"], "chosen before on this machine"
     else:
-        say(f"timing {engine.name} at batch {batch} against sub-batches of {', '.join(map(str, sizes))} once")
+        say(f"timing {engine.name} at batch {batch} against sub-batches of {', '.join(map(str, sizes))}"
+            f"{' and eager torch' if reference is not None else ''} once")
         # each candidate runs the whole batch, its sub-batches back to back as they will run: one small call
         # after a pause would count the waking of the threads once per sub-batch and favour whole batches
         x = torch.randn(batch, builder.model.config.in_chans, *size)
         candidates = {str(batch): engine, **{str(s): SubBatched(engine, s) for s in sizes}}
-        name, speeds = keep_fastest(choices, key, candidates, x, rounds=SUB_BATCH_ROUNDS)
-        picked, how = int(name), "measured"
+        if reference is not None:
+            candidates["torch"] = reference
+        picked, speeds = keep_fastest(choices, key, candidates, x, rounds=SUB_BATCH_ROUNDS)
+        how = "measured"
+    if picked == "torch":
+        best = max(timed, key=lambda s: speeds[str(s)])
+        notes.append(f"torch after all, whole batches of {batch} (auto, {how} with the sub-batches: "
+                     f"{speeds['torch']:.1f} images/s against {engine.name}'s best, "
+                     f"{'whole batches' if best == batch else f'sub-batches of {best}'}, {speeds[str(best)]:.1f})")
+        return reference
+    picked = int(picked)
     others = ", ".join(f"{s}: {speeds[str(s)]:.1f}" for s in timed if s != picked)
+    if reference is not None:
+        others += f"; torch {speeds['torch']:.1f}"
     if picked == batch:
         notes.append(f"whole batches of {batch} (auto, {how}: {speeds[str(batch)]:.1f} images/s; "
                      f"sub-batches of {others})")
