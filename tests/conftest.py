@@ -7,6 +7,27 @@ import numpy as np
 import pytest
 import torch
 
+_OWN_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    """The suite's own user cache (weights, engines, choices), new for each run (its xdist workers inherit it),
+    where the caller set none: tests that fall back to $VITLAB_CACHE wrote into ~/.cache/vitlab, and a later run
+    of the same test read its earlier run's cached engine choice instead of timing (seen: a test passed with the
+    rest of its file and failed alone)."""
+    if not os.environ.get("VITLAB_CACHE"):
+        import tempfile
+
+        _OWN_CACHE.append(tempfile.mkdtemp(prefix="vitlab-test-cache-"))
+        os.environ["VITLAB_CACHE"] = _OWN_CACHE[0]
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        import shutil
+
+        shutil.rmtree(_OWN_CACHE.pop(), ignore_errors=True)
+
 
 @pytest.fixture(autouse=True)
 def same_random_start():
