@@ -291,7 +291,8 @@ def profile(args) -> None:
 
 
 def openvino_variants(args) -> None:
-    """vitlab's OpenVINO int8 graph (`engine/openvino.py`) against changes to it, all run with the rest in bf16:
+    """vitlab's OpenVINO int8 graph (`engine/openvino.py`) against changes to it, all run with the rest in bf16
+    (`--rest f32`: fp32):
     symmetric activation ranges, the patch embedding in int8 too, Q K^T or also A V in int8 (the attention core),
     and NNCF's own quantization of the same export (SmoothQuant, int8 Q K^T) where nncf is installed."""
     import openvino as ov
@@ -374,10 +375,10 @@ def openvino_variants(args) -> None:
         for label, ov_model in models.items():
             compiled = vo.core().compile_model(ov_model, "CPU", {"INFERENCE_NUM_THREADS": args.threads,
                                                                   "PERFORMANCE_HINT": "LATENCY",
-                                                                  "INFERENCE_PRECISION_HINT": "bf16"})
+                                                                  "INFERENCE_PRECISION_HINT": args.rest})
             request = compiled.create_infer_request()
             rows[label] = lambda xs, r=request: np.array(r.infer({0: xs})[0], copy=True)
-        print(f"{args.model}, batch {args.batch} in cuts of {args.cut}, rest in bf16; "
+        print(f"{args.model}, batch {args.batch} in cuts of {args.cut}, rest in {args.rest}; "
               "max |logit - fp32| / max |logit|:")
         for label, fn in rows.items():
             out = np.concatenate(in_cuts(fn, x, args.cut))
@@ -396,6 +397,8 @@ def main() -> None:
     ap.add_argument("--cut", type=int, default=8, help="the sub-batch every row runs in")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rest", default="bf16", choices=["bf16", "f32"],
+                    help="openvino: the precision of what the int8 graphs leave in floating point")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads")
