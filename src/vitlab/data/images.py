@@ -39,7 +39,22 @@ MAX_ASPECT_RATIO = 100
 # what else is in it (a 16-bit pixel of 300 may not come out darker than one of 200).
 SCALE_16BIT = 255.0 / 65535.0  # "I;16*", and "I": Pillow decodes 16-bit PGM/PNG/TIFF into "I" too
 SCALE_FLOAT = 255.0  # "F": float images hold 0..1 (as scikit-image and most float writers assume)
-_GREY_BLOCK_PIXELS = 65536  # pixels converted at once by _to_8bit_grey (512 KiB of float64)
+_GREY_BLOCK_PIXELS = 65536  # pixels a deep image is converted in at once (_row_boxes; 512 KiB of float64)
+
+
+def _row_boxes(w: int, h: int):
+    """Crop boxes of a few whole rows (about _GREY_BLOCK_PIXELS pixels) covering a w x h image, top to bottom: deep
+    images are converted a block at a time, since whole-image float64 temporaries took 8 bytes a pixel each, four
+    at once, and np.asarray of the whole image two more copies (a 600 KB deflated float TIFF of 9000x9000 needed
+    2.7 GB); the values are the same."""
+    rows = max(1, _GREY_BLOCK_PIXELS // max(1, w))
+    for top in range(0, h, rows):
+        yield (0, top, w, min(h, top + rows))
+
+
+def _on_white_16(values: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """16-bit `values` composited on white (65535) by `alpha` in 0..1, still on the 16-bit scale."""
+    return values * alpha + 65535.0 * (1.0 - alpha)
 
 
 def _to_8bit_grey(img: Image.Image) -> Image.Image:
@@ -49,16 +64,12 @@ def _to_8bit_grey(img: Image.Image) -> Image.Image:
     scale = SCALE_FLOAT if img.mode == "F" else SCALE_16BIT
     w, h = img.size
     out = np.empty((h, w), np.uint8)
-    # A few rows at a time, each cropped out of the image: whole-image float64 temporaries took 8 bytes a pixel
-    # each, four at once, and np.asarray of the whole image two more copies (a 600 KB deflated float TIFF of
-    # 9000x9000 needed 2.7 GB); the values are the same.
-    rows = max(1, _GREY_BLOCK_PIXELS // max(1, w))
-    for top in range(0, h, rows):
-        block = np.asarray(img.crop((0, top, w, min(h, top + rows)))).astype(np.float64)
+    for box in _row_boxes(w, h):
+        block = np.asarray(img.crop(box)).astype(np.float64)
         block *= scale
         np.nan_to_num(block, copy=False, nan=0.0, posinf=255.0, neginf=0.0)
         np.clip(block, 0, 255, out=block)
-        out[top:top + rows] = block.round(out=block)  # whole numbers in 0..255: the uint8 cast is exact
+        out[box[1]:box[3]] = block.round(out=block)  # whole numbers in 0..255: the uint8 cast is exact
     return Image.fromarray(out)  # a 2-D uint8 array becomes mode L
 
 
@@ -96,13 +107,11 @@ def _flatten_grey_alpha_16(img: Image.Image) -> Image.Image:
     once at the end, by the scale 16-bit grey is read with (SCALE_16BIT)."""
     w, h = img.size
     out = np.empty((h, w), np.uint8)
-    rows = max(1, _GREY_BLOCK_PIXELS // max(1, w))
-    for top in range(0, h, rows):  # a few rows at a time, as _to_8bit_grey
-        packed = np.asarray(img.crop((0, top, w, min(h, top + rows)))).view(np.uint32)
+    for box in _row_boxes(w, h):
+        packed = np.asarray(img.crop(box)).view(np.uint32)
         grey = (packed >> 16).astype(np.float64)
         alpha = (packed & 0xFFFF).astype(np.float64) / 65535.0
-        value = (grey * alpha + 65535.0 * (1.0 - alpha)) * SCALE_16BIT
-        out[top:top + rows] = np.clip(value, 0, 255).round()
+        out[box[1]:box[3]] = np.clip(_on_white_16(grey, alpha) * SCALE_16BIT, 0, 255).round()
     return Image.fromarray(out)
 
 
@@ -159,19 +168,16 @@ def _whole_colour_16(high: Image.Image, source, start: int | None) -> None:
     w, h = high.size
     key = high.info.pop("transparency", None)
     out = np.empty((h, w, len(high.mode)), np.uint8)
-    rows = max(1, _GREY_BLOCK_PIXELS // max(1, w))
     with _open_low_bytes(source, start) as low:
         low.load()
-        for top in range(0, h, rows):  # a few rows at a time, as _to_8bit_grey
-            box = (0, top, w, min(h, top + rows))
+        for box in _row_boxes(w, h):
             full = np.asarray(high.crop(box)).astype(np.float64) * 256 + np.asarray(low.crop(box))
             if high.mode == "RGBA":
-                alpha = full[..., 3:] / 65535.0
-                full[..., :3] = full[..., :3] * alpha + 65535.0 * (1.0 - alpha)
+                full[..., :3] = _on_white_16(full[..., :3], full[..., 3:] / 65535.0)
                 full[..., 3] = 65535.0
             elif isinstance(key, tuple) and len(key) == 3:
                 full[(full == np.asarray(key, np.float64)).all(axis=-1)] = 65535.0
-            out[top:box[3]] = np.clip(full * SCALE_16BIT, 0, 255).round()
+            out[box[1]:box[3]] = np.clip(full * SCALE_16BIT, 0, 255).round()
     high.frombytes(out.tobytes())  # in place: the image keeps its EXIF, which turns it next
 
 
