@@ -440,8 +440,15 @@ def main() -> None:
                          "value gives an independent rerun of the same command")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
+    ap.add_argument("--vitlab-f-linear", action="store_true",
+                    help="vitlab's linear layers through torch's F.linear instead of its oneDNN route "
+                         "(models/fast_linear.py), to time that route against the peers")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.vitlab_f_linear:
+        import vitlab.models.fast_linear as fast_linear
+
+        fast_linear.ONEDNN_LINEAR = False
     if args.tune_allocator:
         from vitlab.runtime import tune_cpu_allocator
 
@@ -455,7 +462,8 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, threads {args.threads}; "
           f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}, "
           f"onnxruntime {onnxruntime.__version__}; openvino {openvino_version()}; load average {os.getloadavg()[0]:.2f}; "
-          f"allocator {'tuned (freed memory kept, every row)' if args.tune_allocator else 'as it comes'}")
+          f"allocator {'tuned (freed memory kept, every row)' if args.tune_allocator else 'as it comes'}"
+          f"{'; vitlab linear layers through F.linear' if args.vitlab_f_linear else ''}")
     results = []
     if args.train:
         for name in args.train.split(","):
