@@ -178,8 +178,8 @@ def test_the_smallest_inference_products_take_f_linear(rows, in_f, out_f, small,
     fc = torch.nn.Linear(in_f, out_f)
     assert fast_linear.small_product(rows, fc.weight) is small
     onednn_calls = []
-    real = fast_linear._onednn
-    monkeypatch.setattr(fast_linear, "_onednn", lambda *a: onednn_calls.append(1) or real(*a))
+    real = fast_linear.onednn_product
+    monkeypatch.setattr(fast_linear, "onednn_product", lambda *a: onednn_calls.append(1) or real(*a))
     x = torch.randn(1, rows, in_f)
     with torch.inference_mode():
         out = fast_linear.linear(x, fc)

@@ -25,10 +25,10 @@ def test_onednn_epilogue_is_torchs_tanh_gelu_within_1e6():
     assert (fused - F.gelu(x, approximate="tanh")).abs().max() <= 1e-6
 
 
-def test_sigmoid_form_forward_and_gradient_match_torch():
+def test_slope_saving_form_forward_and_gradient_match_torch():
     x = values().requires_grad_()
     g = values(seed=1) / 4  # unit-scale incoming gradients
-    ours = gelu.SigmoidFormTanhGelu.apply(x)
+    ours = gelu.SlopeSavingTanhGelu.apply(x)
     ref = F.gelu(x, approximate="tanh")
     assert (ours - ref).abs().max() <= 1e-6
     (g_ours,) = torch.autograd.grad(ours, x, g)
@@ -40,7 +40,69 @@ def test_sigmoid_form_forward_and_gradient_match_torch():
     ref_error = float((g_ref.double() - exact).abs().max())
     assert (g_ours.double() - exact).abs().max() <= max(3 * ref_error, 2e-6 * float(exact.abs().max()))
     x64 = x.detach().double().requires_grad_()
-    assert torch.autograd.gradcheck(gelu.SigmoidFormTanhGelu.apply, (x64[:8, :8].clone().requires_grad_(),))
+    assert torch.autograd.gradcheck(gelu.SlopeSavingTanhGelu.apply, (x64[:8, :8].clone().requires_grad_(),))
+
+
+def mlp_layers(dim=24, hidden=96, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(dim, hidden), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(hidden, dim)
+
+
+def test_training_mlp_route_matches_torchs_layers():
+    """fc1 -> GELU -> fc2 with the GELU's backward in fc2's input-gradient product: output within 1e-6 and every
+    gradient within 1e-5 of torch's own layers (F.linear and its tanh GELU kernel)."""
+    if not onednn_linear_available():
+        pytest.skip("no oneDNN in this torch build")
+    fc1, act, fc2 = mlp_layers()
+    x = (values((3, 41, 24), seed=3) / 4).requires_grad_()
+    g = values((3, 41, 24), seed=4) / 4
+    results = []
+    for route in ("vitlab", "torch"):
+        for p in (*fc1.parameters(), *fc2.parameters(), x):
+            p.grad = None
+        if route == "vitlab":
+            out = gelu.mlp(x, fc1, act, torch.nn.Identity(), fc2)
+            assert out.grad_fn.name().startswith("TanhGeluThenLinear")  # the fused route ran
+        else:
+            out = F.linear(F.gelu(F.linear(x, fc1.weight, fc1.bias), approximate="tanh"), fc2.weight, fc2.bias)
+        out.backward(g)
+        results.append((out.detach(), [t.grad.clone() for t in (x, *fc1.parameters(), *fc2.parameters())]))
+    (out, grads), (ref, ref_grads) = results
+    assert (out - ref).abs().max() <= 1e-6
+    for ours, theirs in zip(grads, ref_grads):
+        assert (ours - theirs).abs().max() <= 1e-5 * max(1.0, float(theirs.abs().max()))
+
+
+def test_training_mlp_route_only_where_it_is_exact():
+    """Dropout between GELU and fc2, a hook on fc2 or the GELU, bf16 autocast: the plain route (or the modules);
+    with fc1 and the input frozen no gradient reaches the GELU, so fc1 + GELU take the fused inference product."""
+    fc1, act, fc2 = mlp_layers()
+    x = values((2, 9, 24), seed=5) / 4
+
+    def route(drop=torch.nn.Identity(), inp=x):
+        out = gelu.mlp(inp, fc1, act, drop, fc2)
+        return out.grad_fn.name() if out.grad_fn is not None else None
+
+    assert route().startswith("TanhGeluThenLinear") == onednn_linear_available()
+    assert not route(torch.nn.Dropout(0.1)).startswith("TanhGeluThenLinear")  # the mask needs the plain route
+    for layer in (fc2, act):
+        handle = layer.register_forward_hook(lambda *a: None)
+        assert not route().startswith("TanhGeluThenLinear")
+        handle.remove()
+    for p in fc1.parameters():
+        p.requires_grad_(False)
+    fused_calls = []
+    real = gelu.linear_act
+    gelu.linear_act = lambda *a: fused_calls.append(1) or real(*a)
+    try:
+        assert route() is not None and not route().startswith("TanhGeluThenLinear")  # only fc2 needs a gradient
+    finally:
+        gelu.linear_act = real
+    assert bool(fused_calls) == onednn_linear_available()
+    with torch.no_grad():
+        assert route() is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not route(inp=x.requires_grad_()).startswith("TanhGeluThenLinear")
 
 
 def tiny(act: str = "tanh") -> torch.nn.Module:

@@ -64,8 +64,8 @@ def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return ONEDNN_LINEAR and cpu_fp32_eager(x) and weight.dtype == torch.float32 and onednn_linear_available()
 
 
-def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str = "none",
-            algorithm: str = "") -> torch.Tensor:
+def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str = "none",
+                   algorithm: str = "") -> torch.Tensor:
     """x @ weight.T + bias (then `act`) in one oneDNN call; weight is (out, in) as in nn.Linear."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, act, [], algorithm)
 
@@ -77,21 +77,23 @@ class OneDnnLinear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _onednn(x, weight, bias)
+        return onednn_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
-        grad_x = grad_w = grad_b = None
-        if need_x:
-            grad_x = _onednn(grad, weight.t(), None)  # grad @ weight
-        grad_2d = grad.reshape(-1, grad.shape[-1])
-        if need_w:
-            grad_w = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
-        if need_b and ctx.has_bias:
-            grad_b = grad_2d.sum(0)
+        grad_x = onednn_product(grad, weight.t(), None) if need_x else None  # grad @ weight
+        grad_w, grad_b = weight_and_bias_gradients(grad, x, need_w, need_b and ctx.has_bias)
         return grad_x, grad_w, grad_b
+
+
+def weight_and_bias_gradients(grad: torch.Tensor, x: torch.Tensor, need_w: bool,
+                              need_b: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A linear layer's weight gradient (through torch's `mm`, faster than oneDNN for it) and bias gradient."""
+    grad_2d = grad.reshape(-1, grad.shape[-1])
+    grad_w = grad_2d.t().mm(x.reshape(-1, x.shape[-1])) if need_w else None
+    return grad_w, grad_2d.sum(0) if need_b else None
 
 
 class PackedWeights:
@@ -177,7 +179,7 @@ def _inference_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     plain = weight.flatten(1)
     if small_product(x.numel() // x.shape[-1], plain):
         return F.linear(x, plain, bias)
-    return _onednn(x, _inference_weight(x, weight), bias)
+    return onednn_product(x, _inference_weight(x, weight), bias)
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -219,4 +221,4 @@ def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
 def linear_act(x: torch.Tensor, fc: nn.Linear, act: str, algorithm: str) -> torch.Tensor:
     """act(fc(x)) as one oneDNN call (inference only: the fused op has no backward); the caller checks that
     `plain_layer(fc, nn.Linear)` holds."""
-    return _onednn(x, _inference_weight(x, fc.weight), fc.bias, act, algorithm)
+    return onednn_product(x, _inference_weight(x, fc.weight), fc.bias, act, algorithm)

@@ -18,7 +18,7 @@ from vitlab.models.attention_core import attention, explicit_attention
 from vitlab.models.config import ViTConfig
 from vitlab.models.convstem import ConvStem
 from vitlab.models.fast_linear import linear, watched
-from vitlab.models.gelu import linear_gelu
+from vitlab.models.gelu import mlp
 from vitlab.models.posemb import resample_posemb, sincos_2d
 from vitlab.models.resnet import ResNetBody, lecun_normal_
 from vitlab.models.surface import (
@@ -182,7 +182,7 @@ class Mlp(nn.Module):
         self.drop2 = _dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(linear(self.drop1(linear_gelu(x, self.fc1, self.act)), self.fc2))
+        return self.drop2(mlp(x, self.fc1, self.act, self.drop1, self.fc2))
 
 
 class DropPath(nn.Module):
