@@ -12,6 +12,8 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
     /work/peers/bin/python benchmarks/peers.py --models fmnist           # the Fashion-MNIST-size ViT (28 px)
     /work/peers/bin/python benchmarks/peers.py --train fmnist,ti16       # training steps instead (AdamW, fp32)
     /work/peers/bin/python benchmarks/peers.py --train ti16,s16,b16 --train-batches 1,32 --steps 2
+    /work/peers/bin/python benchmarks/peers.py --train ti16 --train-variants f-linear,erf   # + vitlab rows: F.linear
+                                                          # products; the erf GELU (what the official GELU costs)
     /work/peers/bin/pip install openvino nncf                            # for --openvino all
     /work/peers/bin/python benchmarks/peers.py --models vit-b/16 --batches 32 --openvino all
 
@@ -353,18 +355,23 @@ TRAIN_SIZES = {"fmnist": (28, 1, 4, 64, 6, 4, 128, 128), "ti16": (224, 3, 16, 19
                "s16": (224, 3, 16, 384, 12, 6, 1536, 32), "b16": (224, 3, 16, 768, 12, 12, 3072, 32)}
 
 
-def train_models(size) -> dict[str, torch.nn.Module]:
-    """vitlab (official numerics: tanh GELU), timm and HF with their own defaults (exact GELU), same shapes."""
+def train_models(size, erf_row: bool = False) -> dict[str, torch.nn.Module]:
+    """vitlab (official numerics: tanh GELU), timm and HF with their own defaults (exact GELU), same shapes; with
+    `erf_row` also vitlab with the erf GELU (not the official function: what the official one costs)."""
     from transformers import ViTConfig, ViTForImageClassification
 
     img, ch, p, d, depth, heads, mlp, _ = size
-    ours = vitlab.create_model("custom", num_classes=10, image_size=img, in_chans=ch, patch_size=p, dim=d,
-                               depth=depth, heads=heads, mlp_dim=mlp, seed=0)
+    shape = dict(num_classes=10, image_size=img, in_chans=ch, patch_size=p, dim=d, depth=depth, heads=heads,
+                 mlp_dim=mlp, seed=0)
+    ours = vitlab.create_model("custom", **shape)
     timm_model = timm_vit(ours.config)
     hf = ViTForImageClassification(ViTConfig(hidden_size=d, num_hidden_layers=depth, num_attention_heads=heads,
                                              intermediate_size=mlp, image_size=img, patch_size=p, num_channels=ch,
                                              num_labels=10, attn_implementation="sdpa"))
-    return {"vitlab": ours, "timm": timm_model, "HF": hf}
+    models = {"vitlab": ours, "timm": timm_model, "HF": hf}
+    if erf_row:
+        models["vitlab erf GELU"] = vitlab.create_model("custom", gelu="exact", **shape)
+    return models
 
 
 def train_step(model, x, y):
@@ -382,12 +389,31 @@ def train_step(model, x, y):
     return step
 
 
-def bench_training(name: str, rounds: int, steps: int, batch: int | None = None, seed: int = 0) -> list[dict]:
+def with_products(step, onednn: bool):
+    """`step` with vitlab's linear layers through oneDNN (its route) or torch's F.linear, restored after."""
+    from vitlab.models import fast_linear
+
+    def run():
+        before, fast_linear.ONEDNN_LINEAR = fast_linear.ONEDNN_LINEAR, onednn
+        try:
+            step()
+        finally:
+            fast_linear.ONEDNN_LINEAR = before
+    return run
+
+
+def bench_training(name: str, rounds: int, steps: int, batch: int | None = None, seed: int = 0,
+                   variants: tuple[str, ...] = ()) -> list[dict]:
+    """Images/s of training steps; `variants` adds vitlab rows: "f-linear" (its products through F.linear) and
+    "erf" (the erf GELU instead of the official tanh one). The best peer is the best of timm and HF."""
     size = TRAIN_SIZES[name]
     img, ch, batch = size[0], size[1], batch or size[7]
     torch.manual_seed(0)
     x, y = torch.randn(batch, ch, img, img), torch.randint(0, 10, (batch,))
-    fns = {label: train_step(m, x, y) for label, m in train_models(size).items()}
+    models = train_models(size, erf_row="erf" in variants)
+    fns = {label: train_step(m, x, y) for label, m in models.items()}
+    if "f-linear" in variants:
+        fns["vitlab F.linear"] = with_products(train_step(models["vitlab"], x, y), onednn=False)
     for fn in fns.values():
         fn()
     times = {label: [] for label in fns}
@@ -397,10 +423,10 @@ def bench_training(name: str, rounds: int, steps: int, batch: int | None = None,
             fns[label]()
         times[label].append((time.perf_counter() - t) / steps)
     speeds = {label: batch / statistics.median(ts) for label, ts in times.items()}
-    best_peer = max(v for k, v in speeds.items() if k != "vitlab")
+    best_peer = max(v for k, v in speeds.items() if not k.startswith("vitlab"))
     out = []
     for label, v in sorted(speeds.items(), key=lambda kv: -kv[1]):
-        print(f"train {name:7s} batch {batch:3d}  {label:7s} {v:8.1f} img/s   x{v / best_peer:.2f} vs best peer")
+        print(f"train {name:7s} batch {batch:3d}  {label:15s} {v:8.1f} img/s   x{v / best_peer:.2f} vs best peer")
         out.append({"train": name, "batch": batch, "model": label, "images_per_s": round(v, 2),
                     "vs_best_peer": round(v / best_peer, 3)})
     return out
@@ -440,10 +466,16 @@ def main() -> None:
                          "value gives an independent rerun of the same command")
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="warm up by calling every row in turn for at least this long before each setting is timed")
+    ap.add_argument("--train-variants", default="",
+                    help="with --train: extra vitlab rows, comma-separated: f-linear (its products through F.linear), "
+                         "erf (the erf GELU, not the official function: what the official one costs)")
     ap.add_argument("--vitlab-f-linear", action="store_true",
                     help="vitlab's linear layers through torch's F.linear instead of its oneDNN route "
                          "(models/fast_linear.py), to time that route against the peers")
     args = ap.parse_args()
+    unknown = {v for v in args.train_variants.split(",") if v} - {"f-linear", "erf"}
+    if unknown:
+        ap.error(f"--train-variants takes f-linear and erf, not {', '.join(sorted(unknown))}")
     torch.set_num_threads(args.threads)
     if args.vitlab_f_linear:
         import vitlab.models.fast_linear as fast_linear
@@ -468,7 +500,8 @@ def main() -> None:
     if args.train:
         for name in args.train.split(","):
             for batch in ([int(b) for b in args.train_batches.split(",")] if args.train_batches else [None]):
-                results += bench_training(name, args.rounds, args.steps, batch, args.order_seed)
+                results += bench_training(name, args.rounds, args.steps, batch, args.order_seed,
+                                          tuple(v for v in args.train_variants.split(",") if v))
     for name in ([] if args.train else args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             rows = candidates(name, Path(tmp), args.threads, args.bf16, not args.no_peer_int8, args.openvino or "")
