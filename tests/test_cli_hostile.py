@@ -392,6 +392,26 @@ def test_preprocess_refuses_broken_records(kwargs, fragment):
         Preprocess.from_dict(record)
 
 
+def test_torchrun_processes_report_one_refusal_once(monkeypatch, capsys):
+    """Under torchrun every process refused the same wrong setting with the same line; on one machine it is printed
+    once per launch. Another line, another launch, or no torchrun at all still prints."""
+    import uuid
+
+    bad = ["train", "--resume", "/nonexistent/run/checkpoints/step-0000003.pt"]
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", uuid.uuid4().hex)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert main(bad) == 2 and main(bad) == 2  # two processes of one launch (same parent)
+    assert capsys.readouterr().err.count("vitlab train: error: ") == 1
+    assert main(["train", "--resume", "/nonexistent/other/step-0000001.pt"]) == 2  # a line of its own
+    assert capsys.readouterr().err.count("vitlab train: error: ") == 1
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", uuid.uuid4().hex)  # the next launch
+    assert main(bad) == 2
+    assert capsys.readouterr().err.count("vitlab train: error: ") == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one process: nothing to share a line with
+    assert main(bad) == 2 and main(bad) == 2
+    assert capsys.readouterr().err.count("vitlab train: error: ") == 2
+
+
 def test_an_error_line_is_one_write(monkeypatch):
     """Under torchrun every process reports the same failure into one pipe: print wrote the newline separately,
     and the processes' lines ran together ("...checkpoint filevitlab train: error: ...")."""

@@ -260,9 +260,36 @@ def _run(args: argparse.Namespace, prog: str) -> int:
 
 def _say(line: str) -> None:
     """`line` on stderr in one write: under torchrun every process reports the same failure into one pipe, and
-    print's separate write of the newline let the two lines run together ("...recordsvitlab train: error: ...")."""
+    print's separate write of the newline let the two lines run together ("...recordsvitlab train: error: ...").
+    The same line from the other processes of one torchrun on this machine is left out (`_first_to_say`)."""
+    if not _first_to_say(line):
+        return
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def _first_to_say(line: str) -> bool:
+    """False where another process of the same torchrun launch on this machine has already reported this very line:
+    a wrong setting refused by every process printed it once per process. Each process claims a marker file named
+    after the launch (torchrun's run id and its agent, the processes' parent) and the line; only the one that
+    creates it prints. A line of its own (one process's failure) is always printed, as is any line outside
+    torchrun or where the marker cannot be written."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) < 2:
+        return True
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(f"{run_id}|{os.getppid()}|{line}".encode()).hexdigest()[:24]
+    folder = os.path.join(tempfile.gettempdir(), "vitlab-torchrun-lines")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        os.close(os.open(os.path.join(folder, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except (OSError, ValueError):
+        pass
+    return True
 
 
 def _silence_stdout() -> None:
