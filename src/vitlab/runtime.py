@@ -184,10 +184,10 @@ def cpu_bf16_speedup() -> float:
     return speedup
 
 
-def _speedups_file():
+def _speedups_file(name: str = "cpu_bf16_speedup"):
     from vitlab.weights.download import cache_dir
 
-    return cache_dir() / "machine" / "cpu_bf16_speedup.json"
+    return cache_dir() / "machine" / f"{name}.json"
 
 
 def _cpu_name() -> str:
@@ -204,24 +204,25 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _kept_speedups() -> dict[str, float]:
+def _kept_speedups(name: str = "cpu_bf16_speedup") -> dict[str, float]:
+    """The speed ratios measured on this machine before, kept in the user's cache file `name`."""
     import json
 
     try:
-        data = json.loads(_speedups_file().read_text())
+        data = json.loads(_speedups_file(name).read_text())
     except (OSError, ValueError):
         return {}
     return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
 
 
-def _keep_speedup(key: str, speedup: float) -> None:
+def _keep_speedup(key: str, speedup: float, name: str = "cpu_bf16_speedup") -> None:
     """Best effort: a cache that cannot be written (read-only home) only means measuring again next time."""
     import json
 
-    path = _speedups_file()
+    path = _speedups_file(name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept = {**_kept_speedups(), key: speedup}
+        kept = {**_kept_speedups(name), key: speedup}
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(kept, indent=1))
         os.replace(tmp, path)

@@ -51,6 +51,8 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--crop-scale", "crop_scale", str, "inception-crop area range, e.g. 0.6,1.0"),
     ("--precision", "precision", str, "auto | bf16 | fp16 | fp32 | bf16-stem (autocast; fp16 uses loss scaling; bf16-stem: "
                                           "conv stem in bf16, Transformer in fp32)"),
+    ("--products", "products", str, "auto | onednn | torch: the route of CPU fp32 training's matrix products (auto: "
+                                    "timed once per machine and model, recorded in the run; see docs/training.md)"),
     ("--batchnorm", "batchnorm", str, "BatchNorm models: train (update statistics, the default) | frozen (keep the "
                                       "pretrained statistics: small fine-tuning batches) | sync (SyncBatchNorm, CUDA DDP)"),
     ("--device", "device", str, "auto | cpu | cuda | cuda:N"),

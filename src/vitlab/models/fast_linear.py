@@ -27,6 +27,23 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.weak import WeakIdKeyDictionary
 
 ONEDNN_LINEAR = True  # benchmarks and tests flip it to time or compare torch's own route
+# The route of training's products (forward and input gradient): "onednn" (OneDnnLinear) or "torch" (F.linear).
+# Which is faster depends on the CPU: oneDNN on the AMD EPYC VM, MKL at ViT-B/16 size on the Intel Xeon VM. `vitlab
+# train` measures it once per machine and product shapes (`train/products.py`), records the choice in the run and
+# restores it on resume (exact resume needs the same kernels); elsewhere it stays "onednn".
+TRAINING_PRODUCTS = "onednn"
+TRAINING_ROUTES = ("onednn", "torch")
+
+
+def set_training_products(route: str) -> None:
+    if route not in TRAINING_ROUTES:
+        raise ValueError(f"training products route must be one of {TRAINING_ROUTES}, got {route!r}")
+    global TRAINING_PRODUCTS
+    TRAINING_PRODUCTS = route
+
+
+def onednn_training() -> bool:
+    return TRAINING_PRODUCTS == "onednn"
 
 
 @functools.cache
@@ -214,7 +231,7 @@ def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
         return fc(x)
     if torch.is_grad_enabled() and (x.requires_grad or fc.weight.requires_grad
                                     or (fc.bias is not None and fc.bias.requires_grad)):
-        return OneDnnLinear.apply(x, fc.weight, fc.bias)
+        return OneDnnLinear.apply(x, fc.weight, fc.bias) if onednn_training() else F.linear(x, fc.weight, fc.bias)
     return _inference_product(x, fc.weight, fc.bias)
 
 

@@ -27,6 +27,7 @@ from vitlab.models.fast_linear import (
     onednn_linear_applies,
     onednn_linear_available,
     onednn_product,
+    onednn_training,
     plain_layer,
     weight_and_bias_gradients,
 )
@@ -131,7 +132,7 @@ def linear_gelu(x: torch.Tensor, fc: nn.Linear, act: nn.Module) -> torch.Tensor:
 def mlp(x: torch.Tensor, fc1: nn.Linear, act: nn.Module, drop: nn.Module, fc2: nn.Linear) -> torch.Tensor:
     """fc2(drop(act(fc1(x)))) by the fastest exact route: in CPU fp32 training of the plain official layers with
     no dropout there, the GELU and fc2 as one autograd step (TanhGeluThenLinear)."""
-    if not (plain_layer(drop, nn.Identity) and plain_layer(fc2, nn.Linear)
+    if not (plain_layer(drop, nn.Identity) and plain_layer(fc2, nn.Linear) and onednn_training()
             and onednn_linear_applies(x, fc2.weight) and _needs_grad(x, fc1.weight, fc1.bias)):
         return linear(drop(linear_gelu(x, fc1, act)), fc2)
     h = linear(x, fc1)

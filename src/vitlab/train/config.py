@@ -92,6 +92,7 @@ class TrainConfig:
     # --- budget
     device: str = "auto"  # auto, cpu, cuda, cuda:1
     precision: str = "auto"  # auto, bf16, fp16, fp32, bf16-stem (conv stem in bf16, Transformer in fp32)
+    products: str = "auto"  # auto, onednn, torch: the CPU fp32 training products' route (train/products.py)
     grad_checkpointing: bool = False
     compile: bool = False
     threads: int | None = None  # torch intra-op threads on CPU; None: torch's default
@@ -324,7 +325,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 # Settings added after runs were recorded without them: a record that lacks one trained with the value here (the
 # behaviour before the setting existed), which its resume keeps, whatever the recipe now says; a different value
 # given for the resume is a change of the run (refused unless allowed, `resume.check_run_settings`).
-ADDED_LATER: dict[str, Any] = {"crop_sampler": "torchvision"}
+ADDED_LATER: dict[str, Any] = {"crop_sampler": "torchvision", "products": "onednn"}
 
 
 def lacked_by(recorded: dict[str, Any]) -> dict[str, Any]:
@@ -424,6 +425,8 @@ def _check_choices(cfg: TrainConfig) -> None:
         raise VitlabError(f"batchnorm must be train, frozen or sync, got {cfg.batchnorm!r}")
     if cfg.precision not in ("auto", "bf16", "fp16", "fp32", "bf16-stem"):
         raise VitlabError(f"precision must be auto, bf16, fp16, fp32 or bf16-stem, got {cfg.precision!r}")
+    if cfg.products not in ("auto", "onednn", "torch"):
+        raise VitlabError(f"products must be auto, onednn or torch, got {cfg.products!r}")
 
 
 def _check_schedule(cfg: TrainConfig) -> None:

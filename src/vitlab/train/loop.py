@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
+from vitlab.models import fast_linear
 from vitlab.progress import bar_options
 from vitlab.runtime import auto_threads, resolve_device, tune_cpu_allocator  # one policy for every command
 from vitlab.train import distributed as D
@@ -76,6 +77,7 @@ from vitlab.train.setup import (
     plan_steps,
     prepare_given_model,
     run_precision,
+    run_products,
     seed_everything,
     set_deterministic,
     set_train_mode,
@@ -133,6 +135,7 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
     info = D.init_distributed(device, cfg.dist_timeout)
     stop, lock = StopSignals(), RunLock()
     run: TrainingRun | None = None
+    products_before = fast_linear.TRAINING_PRODUCTS  # the run sets its own route; the caller's comes back after
     try:
         # every process computes with rank 0's thread count, which the run records
         cfg.threads = int(D.broadcast_object(cfg.threads, info))
@@ -159,6 +162,7 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
         if run is not None:
             run.trackers.close(ok=False)  # a run that stopped early (closed already when it finished)
         stop.restore()
+        fast_linear.set_training_products(products_before)
         lock.release()
         D.shutdown(info)
 
@@ -362,6 +366,8 @@ class TrainingRun:
         self.precision = run_precision(cfg, self.device, model, self.info)
         set_stem_precision(model, self.precision)
         cfg.precision = self.precision
+        cfg.products = run_products(cfg, self.device, model, self.precision, self.micro, self.info)
+        fast_linear.set_training_products(cfg.products)
         model.to(self.device)
         if cfg.grad_checkpointing:
             if not hasattr(model, "set_grad_checkpointing"):

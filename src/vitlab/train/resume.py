@@ -23,7 +23,7 @@ from vitlab.train.run_dir import RunDir, read_metrics
 
 # Decided once when a run starts, recorded in config.yaml and each checkpoint, restored by --resume:
 # a resumed process that picked them afresh (e.g. fewer threads under load) computes differently.
-NUMERIC_SETTINGS = ("threads", "precision", "deterministic", "world_size")
+NUMERIC_SETTINGS = ("threads", "precision", "products", "deterministic", "world_size")
 # Settings that do not change what is trained (where it is written, how often it is logged or checked, how
 # long a collective may wait): they may differ on resume. Every other field must match the record.
 NEUTRAL_SETTINGS = ("out_dir", "name", "resume", "quiet", "log_every", "ckpt_every", "keep_last", "eval_every",
@@ -96,7 +96,7 @@ def restore_numerics(cfg: TrainConfig, allow_change: tuple[str, ...],
     if recorded is None:
         recorded = recorded_values(recorded_config(cfg.resume))
     changes = {}
-    for name, unset in (("threads", None), ("precision", "auto"), ("deterministic", None)):
+    for name, unset in (("threads", None), ("precision", "auto"), ("products", "auto"), ("deterministic", None)):
         before, now = recorded.get(name), getattr(cfg, name)
         if before is None or before == "auto" or now == before:
             continue  # nothing recorded (a run from before the record), or the same value
@@ -278,6 +278,7 @@ def edits_since_checkpoint(run_path: Path, state: dict[str, Any]) -> dict[str, t
 
 def print_numerics(cfg: TrainConfig, precision: str, world: int) -> None:
     print(f"vitlab: numerics (recorded; --resume restores them): threads {cfg.threads}, precision {precision}, "
+          f"products {cfg.products}, "
           f"deterministic {'on' if cfg.deterministic else 'off'}, {world} process{'es' if world > 1 else ''}",
           flush=True)
 

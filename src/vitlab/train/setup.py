@@ -436,7 +436,16 @@ def warmup_notice(cfg: TrainConfig, plan: BatchPlan) -> str | None:
             "train longer")
 
 
-# ------------------------------------------------------------------------- precision, optimizer
+# ------------------------------------------------------------------------- precision, products, optimizer
+def run_products(cfg: TrainConfig, device: torch.device, model: nn.Module, precision: str, micro_batch: int,
+                 info: D.DistInfo) -> str:
+    """The route of the run's CPU fp32 training products ("auto" is a timing: rank 0 decides for all)."""
+    from vitlab.train.products import resolve_products
+
+    chosen = resolve_products(cfg.products, device, precision, model, micro_batch) if info.is_main else None
+    return D.broadcast_object(chosen, info)
+
+
 def run_precision(cfg: TrainConfig, device: torch.device, model: nn.Module, info: D.DistInfo) -> str:
     """The precision this run computes in. "auto" on a CPU is a timing: rank 0 decides for all, so that every
     process computes alike; bf16 on a CPU without it falls back to fp32 (one line says so)."""

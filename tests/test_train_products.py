@@ -1,0 +1,114 @@
+"""`--products auto|onednn|torch`: the route of CPU fp32 training's matrix products, timed once per machine and
+model shapes, recorded in the run and restored on resume (vitlab.train.products)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from test_train_lifecycle import tiny_cfg
+from test_train_loop import tiny_data
+from vitlab.errors import VitlabError
+from vitlab.models import fast_linear
+from vitlab.models.registry import create_model
+from vitlab.train import products, resolve_config, train
+from vitlab.train.resume import restore_numerics
+
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # tests/conftest.py
+
+
+@pytest.fixture(autouse=True)
+def onednn_after():
+    yield
+    fast_linear.set_training_products("onednn")
+
+
+def small_vit(seed=0):
+    return create_model("custom", image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_dim=64, num_classes=5,
+                        seed=seed)
+
+
+def test_explicit_choices_pass_and_auto_applies_only_to_cpu_fp32(monkeypatch):
+    model, cpu = small_vit(), torch.device("cpu")
+    for choice in ("onednn", "torch"):
+        assert products.resolve_products(choice, cpu, "fp32", model, 8) == choice
+    monkeypatch.setenv("VITLAB_TORCH_PRODUCTS_SPEEDUP", "2.0")  # F.linear measured twice as fast
+    assert products.resolve_products("auto", cpu, "fp32", model, 8) == ("torch" if fast_linear.onednn_linear_available()
+                                                                        else "onednn")
+    assert products.resolve_products("auto", cpu, "bf16", model, 8) == "onednn"  # autocast: F.linear anyway
+    assert products.resolve_products("auto", torch.device("cuda"), "fp32", model, 8) == "onednn"
+    monkeypatch.setenv("VITLAB_TORCH_PRODUCTS_SPEEDUP", "1.02")  # within the margin: oneDNN stays
+    assert products.resolve_products("auto", cpu, "fp32", model, 8) == "onednn"
+
+
+def test_the_timing_runs_once_then_comes_from_the_cache(monkeypatch):
+    if not fast_linear.onednn_linear_available():
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.delenv("VITLAB_TORCH_PRODUCTS_SPEEDUP", raising=False)
+    monkeypatch.delenv("VITLAB_RETIME", raising=False)
+    model = small_vit()
+    assert products.product_shapes(model) == {(32, 96): 2, (32, 32): 2, (32, 64): 2, (64, 32): 2, (32, 5): 1}
+    assert products.tokens_per_image(model) == 17  # 16 patches and the class token
+    first = products.torch_products_speedup(model, 4)
+    assert first > 0
+    monkeypatch.setattr(products, "measure_torch_speedup", lambda *a, **k: pytest.fail("timed twice"))
+    assert products.torch_products_speedup(model, 4) == first
+    kept = json.loads(products.runtime_cache_file().read_text())
+    assert any("68 rows" in key and "32x96*2" in key for key in kept)  # 4 images x 17 tokens; shapes in the key
+
+
+def test_the_torch_route_computes_the_same_training_step():
+    x = torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(6) % 5
+    grads, kinds = {}, {}
+    for route in ("onednn", "torch"):
+        fast_linear.set_training_products(route)
+        model = small_vit()
+        logits = model(x)
+        kinds[route] = {n.name() for n in _graph_nodes(logits.grad_fn)}
+        F.cross_entropy(logits, y).backward()
+        grads[route] = [p.grad for p in model.parameters()]
+    if fast_linear.onednn_linear_available():
+        assert "OneDnnLinearBackward" in kinds["onednn"] and "TanhGeluThenLinearBackward" in kinds["onednn"]
+    assert not any("OneDnn" in k or "TanhGeluThenLinear" in k for k in kinds["torch"])
+    assert max(float((a - b).abs().max()) for a, b in zip(grads["onednn"], grads["torch"])) < 1e-5
+    with pytest.raises(ValueError):
+        fast_linear.set_training_products("mkl")
+
+
+def _graph_nodes(fn, seen=None):
+    seen = set() if seen is None else seen
+    if fn is None or fn in seen:
+        return seen
+    seen.add(fn)
+    for nxt, _ in fn.next_functions:
+        _graph_nodes(nxt, seen)
+    return seen
+
+
+def test_config_refuses_an_unknown_route_and_resume_restores_the_record():
+    with pytest.raises(VitlabError, match="products must be auto, onednn or torch"):
+        resolve_config("small-data", overrides=dict(products="mkl"))
+    cfg = resolve_config("small-data", overrides=dict(products="auto"))
+    restore_numerics(cfg, (), {"products": "torch"})
+    assert cfg.products == "torch"  # not given: the run's own
+    cfg = resolve_config("small-data", overrides=dict(products="onednn"))
+    with pytest.raises(VitlabError, match="recorded with products torch"):
+        restore_numerics(cfg, (), {"products": "torch"})
+    assert restore_numerics(cfg, ("products",), {"products": "torch"}) == {"products": ("torch", "onednn")}
+
+
+def test_a_run_records_its_route_and_trains_with_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLAB_TORCH_PRODUCTS_SPEEDUP", "3.0")
+    seen = []
+    real = fast_linear.set_training_products
+    monkeypatch.setattr(fast_linear, "set_training_products", lambda route: seen.append(route) or real(route))
+    train(tiny_cfg(tmp_path, epochs=1, name="fast-torch"), data=tiny_data())
+    recorded = yaml.safe_load((tmp_path / "fast-torch" / "config.yaml").read_text())["products"]
+    assert recorded == ("torch" if fast_linear.onednn_linear_available() else "onednn")
+    assert seen == [recorded, "onednn"]  # set for the run, and the caller's route is back after it
+    assert fast_linear.TRAINING_PRODUCTS == "onednn"
