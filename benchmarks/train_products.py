@@ -15,7 +15,7 @@ import platform
 import torch
 
 import vitlab
-from vitlab.runtime import tune_cpu_allocator
+from vitlab.runtime import machine_key, tune_cpu_allocator
 from vitlab.train import products
 
 MODELS = {  # name -> (create_model arguments, micro-batches)
@@ -35,8 +35,7 @@ def main() -> None:
     os.environ["VITLAB_RETIME"] = "1"
     os.environ.pop("VITLAB_TORCH_PRODUCTS_SPEEDUP", None)
     tune_cpu_allocator()
-    print(f"{products._cpu_name()} ({platform.machine()}), torch {torch.__version__}, {torch.get_num_threads()} "
-          f"threads; oneDNN time / F.linear time, forward + input gradient of every linear layer; auto takes "
+    print(f"{machine_key()} ({platform.machine()}); oneDNN time / F.linear time, forward + input gradient of every linear layer; auto takes "
           f"F.linear from {products.TORCH_MIN_SPEEDUP}")
     for name, (shape, batches) in MODELS.items():
         model = vitlab.create_model("custom", num_classes=10, seed=0, **shape)

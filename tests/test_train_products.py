@@ -15,6 +15,7 @@ from test_train_loop import tiny_data
 from vitlab.errors import VitlabError
 from vitlab.models import fast_linear
 from vitlab.models.registry import create_model
+from vitlab.runtime import machine_cache_file
 from vitlab.train import products, resolve_config, train
 from vitlab.train.resume import restore_numerics
 
@@ -57,7 +58,7 @@ def test_the_timing_runs_once_then_comes_from_the_cache(monkeypatch):
     assert first > 0
     monkeypatch.setattr(products, "measure_torch_speedup", lambda *a, **k: pytest.fail("timed twice"))
     assert products.torch_products_speedup(model, 4) == first
-    kept = json.loads(products.runtime_cache_file().read_text())
+    kept = json.loads(machine_cache_file(products.CACHE_NAME).read_text())
     assert any("68 rows" in key and "32x96*2" in key for key in kept)  # 4 images x 17 tokens; shapes in the key
 
 

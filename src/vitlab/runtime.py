@@ -26,6 +26,7 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -175,16 +176,26 @@ def cpu_bf16_speedup() -> float:
     if not cpu_bf16_supported():
         return 0.0
     threads = torch.get_num_threads()
-    key = f"{_cpu_name()} | torch {torch.__version__} | {threads} threads"
-    kept = _kept_speedups()
+    return measured_once("cpu_bf16_speedup", machine_key(), lambda: _bf16_speedup(threads))
+
+
+def machine_key() -> str:
+    """What a speed measured here depends on: the CPU model, the torch version and the thread count."""
+    return f"{_cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def measured_once(name: str, key: str, measure: Callable[[], float]) -> float:
+    """measure() the first time `key` is asked for on this machine, then the value kept in the user's cache file
+    `name` (`~/.cache/vitlab/machine/NAME.json`); VITLAB_RETIME=1 measures again."""
+    kept = _kept_speedups(name)
     if key in kept and os.environ.get("VITLAB_RETIME") != "1":
         return kept[key]
-    speedup = _bf16_speedup(threads)
-    _keep_speedup(key, speedup)
-    return speedup
+    value = measure()
+    _keep_speedup(key, value, name)
+    return value
 
 
-def _speedups_file(name: str = "cpu_bf16_speedup"):
+def machine_cache_file(name: str):
     from vitlab.weights.download import cache_dir
 
     return cache_dir() / "machine" / f"{name}.json"
@@ -204,22 +215,22 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _kept_speedups(name: str = "cpu_bf16_speedup") -> dict[str, float]:
+def _kept_speedups(name: str) -> dict[str, float]:
     """The speed ratios measured on this machine before, kept in the user's cache file `name`."""
     import json
 
     try:
-        data = json.loads(_speedups_file(name).read_text())
+        data = json.loads(machine_cache_file(name).read_text())
     except (OSError, ValueError):
         return {}
     return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
 
 
-def _keep_speedup(key: str, speedup: float, name: str = "cpu_bf16_speedup") -> None:
+def _keep_speedup(key: str, speedup: float, name: str) -> None:
     """Best effort: a cache that cannot be written (read-only home) only means measuring again next time."""
     import json
 
-    path = _speedups_file(name)
+    path = machine_cache_file(name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = {**_kept_speedups(name), key: speedup}

@@ -46,6 +46,11 @@ def onednn_training() -> bool:
     return TRAINING_PRODUCTS == "onednn"
 
 
+def needs_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will want a gradient through an op of these tensors (grad mode on, one of them requires it)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 @functools.cache
 def onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -229,8 +234,7 @@ def linear(x: torch.Tensor, fc: nn.Linear) -> torch.Tensor:
     """fc(x) by the fastest exact route for where it runs."""
     if not (plain_layer(fc, nn.Linear) and onednn_linear_applies(x, fc.weight)):
         return fc(x)
-    if torch.is_grad_enabled() and (x.requires_grad or fc.weight.requires_grad
-                                    or (fc.bias is not None and fc.bias.requires_grad)):
+    if needs_grad(x, fc.weight, fc.bias):
         return OneDnnLinear.apply(x, fc.weight, fc.bias) if onednn_training() else F.linear(x, fc.weight, fc.bias)
     return _inference_product(x, fc.weight, fc.bias)
 

@@ -24,6 +24,7 @@ from vitlab.models.fast_linear import (
     cpu_fp32_eager,
     linear,
     linear_act,
+    needs_grad,
     onednn_linear_applies,
     onednn_linear_available,
     onednn_product,
@@ -42,14 +43,10 @@ def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.Module) -> bool:
     return FAST_CPU_GELU and plain_layer(act, nn.GELU) and act.approximate == "tanh" and cpu_fp32_eager(x)
 
 
-def _needs_grad(*tensors: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
 def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.Module, fc: nn.Module) -> bool:
     """fc1 + GELU as one oneDNN call: CPU fp32 work that needs no gradient through them (the oneDNN op has no
     backward) of plain layers."""
-    return (not _needs_grad(x, fc.weight, fc.bias) and _tanh_gelu_cpu_fp32(x, act) and plain_layer(fc, nn.Linear)
+    return (not needs_grad(x, fc.weight, fc.bias) and _tanh_gelu_cpu_fp32(x, act) and plain_layer(fc, nn.Linear)
             and onednn_linear_available() and fc.weight.dtype == torch.float32)
 
 
@@ -124,7 +121,7 @@ def linear_gelu(x: torch.Tensor, fc: nn.Linear, act: nn.Module) -> torch.Tensor:
     if fused_cpu_gelu_applies(x, act, fc):
         return linear_act(x, fc, "gelu", "tanh")
     h = linear(x, fc)
-    if _needs_grad(h) and _tanh_gelu_cpu_fp32(h, act):
+    if needs_grad(h) and _tanh_gelu_cpu_fp32(h, act):
         return SlopeSavingTanhGelu.apply(h)
     return act(h)
 
@@ -133,7 +130,7 @@ def mlp(x: torch.Tensor, fc1: nn.Linear, act: nn.Module, drop: nn.Module, fc2: n
     """fc2(drop(act(fc1(x)))) by the fastest exact route: in CPU fp32 training of the plain official layers with
     no dropout there, the GELU and fc2 as one autograd step (TanhGeluThenLinear)."""
     if not (plain_layer(drop, nn.Identity) and plain_layer(fc2, nn.Linear) and onednn_training()
-            and onednn_linear_applies(x, fc2.weight) and _needs_grad(x, fc1.weight, fc1.bias)):
+            and onednn_linear_applies(x, fc2.weight) and needs_grad(x, fc1.weight, fc1.bias)):
         return linear(drop(linear_gelu(x, fc1, act)), fc2)
     h = linear(x, fc1)
     if not _tanh_gelu_cpu_fp32(h, act):

@@ -24,16 +24,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.models import fast_linear
-from vitlab.runtime import _cpu_name, _keep_speedup, _kept_speedups, _speedups_file
+from vitlab.runtime import machine_key, measured_once
 
 TORCH_MIN_SPEEDUP = 1.05
 MAX_TIMED_ROWS = 8192  # larger micro-batches are timed at this many rows: the choice, not the exact speed, matters
-_CACHE_NAME = "training_products"
-
-
-def runtime_cache_file():
-    """Where the measured ratios are kept (the user's cache, beside the bf16 probe's)."""
-    return _speedups_file(_CACHE_NAME)
+CACHE_NAME = "training_products"  # ~/.cache/vitlab/machine/training_products.json
 
 
 def product_shapes(model: nn.Module) -> Counter:
@@ -85,16 +80,14 @@ def torch_products_speedup(model: nn.Module, micro_batch: int) -> float:
         return float(forced)
     shapes = product_shapes(model)
     rows = min(micro_batch * tokens_per_image(model), MAX_TIMED_ROWS)
-    key = (f"{_cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {rows} rows | "
-           + " ".join(f"{i}x{o}*{n}" for (i, o), n in sorted(shapes.items())))
-    kept = _kept_speedups(_CACHE_NAME)
-    if key in kept and os.environ.get("VITLAB_RETIME") != "1":
-        return kept[key]
-    print(f"vitlab: timing the training products both ways on this machine ({rows} rows; once, then cached)",
-          file=sys.stderr, flush=True)
-    speedup = measure_torch_speedup(shapes, rows)
-    _keep_speedup(key, speedup, _CACHE_NAME)
-    return speedup
+    key = f"{machine_key()} | {rows} rows | " + " ".join(f"{i}x{o}*{n}" for (i, o), n in sorted(shapes.items()))
+
+    def measure() -> float:
+        print(f"vitlab: timing the training products both ways on this machine ({rows} rows; once, then cached)",
+              file=sys.stderr, flush=True)
+        return measure_torch_speedup(shapes, rows)
+
+    return measured_once(CACHE_NAME, key, measure)
 
 
 def resolve_products(choice: str, device: torch.device, precision: str, model: nn.Module, micro_batch: int) -> str:
