@@ -18,7 +18,8 @@ Needs timm, which cannot be imported with the CPU-only torch wheel: run it in a 
     /work/peers/bin/python benchmarks/peers.py --models vit-b/16 --batches 32 --openvino all
 
 Rows: `vitlab torch` is eager fp32 with the official numerics (tanh GELU), as `--engine torch` runs it (weights packed
-once into oneDNN's layout); `vitlab onnxruntime` the exact fp32 ORT engine (`--engine onnxruntime`); `vitlab int8
+once into oneDNN's layout); `vitlab model(x)` the model called in a user's own code under `torch.inference_mode()`
+(the direct operator calls with the live weights, nothing packed; no one-thread rule for small calls); `vitlab onnxruntime` the exact fp32 ORT engine (`--engine onnxruntime`); `vitlab int8
 static|dynamic` what `--int8` builds. With `--openvino ours`: `vitlab openvino` (`--engine openvino`, exact fp32) and
 `vitlab int8 openvino [bf16]` (OpenVINO's static int8 as `--int8` builds it, the rest in fp32 or bf16); with
 `--openvino all` also a peer user's OpenVINO: `timm -> OpenVINO` (fp32), `timm -> OpenVINO (its defaults: bf16)`
@@ -206,6 +207,7 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
     hf = perturbed(hf_model(cfg))
     rows: dict[str, tuple[str, object]] = {
         "vitlab torch": ("ours", TorchEngine(ours)),  # what `--engine torch` runs (weights packed once)
+        "vitlab model(x)": ("ours", Torch(ours)),  # what a user's own `model(x)` under inference_mode runs
         "timm torch": ("peer", Torch(timm_model)),
         "HF torch": ("peer", Torch(hf)),
     }

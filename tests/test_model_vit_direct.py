@@ -262,3 +262,114 @@ def test_module_route_hooks_and_adapters_are_honoured_without_the_engine():
     model.blocks[1].attn.proj = LoRA(model.blocks[1].attn.proj)
     with torch.no_grad():
         assert (model(x) - before).abs().max() > 1e-3
+
+
+def block_calls(monkeypatch) -> list:
+    """Counts the blocks run through the direct plan (by the engine's DirectInference or the model's own)."""
+    calls = []
+    real = vit_direct._block
+    monkeypatch.setattr(vit_direct, "_block", lambda *a: (calls.append(1), real(*a))[1])
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["class token", "global average pool", "conv-stem hybrid"])
+def test_the_model_itself_takes_the_direct_route_in_inference(kind, monkeypatch):
+    """`model(x)` in a user's own code (eval mode, no autograd, CPU fp32) runs the direct plan with its live
+    weights: the module route's logits to the last bit."""
+    model, x = perturbed(**KINDS[kind]), images()
+    calls = block_calls(monkeypatch)
+    with torch.inference_mode():
+        direct = model(x)
+    assert len(calls) == SMALL["depth"]
+    monkeypatch.setattr(vit_direct, "DIRECT_INFERENCE", False)
+    with torch.no_grad():
+        assert torch.equal(direct, model(x))
+    assert len(calls) == SMALL["depth"]
+    monkeypatch.setattr(vit_direct, "DIRECT_INFERENCE", True)
+    with torch.no_grad():
+        model.blocks[1].mlp.fc2.weight.mul_(1.5)  # live weights: an in-place change shows at once
+        changed = model(x)
+    assert (changed - direct).abs().max() > 1e-4 and len(calls) == 2 * SMALL["depth"]
+
+
+def test_the_model_builds_no_plan_for_training_or_autograd(monkeypatch):
+    model, x = perturbed(), images()
+    model(x)  # autograd on
+    with torch.no_grad():
+        model.train()
+        model(x)
+        model.eval()
+        model(x, return_attention=True)
+    assert "_direct" not in model.__dict__
+
+
+@pytest.mark.parametrize("where", ["class", "instance"])
+def test_a_patched_forward_runs(where, monkeypatch):
+    """Attention-map tools patch `Attention.forward` (or one layer's): the plan, which would skip it, steps aside,
+    for the model's own direct route and for the engine's."""
+    from vitlab.models.vit import Attention
+
+    model, x = perturbed(), images()
+    eng = engine(model)
+    with torch.no_grad():
+        before = model(x)
+    seen = []
+    original = Attention.forward
+
+    def patched(self, *args, **kwargs):
+        seen.append(1)
+        out = original(self, *args, **kwargs)
+        return (out[0] * 2, out[1]) if isinstance(out, tuple) else out * 2
+
+    if where == "class":
+        monkeypatch.setattr(Attention, "forward", patched)
+    else:
+        attn = model.blocks[1].attn
+        attn.forward = lambda *args, **kwargs: patched(attn, *args, **kwargs)
+    with torch.no_grad():
+        after = model(x)
+    engine_after = eng(x)
+    expected_calls = SMALL["depth"] if where == "class" else 1
+    assert len(seen) == 2 * expected_calls
+    assert (after - before).abs().max() > 1e-4
+    torch.testing.assert_close(engine_after, after, rtol=0, atol=1e-5 * after.abs().max().item())
+    assert eng.direct.direct_calls == 0
+
+
+def test_a_subclass_with_its_own_encode_runs_it():
+    from vitlab.models.vit import VisionTransformer
+
+    class Doubled(VisionTransformer):
+        def encode(self, x, return_attention=False, class_token_only=False):
+            tokens, maps = super().encode(x, return_attention, class_token_only)
+            return tokens * 2, maps
+
+    model, x = perturbed(), images()
+    doubled = Doubled(model.config).eval()
+    doubled.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(doubled(x), model(x))
+
+        def encode(x, return_attention=False, class_token_only=False):  # patched on the instance: the same
+            tokens, maps = VisionTransformer.encode(model, x, return_attention, class_token_only)
+            return tokens * 2, maps
+
+        model.encode = encode
+        assert torch.equal(doubled(x), model(x))
+
+
+def test_copies_do_not_share_or_carry_the_plan(tmp_path):
+    import copy
+
+    model, x = perturbed(), images()
+    with torch.no_grad():
+        expected = model(x)
+        deep = copy.deepcopy(model)
+        assert "_direct" not in deep.__dict__
+        assert torch.equal(deep(x), expected)
+        torch.save(model, tmp_path / "model.pt")
+        loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+        assert "_direct" not in loaded.__dict__ and torch.equal(loaded(x), expected)
+        shallow = copy.copy(model)
+        shallow(x)
+        assert shallow.__dict__["_direct"].model is shallow and model.__dict__["_direct"].model is model

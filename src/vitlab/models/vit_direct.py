@@ -7,12 +7,15 @@ image at batch 1 in one run on the 2-core VM of docs/benchmarks.md (1.04-1.10x i
 `python benchmarks/direct_inference.py`, docs/results/direct_inference.txt). `DirectInference` reads each
 block's parameters once into a flat plan (the linear weights packed into oneDNN's layout when it is given a
 `PackedWeights`) and runs the operators the modules run, on the same tensors, in the same order: the same logits
-to the last bit (tests/test_model_vit_direct.py).
+to the last bit (tests/test_model_vit_direct.py). `--engine torch` owns one with packed weights; a model's own
+`forward` (a user's `model(x)` under `torch.inference_mode()`) builds one that reads the live weights
+(`VisionTransformer._direct_inference`).
 
 It checks on every call that nothing would see a difference. A call it does not cover (autograd, another dtype or
 device, autocast, the model in training mode or watched by a hook) returns None, and the caller runs the model.
 Blocks it does not cover (a replaced or wrapped layer, e.g. LoRA's; a forward hook on a block or any layer of one;
-a layer left in training mode) run through their modules. A replaced layer or parameter, a weight changed in place
+a layer left in training mode; a layer class or layer whose forward was patched) run through their modules, and a
+model whose `forward`, `_tokens` or `encode` is not VisionTransformer's own runs as it is. A replaced layer or parameter, a weight changed in place
 (an optimizer step, `load_state_dict`) or a changed constant (LayerNorm eps, heads, the GELU kind) makes it build
 the plan anew. Everything outside the blocks (patch embedding, class token and position embeddings, final
 LayerNorm, head) runs through the model's own modules.
@@ -42,6 +45,20 @@ _STANDARD = {
     "fc1": (nn.Linear,), "act": (nn.GELU,), "drop1": (nn.Identity, nn.Dropout), "fc2": (nn.Linear,),
     "drop2": (nn.Identity, nn.Dropout),
 }
+
+
+def _own_forward(cls: type):
+    """cls.forward if the class defines it itself (or inherits nn.Module's), else None: patched before import."""
+    forward = cls.forward
+    own = forward.__module__ == cls.__module__ and forward.__qualname__.split(".")[0] == cls.__name__
+    return forward if own else None
+
+
+# The forwards the plan stands in for. A class patched at run time (`Attention.forward = my_forward`, as
+# attention-map tools do) or one layer given its own forward would not run under the plan: such calls take the modules.
+_FORWARDS = {cls: _own_forward(cls) for cls in {c for classes in _STANDARD.values() for c in classes} | {Block}}
+# The model's own methods the direct call replaces (`encode`) or stands beside (`forward`, `_tokens`).
+_MODEL_METHODS = ("forward", "_tokens", "encode")
 _HOOKS = operator.attrgetter("_forward_hooks")
 _PRE_HOOKS = operator.attrgetter("_forward_pre_hooks")
 _TRAINING = operator.attrgetter("training")
@@ -63,6 +80,18 @@ class _BlockPlan(NamedTuple):
     gelu: str  # the GELU's `approximate`: "tanh" (official) or "none"
     fc2_weight: tuple[torch.Tensor, torch.Tensor]
     fc2_bias: torch.Tensor | None
+
+
+def _own_methods(model: VisionTransformer) -> bool:
+    cls = type(model)
+    return all(getattr(cls, name) is getattr(VisionTransformer, name) and name not in model.__dict__
+               for name in _MODEL_METHODS)
+
+
+def _patched(layers: list[nn.Module]) -> bool:
+    """Whether a layer's forward is not its class's as imported: patched on the class or given to the instance."""
+    return (any(cls.forward is not forward for cls, forward in _FORWARDS.items())
+            or any("forward" in m.__dict__ for m in layers))
 
 
 def _layers(block: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -111,10 +140,11 @@ class DirectInference:
         return model.forward_head(model.norm(x))
 
     def applies(self, images: torch.Tensor) -> bool:
-        """CPU fp32 eager inference (no autograd) of a ViT in eval mode whose forward no hook watches."""
+        """CPU fp32 eager inference (no autograd) of a ViT in eval mode whose forward no hook watches and whose
+        forward, `_tokens` and `encode` are VisionTransformer's own (not overridden by a subclass or patched)."""
         model = self.model
         return (DIRECT_INFERENCE and isinstance(model, VisionTransformer) and not torch.is_grad_enabled()
-                and not model.training and len(model.blocks) > 0
+                and not model.training and len(model.blocks) > 0 and _own_methods(model)
                 and not fast_linear.watched((model,))
                 and fast_linear.ONEDNN_LINEAR and fast_linear.onednn_linear_available()
                 and fast_linear.cpu_fp32_eager(images))
@@ -126,7 +156,8 @@ class DirectInference:
         if not self._dicts or self._snapshot() != self._built_from:
             self._build(x, class_token_only)
         layers = self._layers
-        if any(map(_HOOKS, layers)) or any(map(_PRE_HOOKS, layers)) or any(map(_TRAINING, layers)):
+        if (any(map(_HOOKS, layers)) or any(map(_PRE_HOOKS, layers)) or any(map(_TRAINING, layers))
+                or _patched(layers)):
             return []
         return self._plan
 
