@@ -6,6 +6,7 @@ logit difference between the two (0: the same operators on the same values).
     python benchmarks/direct_inference.py                       # torch's default threads
     python benchmarks/direct_inference.py --threads 1 --models vit-ti/16 --batches 1
     python benchmarks/direct_inference.py --attempts --models vit-ti/16,vit-s/16,vit-b/16
+    python benchmarks/direct_inference.py --model-call     # `model(x)` itself (no engine: live weights, nothing packed)
 
 `--attempts` times two variants of the direct route that were tried and not kept (docs/benchmarks.md, "Tried and
 not adopted"): the residual adds fused into the proj and fc2 products (oneDNN's binary post-op), and the attention
@@ -42,10 +43,19 @@ def model_and_images(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tens
     return model.eval(), torch.randn(batch, *shape)
 
 
-def compare(name: str, batch: int, rounds: int) -> tuple[float, float, float]:
-    """images/s through the modules, images/s direct, max |logit difference|."""
+def model_call(model: torch.nn.Module):
+    """`model(x)` as a user's own code calls it in inference."""
+    def run(images: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return model(images)
+    return run
+
+
+def compare(name: str, batch: int, rounds: int, plain: bool = False) -> tuple[float, float, float]:
+    """images/s through the modules, images/s direct, max |logit difference|; of the engine, or with `plain` of
+    the model's own call."""
     model, x = model_and_images(name, batch)
-    engine = TorchEngine(model)
+    engine = model_call(model) if plain else TorchEngine(model)
 
     def route(direct: bool):
         def run(images: torch.Tensor) -> torch.Tensor:
@@ -143,11 +153,15 @@ def main() -> None:
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--pause-ms", type=float, default=50)
     ap.add_argument("--attempts", action="store_true", help="time the variants tried and not kept (batch 1)")
+    ap.add_argument("--model-call", action="store_true",
+                    help="time `model(x)` itself (its own direct route: live weights, nothing packed) instead of "
+                         "`--engine torch`")
     args = ap.parse_args()
     choose.PAUSE_S = args.pause_ms / 1e3
     torch.set_num_threads(args.threads)
     tune_cpu_allocator()  # as every vitlab command on the CPU runs
-    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds, images/s")
+    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds, images/s, "
+          f"{'model(x) under inference_mode' if args.model_call else '--engine torch'}")
     if args.attempts:
         for name in args.models.split(","):
             speeds, diffs = attempts(name, args.rounds)
@@ -157,7 +171,7 @@ def main() -> None:
         return
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            modules, direct, diff = compare(name, batch, args.rounds)
+            modules, direct, diff = compare(name, batch, args.rounds, args.model_call)
             print(f"  {name:10s} batch {batch:3d}: modules {modules:8.2f}  direct {direct:8.2f}  "
                   f"(x{direct / modules:.3f})  max |logit difference| {diff:.1e}", flush=True)
 
