@@ -23,9 +23,10 @@ pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # tests/conftest.py
 
 
 @pytest.fixture(autouse=True)
-def onednn_after():
+def default_after():
     yield
-    fast_linear.set_training_products("onednn")
+    fast_linear.set_training_products("auto")
+    fast_linear.use_auto_route("onednn")
 
 
 def small_vit(seed=0):
@@ -111,5 +112,55 @@ def test_a_run_records_its_route_and_trains_with_it(tmp_path, monkeypatch):
     train(tiny_cfg(tmp_path, epochs=1, name="fast-torch"), data=tiny_data())
     recorded = yaml.safe_load((tmp_path / "fast-torch" / "config.yaml").read_text())["products"]
     assert recorded == ("torch" if fast_linear.onednn_linear_available() else "onednn")
-    assert seen == [recorded, "onednn"]  # set for the run, and the caller's route is back after it
-    assert fast_linear.TRAINING_PRODUCTS == "onednn"
+    assert seen == [recorded, "auto"]  # set for the run, and the caller's route is back after it
+    assert fast_linear.TRAINING_PRODUCTS == "auto"
+
+
+def one_training_step(model, x) -> set[str]:
+    """A training forward and backward; the autograd nodes it ran."""
+    model.train()
+    logits = model(x)
+    kinds = {n.name() for n in _graph_nodes(logits.grad_fn)}
+    logits.sum().backward()
+    return kinds
+
+
+def onednn_nodes(kinds: set[str]) -> bool:
+    return any("OneDnn" in k or "TanhGeluThenLinear" in k for k in kinds)
+
+
+def test_a_users_own_loop_takes_the_measured_route_once_per_model(monkeypatch):
+    """Outside `vitlab train` ("auto", the default) a ViT takes, at its first CPU fp32 training forward, the route
+    measured for its shapes, and keeps it: a later batch of another size does not time again."""
+    x = torch.randn(3, 3, 16, 16)
+    monkeypatch.setenv("VITLAB_TORCH_PRODUCTS_SPEEDUP", "2.0")  # F.linear measured twice as fast
+    asked = []
+    real = products.torch_products_speedup
+    monkeypatch.setattr(products, "torch_products_speedup", lambda *a: asked.append(a[1]) or real(*a))
+    model = small_vit()
+    first = one_training_step(model, x)
+    one_training_step(model, x[:2])
+    onednn = fast_linear.onednn_linear_available()
+    assert model.__dict__["_products_route"] == ("torch" if onednn else "onednn")
+    assert asked == ([3] if onednn else [])  # timed once, at the first micro-batch
+    assert not onednn_nodes(first)  # every product through F.linear
+    monkeypatch.setenv("VITLAB_TORCH_PRODUCTS_SPEEDUP", "1.0")  # another model, measured even: oneDNN
+    other = small_vit(seed=1)
+    assert onednn_nodes(one_training_step(other, x)) == onednn
+    assert other.__dict__["_products_route"] == "onednn"
+    assert not onednn_nodes(one_training_step(model, x))  # each model its own route while it trains
+
+
+def test_the_auto_route_leaves_inference_frozen_models_and_explicit_routes_alone(monkeypatch):
+    monkeypatch.setenv("VITLAB_TORCH_PRODUCTS_SPEEDUP", "2.0")
+    model, x = small_vit(), torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        model.train()
+        model(x)  # training mode without autograd: nothing to choose
+    model.eval()
+    model(x)
+    assert "_products_route" not in model.__dict__
+    fast_linear.set_training_products("onednn")  # an explicit route (vitlab train's) is not overridden
+    kinds = one_training_step(model, x)
+    assert "_products_route" not in model.__dict__
+    assert onednn_nodes(kinds) == fast_linear.onednn_linear_available()

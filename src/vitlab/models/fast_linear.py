@@ -30,20 +30,31 @@ ONEDNN_LINEAR = True  # benchmarks and tests flip it to time or compare torch's 
 # The route of training's products (forward and input gradient): "onednn" (OneDnnLinear) or "torch" (F.linear).
 # Which is faster depends on the CPU: oneDNN on the AMD EPYC VM, MKL at ViT-B/16 size on the Intel Xeon VM. `vitlab
 # train` measures it once per machine and product shapes (`train/products.py`), records the choice in the run and
-# restores it on resume (exact resume needs the same kernels); elsewhere it stays "onednn".
-TRAINING_PRODUCTS = "onednn"
+# restores it on resume (exact resume needs the same kernels). Elsewhere (a user's own training loop) it is "auto":
+# each ViT takes the route measured for its shapes at its first CPU fp32 training forward (timed once per machine,
+# then cached; `VisionTransformer._training_products`), and oneDNN serves every other model.
+TRAINING_PRODUCTS = "auto"
 TRAINING_ROUTES = ("onednn", "torch")
+_auto_route = "onednn"  # what "auto" stands for now: the route of the ViT whose training forward ran last
 
 
 def set_training_products(route: str) -> None:
-    if route not in TRAINING_ROUTES:
-        raise ValueError(f"training products route must be one of {TRAINING_ROUTES}, got {route!r}")
+    if route not in (*TRAINING_ROUTES, "auto"):
+        raise ValueError(f"training products route must be one of {(*TRAINING_ROUTES, 'auto')}, got {route!r}")
     global TRAINING_PRODUCTS
     TRAINING_PRODUCTS = route
 
 
+def use_auto_route(route: str) -> None:
+    """The route "auto" takes from now on (a ViT's own, measured; see TRAINING_PRODUCTS)."""
+    if route not in TRAINING_ROUTES:
+        raise ValueError(f"training products route must be one of {TRAINING_ROUTES}, got {route!r}")
+    global _auto_route
+    _auto_route = route
+
+
 def onednn_training() -> bool:
-    return TRAINING_PRODUCTS == "onednn"
+    return (_auto_route if TRAINING_PRODUCTS == "auto" else TRAINING_PRODUCTS) == "onednn"
 
 
 def needs_grad(*tensors: torch.Tensor | None) -> bool:

@@ -383,6 +383,8 @@ class VisionTransformer(TimmSurface, nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> the first block's input (B, N, D): patch tokens, class token, position embeddings."""
         self._check_images(x)
+        if self.training:  # every forward path starts here
+            self._training_products(x)
         x, grid = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
@@ -449,9 +451,25 @@ class VisionTransformer(TimmSurface, nn.Module):
             direct = self.__dict__["_direct"] = DirectInference(self)
         return direct(x)
 
+    def _training_products(self, x: torch.Tensor) -> None:
+        """Under fast_linear.TRAINING_PRODUCTS "auto" (a user's own training loop; `vitlab train` sets its route
+        itself): the route of this model's CPU fp32 training products, measured at its first training forward for
+        its shapes at this micro-batch (train/products.py: timed once per machine, then cached; F.linear where at
+        least 5 % faster, else oneDNN), kept for the model's life, so a smaller last batch or a resumed loop in the
+        same process keeps the kernels it started with."""
+        if fast_linear.TRAINING_PRODUCTS != "auto" or not torch.is_grad_enabled() or not fast_linear.cpu_fp32_eager(x):
+            return
+        route = self.__dict__.get("_products_route")
+        if route is None:
+            from vitlab.train.products import resolve_products  # models stay importable without the trainer
+
+            route = self.__dict__["_products_route"] = resolve_products("auto", x.device, "fp32", self, x.shape[0])
+        fast_linear.use_auto_route(route)
+
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state.pop("_direct", None)  # rebuilt on use: pickles and deep copies carry no plan of the old model
+        state.pop("_products_route", None)  # measured again where the copy trains (another machine, maybe)
         return state
 
     # -------------------------------------------------------------------- intermediate features
