@@ -265,7 +265,10 @@ def order_seed(base: int, name: str, batch: int, repeat: int) -> str:
 
 
 def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0,
-            image: tuple[int, int, int] = (3, 224, 224), seed: int | str = 0) -> dict[str, float]:
+            image: tuple[int, int, int] = (3, 224, 224), seed: int | str = 0,
+            back_to_back: int = 0) -> dict[str, float]:
+    """images/s per row: one call after the pause in each round, or with `back_to_back` N, one untimed call after
+    the pause and then N calls in a row, timed together (a timeit-style loop, as a user's own benchmark runs)."""
     x = torch.randn(batch, *image)
     start = time.perf_counter()
     while True:  # warm-up: every row at least once, in turn until settle_s has passed (the VM's first work runs slow)
@@ -276,9 +279,13 @@ def measure(rows: dict, batch: int, rounds: int, settle_s: float = 0.0,
     times = {label: [] for label in rows}
     for label in round_orders(list(rows), rounds, seed):
         time.sleep(PAUSE_S)
+        engine = rows[label][1]
+        if back_to_back:
+            engine(x)
         t = time.perf_counter()
-        rows[label][1](x)
-        times[label].append(time.perf_counter() - t)
+        for _ in range(max(back_to_back, 1)):
+            engine(x)
+        times[label].append((time.perf_counter() - t) / max(back_to_back, 1))
     return {label: batch / statistics.median(ts) for label, ts in times.items()}
 
 
@@ -466,6 +473,9 @@ def main() -> None:
                          "(how far the VM moves a ratio between measurements)")
     ap.add_argument("--rows", default="",
                     help="time only these rows (labels as printed, separated by ';'), e.g. 'vitlab torch' alone")
+    ap.add_argument("--back-to-back", type=int, default=0, metavar="N",
+                    help="time N calls in a row per row and round (after one untimed call), as a timeit-style loop "
+                         "does, instead of one call after the 50 ms pause")
     ap.add_argument("--order-seed", type=int, default=0,
                     help="seed of the rows' random order (each setting and repeat draws its own from it); another "
                          "value gives an independent rerun of the same command")
@@ -516,7 +526,8 @@ def main() -> None:
             for batch in (int(b) for b in args.batches.split(",")):
                 timed = with_sub_batches(rows, batch, sizes, args.sub_batch_int8_only)
                 runs = [measure(timed, batch, args.rounds, args.settle_s if i == 0 else 0.0,
-                                IMAGE.get(name, (3, 224, 224)), order_seed(args.order_seed, name, batch, i))
+                                IMAGE.get(name, (3, 224, 224)), order_seed(args.order_seed, name, batch, i),
+                                args.back_to_back)
                         for i in range(args.repeats)]
                 speeds = {label: statistics.median(run[label] for run in runs) for label in timed}
                 if any(kind == "peer" for kind, _ in timed.values()):
