@@ -373,3 +373,29 @@ def test_copies_do_not_share_or_carry_the_plan(tmp_path):
         shallow = copy.copy(model)
         shallow(x)
         assert shallow.__dict__["_direct"].model is shallow and model.__dict__["_direct"].model is model
+
+
+def test_threads_calling_a_fresh_model_at_once_get_the_module_routes_logits(monkeypatch):
+    """A threaded server's first requests build the plan concurrently: each call sees a whole plan or none. (Only
+    `model(x)` here: the engine's one-thread rule for small calls sets MKL's thread count, which is process-wide,
+    so calls in other threads during it may round differently in the last bits, with or without the plan.)"""
+    import threading
+
+    model, x = perturbed(), images()
+    monkeypatch.setattr(vit_direct, "DIRECT_INFERENCE", False)
+    with torch.no_grad():
+        expected = model(x)
+    monkeypatch.setattr(vit_direct, "DIRECT_INFERENCE", True)
+    results, start = [], threading.Barrier(6)
+
+    def call(fn):
+        start.wait()
+        with torch.inference_mode():
+            results.extend(fn(x) for _ in range(5))
+
+    threads = [threading.Thread(target=call, args=(model,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 30 and all(torch.equal(r, expected) for r in results)

@@ -108,6 +108,27 @@ def _norm(ln: nn.LayerNorm) -> tuple:
     return ln.normalized_shape, ln.weight, ln.bias, ln.eps
 
 
+class _Built:
+    """A plan and what it was built from. `_build` fills a new one and DirectInference swaps it in whole."""
+
+    def __init__(self):
+        self.plan: list[_BlockPlan] = []  # empty: not built yet, or the blocks are not the standard layers
+        self.built_from: list = []  # `snapshot()` when the plan was built
+        self.dicts: list[dict] = []  # the module and parameter dicts the plan read
+        self.held: list = []  # what those dicts held then: kept alive, so that no new object takes an old id
+        self.layers: list[nn.Module] = []  # the blocks and their layers (hooks and training mode, per call)
+        self.packed_from: list[torch.Tensor] = []  # the weights whose packed copies the plan holds
+        self.constants: list[tuple[nn.Module, str]] = []  # (layer, attribute) the plan copied
+
+    def snapshot(self) -> list:
+        """What the plan depends on: which layers and parameters sit where (ids), the packed weights' data and
+        versions (an in-place change, an optimizer step, `load_state_dict`), and the constants it copied. The
+        other parameters (LayerNorms, biases) the plan reads as the live tensors."""
+        return [*(id(v) for d in self.dicts for v in d.values()),
+                *((w.data_ptr(), w._version) for w in self.packed_from),
+                *(getattr(m, name) for m, name in self.constants)]
+
+
 class DirectInference:
     """A ViT's CPU fp32 inference as direct operator calls (module docstring). `direct(images)` -> the logits of
     `model(images)`, or None where it does not apply; `packs` (optional) supplies the linear weights in oneDNN's
@@ -116,13 +137,7 @@ class DirectInference:
     def __init__(self, model: VisionTransformer, packs: PackedWeights | None = None):
         self.model = model
         self.packs = packs
-        self._plan: list[_BlockPlan] = []  # empty: not built yet, or the blocks are not the standard layers
-        self._built_from: list = []  # `_snapshot()` when the plan was built
-        self._dicts: list[dict] = []  # the module and parameter dicts the plan read
-        self._held: list = []  # what those dicts held then: kept alive, so that no new object takes an old id
-        self._layers: list[nn.Module] = []  # the blocks and their layers (hooks and training mode, per call)
-        self._packed_from: list[torch.Tensor] = []  # the weights whose packed copies the plan holds
-        self._constants: list[tuple[nn.Module, str]] = []  # (layer, attribute) the plan copied
+        self._built = _Built()  # replaced whole when the plan is built anew, so a concurrent call sees one or the other
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor | None:
         model = self.model
@@ -153,26 +168,19 @@ class DirectInference:
     def _current(self, x: torch.Tensor, class_token_only: bool) -> list[_BlockPlan]:
         """The plan for the blocks as they are now; empty where they are not the standard layers, or where a
         forward hook watches one of them or one is in training mode."""
-        if not self._dicts or self._snapshot() != self._built_from:
-            self._build(x, class_token_only)
-        layers = self._layers
+        built = self._built
+        if not built.dicts or built.snapshot() != built.built_from:
+            built = self._built = self._build(x, class_token_only)
+        layers = built.layers
         if (any(map(_HOOKS, layers)) or any(map(_PRE_HOOKS, layers)) or any(map(_TRAINING, layers))
                 or _patched(layers)):
             return []
-        return self._plan
+        return built.plan
 
-    def _snapshot(self) -> list:
-        """What the plan depends on: which layers and parameters sit where (ids), the packed weights' data and
-        versions (an in-place change, an optimizer step, `load_state_dict`), and the constants it copied. The
-        other parameters (LayerNorms, biases) the plan reads as the live tensors."""
-        return [*(id(v) for d in self._dicts for v in d.values()),
-                *((w.data_ptr(), w._version) for w in self._packed_from),
-                *(getattr(m, name) for m, name in self._constants)]
-
-    def _build(self, x: torch.Tensor, class_token_only: bool) -> None:
+    def _build(self, x: torch.Tensor, class_token_only: bool) -> _Built:
         blocks = self.model.blocks
-        self._dicts, self._layers, self._packed_from, self._constants = [blocks._modules], [], [], []
-        self._plan = []
+        built = _Built()
+        built.dicts.append(blocks._modules)
         plans = []
         # a weight is packed for the rows of the product it first serves, as the module route packs it: B x N, and B
         # for the products after the attention of a class-token-only last block
@@ -180,29 +188,30 @@ class DirectInference:
         last_rows = x.shape[0] if class_token_only else rows
         for i, block in enumerate(blocks):
             layers = _layers(block)
-            self._layers.extend(m for _, m in layers)
-            self._dicts.extend(m._modules for name, m in layers if name in ("block", "attn", "mlp"))
-            self._dicts.extend(m._parameters for _, m in layers)
+            built.layers.extend(m for _, m in layers)
+            built.dicts.extend(m._modules for name, m in layers if name in ("block", "attn", "mlp"))
+            built.dicts.extend(m._parameters for _, m in layers)
             standard = type(block) is Block and all(name == "block" or type(m) in _STANDARD.get(name, ())
                                                     for name, m in layers)
             if not standard or any(p.dtype != torch.float32 or p.device.type != "cpu" for p in block.parameters()):
                 plans = []
                 break
-            plans.append(self._block_plan(block, rows, last_rows if i == len(blocks) - 1 else rows))
-        self._held = [v for d in self._dicts for v in d.values()]
-        self._built_from = self._snapshot()
-        self._plan = plans
+            plans.append(self._block_plan(built, block, rows, last_rows if i == len(blocks) - 1 else rows))
+        built.held = [v for d in built.dicts for v in d.values()]
+        built.built_from = built.snapshot()
+        built.plan = plans
+        return built
 
-    def _block_plan(self, block: Block, rows: int, rows_after_attention: int) -> _BlockPlan:
+    def _block_plan(self, built: _Built, block: Block, rows: int, rows_after_attention: int) -> _BlockPlan:
         attn, mlp, norm1, norm2 = block.attn, block.mlp, block.norm1, block.norm2
-        self._constants.extend([(norm1, "eps"), (norm1, "normalized_shape"), (norm2, "eps"),
+        built.constants.extend([(norm1, "eps"), (norm1, "normalized_shape"), (norm2, "eps"),
                                 (norm2, "normalized_shape"), (attn, "heads"), (attn, "head_dim"),
                                 (mlp.act, "approximate")])
 
         def weight(fc: nn.Linear, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
             if self.packs is None:
                 return fc.weight, fc.weight
-            self._packed_from.append(fc.weight)
+            built.packed_from.append(fc.weight)
             return self.packs.packed(fc.weight, rows), fc.weight
 
         later = rows_after_attention
