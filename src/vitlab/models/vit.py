@@ -444,6 +444,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         device or dtype...). Built on the first call that may use it; it reads the live weights (nothing packed)."""
         if self.training or torch.is_grad_enabled():  # the common training call returns before anything else
             return None
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():  # graphs take the modules (and trace nothing here)
+            return None
         direct = self.__dict__.get("_direct")
         if direct is None or direct.model is not self:  # not built yet, or a shallow copy's
             from vitlab.models.vit_direct import DirectInference  # vit_direct imports this module
