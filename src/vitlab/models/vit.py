@@ -439,8 +439,8 @@ class VisionTransformer(TimmSurface, nn.Module):
 
     def _direct_inference(self, x: torch.Tensor) -> torch.Tensor | None:
         """The logits of CPU fp32 inference as direct operator calls (models/vit_direct.py: the same operators on the
-        same tensors, so the same logits to the bit, without the module tree's Python: about 1.15x at ViT-Ti/16,
-        batch 1), or None where that route does not apply (autograd, training mode, hooks, patched layers, another
+        same tensors, so the same logits to the bit, without the module tree's Python: 1.12x at ViT-Ti/16,
+        batch 1, in docs/benchmarks.md), or None where that route does not apply (autograd, training mode, hooks, patched layers, another
         device or dtype...). Built on the first call that may use it; it reads the live weights (nothing packed)."""
         if self.training or torch.is_grad_enabled():  # the common training call returns before anything else
             return None
