@@ -450,7 +450,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         if direct is None or direct.model is not self:  # not built yet, or a shallow copy's
             from vitlab.models.vit_direct import DirectInference  # vit_direct imports this module
 
-            direct = self.__dict__["_direct"] = DirectInference(self)
+            direct = self.__dict__["_direct"] = DirectInference(self, held_by_model=True)
         return direct(x)
 
     def _training_products(self, x: torch.Tensor) -> None:

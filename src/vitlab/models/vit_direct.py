@@ -24,6 +24,7 @@ LayerNorm, head) runs through the model's own modules.
 from __future__ import annotations
 
 import operator
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -134,10 +135,16 @@ class DirectInference:
     `model(images)`, or None where it does not apply; `packs` (optional) supplies the linear weights in oneDNN's
     layout."""
 
-    def __init__(self, model: VisionTransformer, packs: PackedWeights | None = None):
-        self.model = model
+    def __init__(self, model: VisionTransformer, packs: PackedWeights | None = None, *, held_by_model: bool = False):
+        # Held by the model itself (its own `model(x)` route): a weak reference, else the model and its plan would
+        # form a cycle and a deleted model's weights would wait for Python's cyclic collector instead of going at once
+        self._model = weakref.ref(model) if held_by_model else (lambda: model)
         self.packs = packs
         self._built = _Built()  # replaced whole when the plan is built anew, so a concurrent call sees one or the other
+
+    @property
+    def model(self) -> VisionTransformer:
+        return self._model()
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor | None:
         model = self.model
