@@ -439,15 +439,16 @@ class VisionTransformer(TimmSurface, nn.Module):
 
     def _direct_inference(self, x: torch.Tensor) -> torch.Tensor | None:
         """The logits of CPU fp32 inference as direct operator calls (models/vit_direct.py: the same operators on the
-        same tensors, so the same logits to the bit, without the module tree's Python: 1.12x at ViT-Ti/16,
-        batch 1, in docs/benchmarks.md), or None where that route does not apply (autograd, training mode, hooks, patched layers, another
-        device or dtype...). Built on the first call that may use it; it reads the live weights (nothing packed)."""
+        same tensors, so the same logits to the bit, without the module tree's Python: 1.12x at ViT-Ti/16, batch 1,
+        in docs/benchmarks.md), or None where that route does not apply (autograd, training mode, hooks, patched
+        layers, another device or dtype...). Built on the first call that may use it; it reads the live weights
+        (nothing packed)."""
         if self.training or torch.is_grad_enabled():  # the common training call returns before anything else
             return None
         if torch.compiler.is_compiling() or torch.jit.is_tracing():  # graphs take the modules (and trace nothing here)
             return None
         direct = self.__dict__.get("_direct")
-        if direct is None or direct.model is not self:  # not built yet, or a shallow copy's
+        if direct is None or direct.model is not self:  # not built yet, or another model's (a __dict__ copied in)
             from vitlab.models.vit_direct import DirectInference  # vit_direct imports this module
 
             direct = self.__dict__["_direct"] = DirectInference(self, held_by_model=True)

@@ -17,8 +17,8 @@ Blocks it does not cover (a replaced or wrapped layer, e.g. LoRA's; a forward ho
 a layer left in training mode; a layer class or layer whose forward was patched) run through their modules, and a
 model whose `forward`, `_tokens` or `encode` is not VisionTransformer's own runs as it is. A replaced layer or
 parameter, a weight changed in place (an optimizer step, `load_state_dict`) or a changed constant (LayerNorm eps,
-heads, the GELU kind) makes it build the plan anew. Everything outside the blocks (patch embedding, class token and position embeddings, final
-LayerNorm, head) runs through the model's own modules.
+heads, the GELU kind) makes it build the plan anew. Everything outside the blocks (patch embedding, class token
+and position embeddings, final LayerNorm, head) runs through the model's own modules.
 """
 
 from __future__ import annotations
