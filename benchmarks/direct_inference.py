@@ -7,11 +7,13 @@ logit difference between the two (0: the same operators on the same values).
     python benchmarks/direct_inference.py --threads 1 --models vit-ti/16 --batches 1
     python benchmarks/direct_inference.py --attempts --models vit-ti/16,vit-s/16,vit-b/16
     python benchmarks/direct_inference.py --model-call     # `model(x)` itself (no engine: live weights, nothing packed)
+    python benchmarks/direct_inference.py --attempts --models fmnist --calls 200   # loops of 200 calls per sample
 
 `--attempts` times two variants of the direct route that were tried and not kept (docs/benchmarks.md, "Tried and
 not adopted"): the residual adds fused into the proj and fc2 products (oneDNN's binary post-op), and the attention
 core of 197-token blocks as two batched products and a softmax instead of torch's fused kernel, and each block's
-attention as one call of torch's private `_native_multi_head_attention` (fewer operator calls at batch 1).
+attention as one call of torch's private `_native_multi_head_attention` (fewer operator calls at batch 1); and, as
+a reference, the route the kept one replaced: the attention through (B, H, N, hd) views of the fused projection.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 import vitlab
 from vitlab.engine import choose
 from vitlab.engine.torch_engines import TorchEngine
-from vitlab.models import vit_direct
+from vitlab.models import attention_core, vit_direct
 from vitlab.runtime import tune_cpu_allocator
 
 KEPT_BLOCK = vit_direct._block  # the direct route's block as shipped (the attempts swap it out)
@@ -65,7 +67,7 @@ def compare(name: str, batch: int, rounds: int, plain: bool = False) -> tuple[fl
 
     modules, direct = route(False), route(True)
     diff = float((direct(x) - modules(x)).abs().max())
-    speeds = choose.interleaved_speeds({"modules": modules, "direct": direct}, x, rounds)
+    speeds = speeds_of({"modules": modules, "direct": direct}, x, rounds)
     vit_direct.DIRECT_INFERENCE = True
     return speeds["modules"], speeds["direct"], diff
 
@@ -81,25 +83,32 @@ def _linear_add(residual, x, weights, bias):
 
 def _fused_add_block(x, p, queries, fused_gelu):
     """`vit_direct._block` with x + proj(out) and x + fc2(h) as oneDNN products with a binary-add post-op."""
+    qkv = vit_direct._linear(F.layer_norm(x, *p.norm1), p.qkv_weight, p.qkv_bias)
+    out = vit_direct.inference_attention(qkv, p.heads, queries)
+    if queries is not None:
+        x = x[:, :queries]
+    x = _linear_add(x, out, p.proj_weight, p.proj_bias)
+    h = vit_direct._fc1_gelu(F.layer_norm(x, *p.norm2), p, fused_gelu)
+    return _linear_add(x, h, p.fc2_weight, p.fc2_bias)
+
+
+def _views_attention_block(x, p, queries, fused_gelu):
+    """`vit_direct._block` with the attention of every block through the (B, H, N, hd) views of the fused
+    projection and `attention_core.attention` (`matmul` on the views where the explicit route applies): the route
+    before `inference_attention`."""
     b, n, d = x.shape
-    qkv = vit_direct._linear(F.layer_norm(x, *p.norm1), p.qkv_weight, p.qkv_bias).view(b, n, 3, p.heads, p.head_dim)
-    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    qkv = vit_direct._linear(F.layer_norm(x, *p.norm1), p.qkv_weight, p.qkv_bias)
+    q, k, v = (t.transpose(1, 2) for t in qkv.view(b, n, 3, p.heads, d // p.heads).unbind(2))
     if queries is not None:
         q, n, x = q[:, :, :queries], queries, x[:, :queries]
-    out = vit_direct.attention(q, k, v, 0.0).transpose(1, 2).reshape(b, n, d)
-    x = _linear_add(x, out, p.proj_weight, p.proj_bias)
-    h = F.layer_norm(x, *p.norm2)
-    if p.gelu == "tanh" and fused_gelu:
-        h = vit_direct._linear_gelu(h, p.fc1_weight, p.fc1_bias)
-    else:
-        h = F.gelu(vit_direct._linear(h, p.fc1_weight, p.fc1_bias), approximate=p.gelu)
-    return _linear_add(x, h, p.fc2_weight, p.fc2_bias)
+    out = attention_core.attention(q, k, v, 0.0).transpose(1, 2).reshape(b, n, d)
+    x = x + vit_direct._linear(out, p.proj_weight, p.proj_bias)
+    h = vit_direct._fc1_gelu(F.layer_norm(x, *p.norm2), p, fused_gelu)
+    return x + vit_direct._linear(h, p.fc2_weight, p.fc2_bias)
 
 
 def _explicit_core_block(x, p, queries, fused_gelu):
     """`vit_direct._block` with every full block's attention core in the explicit form (any sequence length)."""
-    from vitlab.models import attention_core
-
     limit = attention_core.EXPLICIT_MAX_TOKENS
     attention_core.EXPLICIT_MAX_TOKENS = 10**9 if queries is None else limit
     try:
@@ -139,10 +148,30 @@ def attempts(name: str, rounds: int) -> tuple[dict[str, float], dict[str, float]
 
     runs = {"direct": variant(kept), "fused residual add": variant(_fused_add_block),
             "explicit core at 197 tokens": variant(_explicit_core_block),
-            "native fused attention": variant(_native_attention_block)}
+            "native fused attention": variant(_native_attention_block),
+            "views' attention": variant(_views_attention_block)}
     reference = engine(x)
     diffs = {label: float((run(x) - reference).abs().max()) for label, run in runs.items()}
-    return choose.interleaved_speeds(runs, x, rounds), diffs
+    return speeds_of(runs, x, rounds), diffs
+
+
+CALLS = 1  # calls per timed sample (--calls): more than one times a loop of calls back to back, as timeit does
+
+
+def speeds_of(runs: dict, x: torch.Tensor, rounds: int) -> dict[str, float]:
+    """images/s of each run, interleaved (engine.choose.interleaved_speeds), each sample CALLS calls in a row."""
+    if CALLS == 1:
+        return choose.interleaved_speeds(runs, x, rounds)
+
+    def loop(run):
+        def calls(images: torch.Tensor) -> torch.Tensor:
+            for _ in range(CALLS - 1):
+                run(images)
+            return run(images)
+        return calls
+
+    speeds = choose.interleaved_speeds({label: loop(run) for label, run in runs.items()}, x, rounds)
+    return {label: v * CALLS for label, v in speeds.items()}
 
 
 def main() -> None:
@@ -152,12 +181,16 @@ def main() -> None:
     ap.add_argument("--models", default="vit-ti/16,vit-s/16,vit-b/16,fmnist")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--pause-ms", type=float, default=50)
+    ap.add_argument("--calls", type=int, default=1,
+                    help="calls per timed sample, back to back (the pause comes before each sample)")
     ap.add_argument("--attempts", action="store_true", help="time the variants tried and not kept (batch 1)")
     ap.add_argument("--model-call", action="store_true",
                     help="time `model(x)` itself (its own direct route: live weights, nothing packed) instead of "
                          "`--engine torch`")
     args = ap.parse_args()
     choose.PAUSE_S = args.pause_ms / 1e3
+    global CALLS
+    CALLS = args.calls
     torch.set_num_threads(args.threads)
     tune_cpu_allocator()  # as every vitlab command on the CPU runs
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds, images/s, "

@@ -6,7 +6,8 @@ one process (50 ms pause before each timed call), median of the rounds.
     python benchmarks/linear.py --threads 1 --skip-products
     python benchmarks/linear.py --threads 1 --skip-products --models vit-ti/16 --no-training --pause-ms 0
     python benchmarks/linear.py --small         # the smallest inference products: oneDNN (packed) against F.linear,
-                                                # and whole models with fast_linear's small-product rule on and off
+                                                # and whole models with fast_linear's small-product rule on and off;
+                                                # then fc1 + tanh GELU likewise (gelu.py's small-product rule)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from vitlab.models import fast_linear
+from vitlab.models import fast_linear, gelu
 
 # (tokens, in, out) of each block's products: qkv, proj, fc1, fc2
 PRODUCTS = {
@@ -123,16 +124,34 @@ SMALL_PRODUCTS = ([(r, 64, 192) for r in (50, 100, 200, 400, 800)] + [(r, 128, 6
                      (1, 3072, 768), (197, 192, 192), (197, 192, 576)])
 
 
-def small_products(rounds: int, calls: int = 20) -> None:
+# (rows, in, out) of fc1 + GELU: the Fashion-MNIST ViT's at batch 1-16, one-row products of a class-token-only last
+# block (Ti/16, S/16, B/16), a few rows of B/16 width, ViT-Ti/16's at batch 1
+SMALL_GELU_PRODUCTS = ([(r, 64, 128) for r in (50, 100, 200, 400, 800)]
+                       + [(1, 192, 768), (1, 384, 1536), (1, 768, 3072), (2, 768, 3072), (4, 768, 3072),
+                          (197, 192, 768)])
+
+
+def _product_routes(m: int, k: int, n: int, act: str) -> dict:
+    """oneDNN with the weight packed (what --engine torch runs) and F.linear (then torch's tanh GELU for "gelu")."""
+    x, w, b = torch.randn(1, m, k), torch.randn(n, k) * k ** -0.5, torch.randn(n)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
+    if act == "gelu":
+        return {"oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "gelu", [], "tanh"),
+                "F.linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"), "weight": w}
+    return {"oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""),
+            "F.linear": lambda: F.linear(x, w, b), "weight": w}
+
+
+def small_products(rounds: int, calls: int = 20, act: str = "none") -> None:
     """Microseconds per inference product, back to back (`calls` in a row, interleaved in a random order each round):
-    oneDNN with the weight packed (what --engine torch runs) against F.linear; and fast_linear's pick."""
-    print("small inference products, us per product back to back: oneDNN packed / F.linear (ratio), rule picks")
+    oneDNN with the weight packed against F.linear (with act "gelu": fc1 + tanh GELU, fused in oneDNN against
+    F.linear and torch's GELU); and the route the rule picks."""
+    what = "fc1 + tanh GELU" if act == "gelu" else "inference products"
+    print(f"small {what}, us per product back to back: oneDNN packed / F.linear (ratio), rule picks")
     rng = random.Random(0)
-    for m, k, n in SMALL_PRODUCTS:
-        x, w, b = torch.randn(1, m, k), torch.randn(n, k), torch.randn(n)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
-        routes = {"oneDNN": lambda x=x, p=packed, b=b: torch.ops.mkldnn._linear_pointwise(x, p, b, "none", [], ""),
-                  "F.linear": lambda x=x, w=w, b=b: F.linear(x, w, b)}
+    for m, k, n in SMALL_GELU_PRODUCTS if act == "gelu" else SMALL_PRODUCTS:
+        routes = _product_routes(m, k, n, act)
+        w = routes.pop("weight")
         times = {label: [] for label in routes}
         with torch.inference_mode():
             for run in routes.values():
@@ -145,19 +164,22 @@ def small_products(rounds: int, calls: int = 20) -> None:
                         routes[label]()
                     times[label].append((time.perf_counter() - start) / calls)
         us = {label: 1e6 * statistics.median(ts) for label, ts in times.items()}
-        pick = "F.linear" if fast_linear.small_product(m, w) else "oneDNN"
+        small = gelu.small_gelu_product(m, w) if act == "gelu" else fast_linear.small_product(m, w)
         print(f"  {m:4d} x {k:4d} -> {n:4d} {m * k * n / 1e6:6.2f} M MAC:  {us['oneDNN']:7.1f} / {us['F.linear']:7.1f}"
-              f" (x{us['F.linear'] / us['oneDNN']:.2f})   {pick}")
+              f" (x{us['F.linear'] / us['oneDNN']:.2f})   {'F.linear' if small else 'oneDNN'}")
 
 
-def small_rule_models(rounds: int) -> None:
-    """Whole models in --engine torch with the small-product rule as shipped and off (every product through
-    oneDNN), interleaved, after PAUSE_S idle and back to back: images/s."""
+def small_rule_models(rounds: int, rule: str = "products") -> None:
+    """Whole models in --engine torch with a small-product rule as shipped and off (every product, or with rule
+    "gelu" every fc1 + GELU, through oneDNN), interleaved, after PAUSE_S idle and back to back: images/s."""
     from vitlab.engine.torch_engines import TorchEngine
 
-    print("whole models (--engine torch), images/s: small-product rule off / on (ratio)")
-    limits = ("SMALL_PRODUCT_MACS", "SMALL_FEW_ROW_PRODUCT_MACS")
-    shipped = [getattr(fast_linear, name) for name in limits]
+    print(f"whole models (--engine torch), images/s: small-{'GELU-' if rule == 'gelu' else ''}product rule off / on"
+          " (ratio)")
+    module = gelu if rule == "gelu" else fast_linear
+    limits = (("SMALL_GELU_PRODUCT_MACS", "SMALL_FEW_ROW_GELU_PRODUCT_MACS") if rule == "gelu"
+              else ("SMALL_PRODUCT_MACS", "SMALL_FEW_ROW_PRODUCT_MACS"))
+    shipped = [getattr(module, name) for name in limits]
     rng = random.Random(0)
     fmnist = vitlab.create_model("custom", **FMNIST)
     for label, model, batch in [("Fashion-MNIST ViT", fmnist, b) for b in (1, 2, 8, 32)] + [
@@ -170,17 +192,17 @@ def small_rule_models(rounds: int) -> None:
             for _ in range(rounds):
                 for on in rng.sample([False, True], 2):
                     for name, value in zip(limits, shipped if on else (0, 0)):
-                        setattr(fast_linear, name, value)
+                        setattr(module, name, value)
                     engine(x)  # a call of its own with the route set: the first after a change is not timed
                     time.sleep(pause)
                     start = time.perf_counter()
                     engine(x)
                     times[on].append(time.perf_counter() - start)
             for name, value in zip(limits, shipped):
-                setattr(fast_linear, name, value)
+                setattr(module, name, value)
             off, on = (batch / statistics.median(times[k]) for k in (False, True))
             out.append(f"after {pause * 1e3:g} ms idle {off:8.1f} / {on:8.1f} (x{on / off:.2f})")
-        print(f"  {label:18s} batch {batch:3d}:  " + "   ".join(out))
+        print(f"  {label:18s} batch {batch:3d}:  " + "   ".join(out), flush=True)
 
 
 def main() -> None:
@@ -201,6 +223,8 @@ def main() -> None:
     if args.small:
         small_products(max(args.rounds, 11))
         small_rule_models(max(args.rounds, 21))
+        small_products(max(args.rounds, 11), act="gelu")
+        small_rule_models(max(args.rounds, 21), rule="gelu")
         return
     if not args.skip_products:
         products(args.rounds)

@@ -126,8 +126,10 @@ def test_direct_inference_attempts_still_run_and_the_fused_add_keeps_the_logits(
 
     monkeypatch.setattr(choose, "PAUSE_S", 0.0)
     speeds, diffs = direct_inference.attempts("vit-ti/16", rounds=1)  # oneDNN products: the post-op runs
-    assert set(speeds) == {"direct", "fused residual add", "explicit core at 197 tokens", "native fused attention"}
+    assert set(speeds) == {"direct", "fused residual add", "explicit core at 197 tokens", "native fused attention",
+                           "views' attention"}
     assert diffs["fused residual add"] == 0.0
+    assert diffs["views' attention"] < 1e-5  # the route inference_attention replaced (ViT-Ti/16: its fused kernel)
     assert diffs["native fused attention"] < 1e-4  # the same function up to fp32 rounding
     assert vit_direct._block is direct_inference.KEPT_BLOCK
 

@@ -107,3 +107,47 @@ def test_whole_model_logits_and_gradients_unchanged(monkeypatch, keep_torch_thre
     assert max_diff(logits_a, logits_b) <= 1e-5
     for a, b in zip(grads_a, grads_b):
         assert max_diff(a, b) <= 1e-4 * max(1.0, float(b.abs().max()))
+
+
+def fused_projection(tokens: int, batch: int = 2, heads: int = 4, head_size: int = 16, seed: int = 3) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, tokens, 3 * heads * head_size, generator=gen) * 2
+
+
+def views_route(qkv: torch.Tensor, heads: int, queries: int | None) -> torch.Tensor:
+    """What Attention.forward computed in inference before inference_attention: the (B, H, N, hd) views."""
+    b, n, three_d = qkv.shape
+    q, k, v = (t.reshape(b, n, heads, three_d // 3 // heads).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+    if queries is not None:
+        q = q[:, :, :queries]
+    out = attention_core.attention(q, k, v)
+    return out.transpose(1, 2).reshape(b, out.shape[2], three_d // 3)
+
+
+@pytest.mark.parametrize("tokens,queries", [(17, None), (50, None), (50, 1), (197, 1), (197, None)])
+def test_inference_attention_computes_the_views_route(tokens, queries, keep_torch_threads):
+    """From the fused projection: the same function as the views' route (the batched products on one copy where the
+    explicit route applies: up to fp32 rounding; the fused kernel beyond: the same operators), every query shape."""
+    torch.set_num_threads(2)
+    qkv = fused_projection(tokens)
+    with torch.inference_mode():
+        ours = attention_core.inference_attention(qkv, 4, queries)
+        ref = views_route(qkv, 4, queries)
+    assert ours.shape == (2, queries or tokens, 64) and ours.is_contiguous()
+    assert max_diff(ours, ref) <= 1e-6 * float(ref.abs().max())
+    if not attention_core.explicit_attention_applies(qkv, queries or tokens):
+        assert torch.equal(ours, ref)
+    with torch.inference_mode(), attention_core.route_threads_pinned(1):  # one thread: the fused kernel throughout
+        assert torch.equal(attention_core.inference_attention(qkv, 4, queries), views_route(qkv, 4, queries))
+
+
+def test_inference_attention_takes_the_gradient_route_under_autograd(keep_torch_threads):
+    """A gradient wanted through qkv (a saliency map of a model in eval mode): the views' route, which autograd
+    follows, and gradients that match it."""
+    torch.set_num_threads(2)
+    qkv = fused_projection(50).requires_grad_()
+    ours = attention_core.inference_attention(qkv, 4)
+    assert ours.grad_fn is not None
+    (g,) = torch.autograd.grad(ours.sum(), qkv)
+    (ref_g,) = torch.autograd.grad(views_route(qkv, 4, None).sum(), qkv)
+    assert max_diff(g, ref_g) <= 1e-6 * float(ref_g.abs().max())

@@ -96,6 +96,9 @@ def test_training_mlp_route_only_where_it_is_exact():
     gelu.linear_act = lambda *a: fused_calls.append(1) or real(*a)
     try:
         assert route() is not None and not route().startswith("TanhGeluThenLinear")  # only fc2 needs a gradient
+        assert not fused_calls  # 18 rows: too small a product for the fused call (small_gelu_product)
+        big = values((8, 40, 24), seed=6) / 4  # 320 x 24 -> 96: above the small-product limit
+        assert not route(inp=big).startswith("TanhGeluThenLinear")
     finally:
         gelu.linear_act = real
     assert bool(fused_calls) == onednn_linear_available()
@@ -133,11 +136,16 @@ def test_inference_and_training_step_unchanged(monkeypatch):
 
 
 def test_routes_apply_only_where_they_are_exact():
-    act, erf, fc = torch.nn.GELU(approximate="tanh"), torch.nn.GELU(), torch.nn.Linear(3, 3)
-    x = torch.randn(2, 3)
+    act, erf, fc = torch.nn.GELU(approximate="tanh"), torch.nn.GELU(), torch.nn.Linear(64, 128)
+    x = torch.randn(100, 64)  # 0.82 M multiply-accumulates: above the smallest products
     assert not gelu.fused_cpu_gelu_applies(x, act, fc)  # grad enabled: training takes the autograd route
     with torch.no_grad():
         assert gelu.fused_cpu_gelu_applies(x, act, fc) == onednn_linear_available()
+        # the smallest products (the Fashion-MNIST ViT's fc1 at batch 1): F.linear and torch's GELU
+        assert not gelu.fused_cpu_gelu_applies(x[:50], act, fc)
+        wide = torch.nn.Linear(384, 1536)  # one row: up to 0.2 M multiply-accumulates
+        assert not gelu.fused_cpu_gelu_applies(torch.randn(1, 192), act, torch.nn.Linear(192, 768))
+        assert gelu.fused_cpu_gelu_applies(torch.randn(1, 384), act, wide) == onednn_linear_available()
         assert not gelu.fused_cpu_gelu_applies(x, erf, fc)  # erf GELU: torch's kernel is already fast
         assert not gelu.fused_cpu_gelu_applies(x.double(), act, fc)
         assert not gelu.fused_cpu_gelu_applies(x, torch.nn.ReLU(), fc)  # a replaced activation runs as itself

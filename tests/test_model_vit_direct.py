@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import vitlab
 from vitlab.engine.torch_engines import TorchEngine
-from vitlab.models import fast_linear, vit_direct
+from vitlab.models import fast_linear, gelu, vit_direct
 from vitlab.models.vit_direct import DirectInference
 
 pytestmark = pytest.mark.skipif(not fast_linear.onednn_linear_available(), reason="no oneDNN in this torch build")
@@ -77,13 +77,25 @@ PRODUCT_ROUTES = {"as shipped": None, "all through oneDNN": (0, 0), "all through
                   "mixed": (100_000, 10_000)}  # at 3 images: qkv over the limit, proj under it; class token rows too
 
 
+# (SMALL_GELU_PRODUCT_MACS, SMALL_FEW_ROW_GELU_PRODUCT_MACS): where fc1 + tanh GELU is one oneDNN call (as shipped
+# these small models' fc1 is under the limit: F.linear and torch's GELU)
+GELU_ROUTES = {"as shipped": None, "fc1 + GELU fused at any size": (0, 0),
+               "mixed": (200_000, 1_000)}  # full blocks unfused, a class-token-only last block fused
+
+
+@pytest.mark.parametrize("gelu_routes", list(GELU_ROUTES))
 @pytest.mark.parametrize("routes", list(PRODUCT_ROUTES))
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_same_logits_as_the_module_route_to_the_last_bit(kind, routes, monkeypatch):
+def test_same_logits_as_the_module_route_to_the_last_bit(kind, routes, gelu_routes, monkeypatch, keep_torch_threads):
+    torch.set_num_threads(2)  # short sequences take the explicit attention route (attention_core) on 2 threads
     if PRODUCT_ROUTES[routes] is not None:
         many, few = PRODUCT_ROUTES[routes]
         monkeypatch.setattr(fast_linear, "SMALL_PRODUCT_MACS", many)
         monkeypatch.setattr(fast_linear, "SMALL_FEW_ROW_PRODUCT_MACS", few)
+    if GELU_ROUTES[gelu_routes] is not None:
+        many, few = GELU_ROUTES[gelu_routes]
+        monkeypatch.setattr(gelu, "SMALL_GELU_PRODUCT_MACS", many)
+        monkeypatch.setattr(gelu, "SMALL_FEW_ROW_GELU_PRODUCT_MACS", few)
     model = perturbed(**KINDS[kind])
     size = model.config.image_size[0] if isinstance(model.config.image_size, tuple) else model.config.image_size
     eng = engine(model)

@@ -24,7 +24,7 @@ from contextvars import ContextVar
 import torch
 import torch.nn.functional as F
 
-from vitlab.models.fast_linear import cpu_fp32_eager
+from vitlab.models.fast_linear import cpu_fp32_eager, needs_grad
 
 EXPLICIT_ATTENTION = True  # benchmarks and tests flip it to time or compare the fused kernel alone
 EXPLICIT_MAX_TOKENS = 80  # 2 threads: explicit faster up to 65 tokens, even at 101, fused faster from 129 on
@@ -44,8 +44,10 @@ def route_threads_pinned(threads: int) -> Iterator[None]:
         _ROUTE_THREADS.reset(token)
 
 
-def explicit_attention_applies(q: torch.Tensor) -> bool:
-    if not (EXPLICIT_ATTENTION and cpu_fp32_eager(q) and q.shape[-2] <= EXPLICIT_MAX_TOKENS):
+def explicit_attention_applies(q: torch.Tensor, queries: int | None = None) -> bool:
+    """Whether the explicit route computes attention for q (B, H, N, hd), or for `queries` query tokens of q's kind."""
+    if not (EXPLICIT_ATTENTION and cpu_fp32_eager(q)
+            and (q.shape[-2] if queries is None else queries) <= EXPLICIT_MAX_TOKENS):
         return False
     # read only on the eager path: torch.compile cannot trace a ContextVar, and broke the graph at every block
     threads = _ROUTE_THREADS.get()
@@ -66,3 +68,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float 
     if explicit_attention_applies(q):
         return explicit_attention(q, k, v, dropout, dropout > 0)[0]
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+
+
+def inference_attention(qkv: torch.Tensor, heads: int, queries: int | None = None) -> torch.Tensor:
+    """Multi-head attention in inference (no dropout) from the fused projection qkv (B, N, 3D; rows ordered q, k, v,
+    heads contiguous), merged back to (B, n, D), n = `queries` (only the first tokens attend) or N.
+
+    Where the explicit route applies and no gradient is wanted, one copy lays q, k, v out as (3, B x H, N, hd) and
+    two batched products run on them as they are; the (B, H, N, hd) views cost `matmul` a copy of each operand and
+    a dozen view calls. The Fashion-MNIST ViT at batch 1 (--engine torch), loops of 200 calls: 1.00-1.06x, the same
+    logits (`python benchmarks/direct_inference.py --attempts --calls 200`, the "views' attention" row;
+    docs/results/direct_inference_attempts_qkv_attention.txt): a small gain near this VM's noise, kept because it
+    costs nothing elsewhere (ViT-Ti/16 batch 1: within 2 %). Elsewhere the views and `attention`.
+    Attention.forward and vit_direct's blocks both compute inference this way, so they agree to the last bit."""
+    b, n, three_d = qkv.shape
+    d = three_d // 3
+    hd = d // heads
+    if explicit_attention_applies(qkv, n if queries is None else queries) and not needs_grad(qkv):
+        q, k, v = qkv.view(b, n, 3, heads, hd).permute(2, 0, 3, 1, 4).reshape(3, b * heads, n, hd).unbind(0)
+        if queries is not None:
+            q = q[:, :queries]
+        probs = torch.bmm(q * hd ** -0.5, k.transpose(1, 2)).softmax(dim=-1)
+        out = torch.bmm(probs, v).view(b, heads, -1, hd)
+    else:
+        q, k, v = (t.transpose(1, 2) for t in qkv.view(b, n, 3, heads, hd).unbind(2))
+        if queries is not None:
+            q = q[:, :, :queries]
+        out = attention(q, k, v, 0.0)
+    return out.transpose(1, 2).reshape(b, out.shape[2], d)

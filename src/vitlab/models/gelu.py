@@ -2,7 +2,8 @@
 
 torch's CPU kernel for `gelu(approximate="tanh")` evaluates tanh with an accurate but slow vector routine: 3.5x
 the time of its erf GELU (benchmarks/gelu.py). Two exact rewrites of the same function are used instead (tests/test_model_gelu.py):
-- inference: fc1 and the GELU as one oneDNN matrix product with a GELU epilogue (within 5e-7 of torch's GELU);
+- inference: fc1 and the GELU as one oneDNN matrix product with a GELU epilogue (within 5e-7 of torch's GELU),
+  except the smallest products (SMALL_GELU_PRODUCT_MACS), where F.linear and torch's own GELU are faster;
 - training: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), with the slope computed in the same forward passes and saved
   (torch's sigmoid is fast), so the backward is one multiplication, and where fc2 follows, none: it runs in the
   epilogue of fc2's input-gradient product. Within 6e-7 of torch's GELU forward and 1e-5 of its gradient. On the
@@ -21,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from vitlab.models.fast_linear import (
+    SMALL_PRODUCT_MIN_ROWS,
     cpu_fp32_eager,
     linear,
     linear_act,
@@ -43,11 +45,28 @@ def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.Module) -> bool:
     return FAST_CPU_GELU and plain_layer(act, nn.GELU) and act.approximate == "tanh" and cpu_fp32_eager(x)
 
 
+# fc1 + GELU products up to this size run as F.linear and torch's tanh GELU instead of one oneDNN call: oneDNN's fixed
+# cost per call outweighs the GELU kernel's slowness there. On the 2-core Intel Xeon VM the Fashion-MNIST ViT's fc1
+# at batch 1 (50 x 64 -> 128, 0.41 M MAC) took 1.2-1.4x as long through oneDNN, at 100 rows 0.7-0.85x; one-row
+# products (a class-token-only last block at batch 1) gain too. `python benchmarks/linear.py --small`
+# (docs/results/linear_small_gelu_intel.txt). Shape-based, as every route choice here. The limits stay within
+# fast_linear's small-product rule, so the product below them is always F.linear's.
+SMALL_GELU_PRODUCT_MACS = 500_000  # rows x in x out, products of SMALL_PRODUCT_MIN_ROWS rows or more
+SMALL_FEW_ROW_GELU_PRODUCT_MACS = 200_000  # products of fewer rows
+
+
+def small_gelu_product(rows: int, weight: torch.Tensor) -> bool:
+    """Whether fc1 + GELU with `rows` rows and this (out, in) weight runs faster as F.linear and torch's GELU."""
+    limit = SMALL_GELU_PRODUCT_MACS if rows >= SMALL_PRODUCT_MIN_ROWS else SMALL_FEW_ROW_GELU_PRODUCT_MACS
+    return rows * weight.numel() <= limit
+
+
 def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.Module, fc: nn.Module) -> bool:
     """fc1 + GELU as one oneDNN call: CPU fp32 work that needs no gradient through them (the oneDNN op has no
-    backward) of plain layers."""
+    backward) of plain layers, above the smallest products (small_gelu_product)."""
     return (not needs_grad(x, fc.weight, fc.bias) and _tanh_gelu_cpu_fp32(x, act) and plain_layer(fc, nn.Linear)
-            and onednn_linear_available() and fc.weight.dtype == torch.float32)
+            and onednn_linear_available() and fc.weight.dtype == torch.float32
+            and not small_gelu_product(x.numel() // x.shape[-1], fc.weight))
 
 
 # Rows of h per pass: the chunk and its scratch (about 1.2 MB each) stay in the cores' caches through the seven

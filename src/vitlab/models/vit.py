@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitlab.errors import VitlabError
 from vitlab.models import fast_linear
-from vitlab.models.attention_core import attention, explicit_attention
+from vitlab.models.attention_core import attention, explicit_attention, inference_attention
 from vitlab.models.config import ViTConfig
 from vitlab.models.convstem import ConvStem
 from vitlab.models.fast_linear import linear, watched
@@ -152,6 +152,8 @@ class Attention(nn.Module):
                 queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Self-attention of x (B, N, D); with `queries` only the first that many tokens attend (over all N)."""
         b, n, d = x.shape
+        if not (self.training or return_attention):
+            return self.proj_drop(linear(inference_attention(linear(x, self.qkv), self.heads, queries), self.proj)), None
         # Split the fused projection along features, then (B, N, H, hd) -> (B, H, N, hd) views: SDPA takes
         # these strides as they are, where a permute of (B, N, 3, H, hd) made it copy (and the backward
         # stack). Attention fwd+bwd, width-64 ViT (128 images) 28.2 -> 24.7 ms, ViT-Ti/16 (16) 62.7 -> 57.2 ms

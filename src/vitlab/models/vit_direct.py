@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.models import fast_linear, gelu
-from vitlab.models.attention_core import attention
+from vitlab.models.attention_core import inference_attention
 from vitlab.models.fast_linear import PackedWeights
 from vitlab.models.vit import Attention, Block, DropPath, Mlp, VisionTransformer
 
@@ -72,7 +72,6 @@ class _BlockPlan(NamedTuple):
     qkv_weight: tuple[torch.Tensor, torch.Tensor]  # (packed for oneDNN, or plain; plain), as `_block_plan` reads them
     qkv_bias: torch.Tensor | None
     heads: int
-    head_dim: int
     proj_weight: tuple[torch.Tensor, torch.Tensor]
     proj_bias: torch.Tensor | None
     norm2: tuple
@@ -212,7 +211,7 @@ class DirectInference:
     def _block_plan(self, built: _Built, block: Block, rows: int, rows_after_attention: int) -> _BlockPlan:
         attn, mlp, norm1, norm2 = block.attn, block.mlp, block.norm1, block.norm2
         built.constants.extend([(norm1, "eps"), (norm1, "normalized_shape"), (norm2, "eps"),
-                                (norm2, "normalized_shape"), (attn, "heads"), (attn, "head_dim"),
+                                (norm2, "normalized_shape"), (attn, "heads"),
                                 (mlp.act, "approximate")])
 
         def weight(fc: nn.Linear, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +222,7 @@ class DirectInference:
 
         later = rows_after_attention
         return _BlockPlan(
-            _norm(norm1), weight(attn.qkv, rows), attn.qkv.bias, attn.heads, attn.head_dim,
+            _norm(norm1), weight(attn.qkv, rows), attn.qkv.bias, attn.heads,
             weight(attn.proj, later), attn.proj.bias, _norm(norm2), weight(mlp.fc1, later), mlp.fc1.bias,
             mlp.act.approximate, weight(mlp.fc2, later), mlp.fc2.bias,
         )
@@ -237,24 +236,19 @@ def _linear(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], bias: t
     return torch.ops.mkldnn._linear_pointwise.default(x, onednn, bias, "none", [], "")
 
 
-def _linear_gelu(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
-    """fc1 and the official tanh GELU in one oneDNN call, at any size (gelu.linear_gelu's inference route)."""
-    return torch.ops.mkldnn._linear_pointwise.default(x, weights[0], bias, "gelu", [], "tanh")
+def _fc1_gelu(h: torch.Tensor, p: _BlockPlan, fused_gelu: bool) -> torch.Tensor:
+    """The GELU of fc1, as gelu.linear_gelu computes it in inference: the official tanh GELU in fc1's oneDNN call,
+    except for the smallest products (F.linear, then torch's GELU, as for the erf GELU)."""
+    if p.gelu == "tanh" and fused_gelu and not gelu.small_gelu_product(h.numel() // h.shape[-1], p.fc1_weight[1]):
+        return torch.ops.mkldnn._linear_pointwise.default(h, p.fc1_weight[0], p.fc1_bias, "gelu", [], "tanh")
+    return F.gelu(_linear(h, p.fc1_weight, p.fc1_bias), approximate=p.gelu)
 
 
 def _block(x: torch.Tensor, p: _BlockPlan, queries: int | None, fused_gelu: bool) -> torch.Tensor:
     """`Block.forward` in eval mode (Attention.forward, Mlp.forward), operator for operator."""
-    b, n, d = x.shape
-    h = F.layer_norm(x, *p.norm1)
-    qkv = _linear(h, p.qkv_weight, p.qkv_bias).view(b, n, 3, p.heads, p.head_dim)
-    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, N, hd) views, as Attention.forward cuts them
+    out = inference_attention(_linear(F.layer_norm(x, *p.norm1), p.qkv_weight, p.qkv_bias), p.heads, queries)
     if queries is not None:
-        q, n, x = q[:, :, :queries], queries, x[:, :queries]
-    out = attention(q, k, v, 0.0).transpose(1, 2).reshape(b, n, d)
+        x = x[:, :queries]
     x = x + _linear(out, p.proj_weight, p.proj_bias)
-    h = F.layer_norm(x, *p.norm2)
-    if p.gelu == "tanh" and fused_gelu:
-        h = _linear_gelu(h, p.fc1_weight, p.fc1_bias)
-    else:
-        h = F.gelu(_linear(h, p.fc1_weight, p.fc1_bias), approximate=p.gelu)
+    h = _fc1_gelu(F.layer_norm(x, *p.norm2), p, fused_gelu)
     return x + _linear(h, p.fc2_weight, p.fc2_bias)
