@@ -91,7 +91,8 @@ def inference_attention(qkv: torch.Tensor, heads: int, queries: int | None = Non
         probs = torch.bmm(q * hd ** -0.5, k.transpose(1, 2)).softmax(dim=-1)
         out = torch.bmm(probs, v).view(b, heads, -1, hd)
     else:
-        q, k, v = (t.transpose(1, 2) for t in qkv.view(b, n, 3, heads, hd).unbind(2))
+        # as Attention.forward has always cut them (an exported ONNX graph keeps its Split and fusions)
+        q, k, v = (t.reshape(b, n, heads, hd).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
         if queries is not None:
             q = q[:, :, :queries]
         out = attention(q, k, v, 0.0)
