@@ -131,15 +131,16 @@ SMALL_GELU_PRODUCTS = ([(r, 64, 128) for r in (50, 100, 200, 400, 800)]
                           (197, 192, 768)])
 
 
-def _product_routes(m: int, k: int, n: int, act: str) -> dict:
-    """oneDNN with the weight packed (what --engine torch runs) and F.linear (then torch's tanh GELU for "gelu")."""
+def _product_routes(m: int, k: int, n: int, act: str) -> tuple[dict, torch.Tensor]:
+    """oneDNN with the weight packed (what --engine torch runs) and F.linear (then torch's tanh GELU for "gelu"),
+    and the (out, in) weight they multiply by."""
     x, w, b = torch.randn(1, m, k), torch.randn(n, k) * k ** -0.5, torch.randn(n)
     packed = torch.ops.mkldnn._reorder_linear_weight(w, m)
     if act == "gelu":
         return {"oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "gelu", [], "tanh"),
-                "F.linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"), "weight": w}
+                "F.linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh")}, w
     return {"oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""),
-            "F.linear": lambda: F.linear(x, w, b), "weight": w}
+            "F.linear": lambda: F.linear(x, w, b)}, w
 
 
 def small_products(rounds: int, calls: int = 20, act: str = "none") -> None:
@@ -150,8 +151,7 @@ def small_products(rounds: int, calls: int = 20, act: str = "none") -> None:
     print(f"small {what}, us per product back to back: oneDNN packed / F.linear (ratio), rule picks")
     rng = random.Random(0)
     for m, k, n in SMALL_GELU_PRODUCTS if act == "gelu" else SMALL_PRODUCTS:
-        routes = _product_routes(m, k, n, act)
-        w = routes.pop("weight")
+        routes, w = _product_routes(m, k, n, act)
         times = {label: [] for label in routes}
         with torch.inference_mode():
             for run in routes.values():

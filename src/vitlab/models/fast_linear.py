@@ -87,10 +87,15 @@ SMALL_FEW_ROW_PRODUCT_MACS = 200_000  # products of fewer rows
 SMALL_PRODUCT_MIN_ROWS = 8
 
 
+def product_within(rows: int, weight: torch.Tensor, limit: int, few_row_limit: int) -> bool:
+    """Whether a product of `rows` rows with this (out, in) weight has at most `limit` multiply-accumulates, or
+    `few_row_limit` where it has fewer than SMALL_PRODUCT_MIN_ROWS rows."""
+    return rows * weight.numel() <= (limit if rows >= SMALL_PRODUCT_MIN_ROWS else few_row_limit)
+
+
 def small_product(rows: int, weight: torch.Tensor) -> bool:
     """Whether an inference product of `rows` rows with this (out, in) weight runs faster through F.linear."""
-    limit = SMALL_PRODUCT_MACS if rows >= SMALL_PRODUCT_MIN_ROWS else SMALL_FEW_ROW_PRODUCT_MACS
-    return rows * weight.numel() <= limit
+    return product_within(rows, weight, SMALL_PRODUCT_MACS, SMALL_FEW_ROW_PRODUCT_MACS)
 
 
 def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 
 from vitlab.models.fast_linear import (
-    SMALL_PRODUCT_MIN_ROWS,
     cpu_fp32_eager,
     linear,
     linear_act,
@@ -32,6 +31,7 @@ from vitlab.models.fast_linear import (
     onednn_product,
     onednn_training,
     plain_layer,
+    product_within,
     weight_and_bias_gradients,
 )
 
@@ -51,14 +51,13 @@ def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.Module) -> bool:
 # products (a class-token-only last block at batch 1) gain too. `python benchmarks/linear.py --small`
 # (docs/results/linear_small_gelu_intel.txt). Shape-based, as every route choice here. The limits stay within
 # fast_linear's small-product rule, so the product below them is always F.linear's.
-SMALL_GELU_PRODUCT_MACS = 500_000  # rows x in x out, products of SMALL_PRODUCT_MIN_ROWS rows or more
+SMALL_GELU_PRODUCT_MACS = 500_000  # rows x in x out, products of fast_linear.SMALL_PRODUCT_MIN_ROWS rows or more
 SMALL_FEW_ROW_GELU_PRODUCT_MACS = 200_000  # products of fewer rows
 
 
 def small_gelu_product(rows: int, weight: torch.Tensor) -> bool:
     """Whether fc1 + GELU with `rows` rows and this (out, in) weight runs faster as F.linear and torch's GELU."""
-    limit = SMALL_GELU_PRODUCT_MACS if rows >= SMALL_PRODUCT_MIN_ROWS else SMALL_FEW_ROW_GELU_PRODUCT_MACS
-    return rows * weight.numel() <= limit
+    return product_within(rows, weight, SMALL_GELU_PRODUCT_MACS, SMALL_FEW_ROW_GELU_PRODUCT_MACS)
 
 
 def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.Module, fc: nn.Module) -> bool:

@@ -151,9 +151,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, return_attention: bool = False,
                 queries: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Self-attention of x (B, N, D); with `queries` only the first that many tokens attend (over all N)."""
-        b, n, d = x.shape
         if not (self.training or return_attention):
             return self.proj_drop(linear(inference_attention(linear(x, self.qkv), self.heads, queries), self.proj)), None
+        b, n, d = x.shape
         # Split the fused projection along features, then (B, N, H, hd) -> (B, H, N, hd) views: SDPA takes
         # these strides as they are, where a permute of (B, N, 3, H, hd) made it copy (and the backward
         # stack). Attention fwd+bwd, width-64 ViT (128 images) 28.2 -> 24.7 ms, ViT-Ti/16 (16) 62.7 -> 57.2 ms
