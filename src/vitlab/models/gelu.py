@@ -47,10 +47,11 @@ def _tanh_gelu_cpu_fp32(x: torch.Tensor, act: nn.Module) -> bool:
 
 # fc1 + GELU products up to this size run as F.linear and torch's tanh GELU instead of one oneDNN call: oneDNN's fixed
 # cost per call outweighs the GELU kernel's slowness there. On the 2-core Intel Xeon VM the Fashion-MNIST ViT's fc1
-# at batch 1 (50 x 64 -> 128, 0.41 M MAC) took 1.2-1.4x as long through oneDNN, at 100 rows 0.7-0.85x; one-row
-# products (a class-token-only last block at batch 1) gain too. `python benchmarks/linear.py --small`
-# (docs/results/linear_small_gelu_intel.txt). Shape-based, as every route choice here. The limits stay within
-# fast_linear's small-product rule, so the product below them is always F.linear's.
+# at batch 1 (50 x 64 -> 128, 0.41 M MAC) took 27.2 us through oneDNN against 23.8, at 100 rows 30.9 against 42.3;
+# one-row products (a class-token-only last block at batch 1) gain too; the whole model at batch 1 ran 1.22-1.26x
+# faster. `python benchmarks/linear.py --small` (docs/results/linear_small_gelu_intel.txt). Shape-based, as every
+# route choice here. The limits stay within fast_linear's small-product rule, so the product below them is always
+# F.linear's.
 SMALL_GELU_PRODUCT_MACS = 500_000  # rows x in x out, products of fast_linear.SMALL_PRODUCT_MIN_ROWS rows or more
 SMALL_FEW_ROW_GELU_PRODUCT_MACS = 200_000  # products of fewer rows
 
