@@ -126,6 +126,28 @@ def test_hooks_see_the_full_tokens(monkeypatch):
     assert model._class_token_only(False)  # every hook removed: the short route is back
 
 
+def test_module_tree_is_every_module_once():
+    from vitlab.models.fast_linear import module_tree
+
+    model = perturbed()
+    block = model.blocks[-1]
+    block.attn.register_module("shared", block.mlp.fc1)  # one layer under two names: listed once
+    block.mlp.register_module("nothing", None)  # an empty slot: not a module
+    tree = module_tree(block, model.norm)
+    assert len(tree) == len({id(m) for m in tree})
+    assert {id(m) for m in tree} == {id(m) for m in [*block.modules(), *model.norm.modules()]}
+
+
+@pytest.mark.parametrize("where", ["fc1", "act", "drop2", "norm"])
+def test_a_hook_deep_in_the_last_block_or_on_the_final_norm_keeps_the_full_tokens(where):
+    model = perturbed().eval()
+    layer = model.norm if where == "norm" else getattr(model.blocks[-1].mlp, where)
+    handle = layer.register_forward_pre_hook(lambda m, args: None)
+    assert not model._class_token_only(False)
+    handle.remove()
+    assert model._class_token_only(False)
+
+
 def test_attention_maps_and_features_stay_whole():
     model, x = perturbed().eval(), images(n=2)
     n = model.config.grid_size[0] * model.config.grid_size[1] + 1

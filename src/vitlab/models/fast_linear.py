@@ -239,6 +239,19 @@ def watched(modules: Iterable[nn.Module]) -> bool:
                for m in modules)
 
 
+def module_tree(*roots: nn.Module) -> list[nn.Module]:
+    """The roots and every module under them, each once: the modules `root.modules()` yields for each root, without
+    the qualified names `modules()` builds on the way (the model's forward asks on every call)."""
+    tree, seen, i = list(roots), set(map(id, roots)), 0
+    while i < len(tree):
+        for child in tree[i]._modules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                tree.append(child)
+        i += 1
+    return tree
+
+
 def plain_layer(module: nn.Module, cls: type) -> bool:
     """Whether `module` is exactly a `cls` (not a subclass or a wrapper with a forward of its own, e.g. a LoRA layer
     that exposes its base layer's weight) and no hook watches it: only then does computing its operator directly

@@ -380,7 +380,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         """Whether forward may compute the last block for the class token alone (see CLASS_TOKEN_ONLY)."""
         return (CLASS_TOKEN_ONLY and self.config.classifier == "token" and not return_attention and len(self.blocks) > 0
                 # hooks there (feature extractors, Grad-CAM) get the full tokens
-                and not watched([*self.blocks[-1].modules(), *self.norm.modules()]))
+                and not watched(fast_linear.module_tree(self.blocks[-1], self.norm)))
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> the first block's input (B, N, D): patch tokens, class token, position embeddings."""
