@@ -58,7 +58,7 @@ import torch
 
 import vitlab
 from vitlab.engine.choose import PAUSE_S
-from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic
+from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, flops_per_image
 from vitlab.engine.static_int8 import build_int8_static
 from vitlab.engine.sub_batch import SubBatched
 from vitlab.engine.torch_engines import TorchEngine
@@ -215,12 +215,15 @@ def candidates(name: str, tmp: Path, threads: int, bf16: bool, peers_int8: bool,
         rows["vitlab torch bf16"] = ("ours-bf16", Torch(ours, True))
         rows["timm torch bf16"] = ("peer-bf16", Torch(timm_model, True))
     fp32 = build_fp32(ours, tmp / "vitlab", size)
-    rows["vitlab onnxruntime"] = ("ours", OrtEngine(fp32, threads))
+    # as `--engine onnxruntime` and `--int8` run them: a call with little arithmetic on one thread (ort.py)
+    flops = flops_per_image(ours, size)
+    rows["vitlab onnxruntime"] = ("ours", OrtEngine(fp32, threads, flops_per_image=flops))
     rng = np.random.RandomState(0)
     calibration = [rng.randn(16, chans, *size).astype(np.float32) for _ in range(4)]
-    rows["vitlab int8 static"] = ("ours-int8", OrtEngine(build_int8_static(fp32, tmp / "vitlab/int8-static.onnx", calibration), threads))
-    rows["vitlab int8 dynamic"] = ("ours-int8", OrtEngine(build_int8_dynamic(fp32, tmp / "vitlab/int8-dynamic.onnx"),
-                                                          threads))
+    rows["vitlab int8 static"] = ("ours-int8", OrtEngine(
+        build_int8_static(fp32, tmp / "vitlab/int8-static.onnx", calibration), threads, flops_per_image=flops))
+    rows["vitlab int8 dynamic"] = ("ours-int8", OrtEngine(
+        build_int8_dynamic(fp32, tmp / "vitlab/int8-dynamic.onnx"), threads, flops_per_image=flops))
     timm_onnx = export_plain(timm_model, tmp / "timm.onnx", chans, size)
     timm_opt = optimized(timm_onnx, cfg.heads, cfg.dim)
     rows["timm -> ORT"] = ("peer", OrtEngine(timm_onnx, threads))

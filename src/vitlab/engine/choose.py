@@ -298,7 +298,13 @@ class _Builder:
     def onnxruntime(self):
         from vitlab.engine.ort import OrtEngine
 
-        return open_or_rebuild(lambda: OrtEngine(self.fp32_path(), self.threads), self.fp32_files(), self.say_building)
+        return open_or_rebuild(lambda: OrtEngine(self.fp32_path(), self.threads, flops_per_image=self.flops_per_image()),
+                               self.fp32_files(), self.say_building)
+
+    def flops_per_image(self) -> float | None:
+        from vitlab.engine.ort import flops_per_image
+
+        return flops_per_image(self.model, self.image_size)
 
     def openvino_fp32_path(self) -> Path:
         from vitlab.engine.openvino import FP32_IR, build_fp32_ir, ir_files, require_openvino
@@ -350,7 +356,8 @@ class _Builder:
         else:
             path = self.folder / f"int8-{mode}.onnx"
             self._kept_or_built([path], "the dynamic int8 graph", lambda: build_int8_dynamic(self.fp32_path(), path))
-        return OrtEngine(path, self.threads, name=f"onnxruntime-int8-{mode}", exact=False)
+        return OrtEngine(path, self.threads, name=f"onnxruntime-int8-{mode}", exact=False,
+                         flops_per_image=self.flops_per_image())
 
 
 def _split_calibration(batches: list[np.ndarray] | None) -> tuple[list[np.ndarray], np.ndarray | None]:

@@ -38,19 +38,53 @@ def make_session(path: str | Path, threads: int):
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+# A call with up to this much arithmetic (forward FLOPs of all its images) runs in a session of one thread. Its
+# operators are small, and a second thread costs more in hand-overs than it saves: on the 2-core Intel VM of
+# docs/benchmarks.md, the Fashion-MNIST ViT's fused graph at batch 1 (24 MFLOP) ran 1.31x faster on one thread back to
+# back and 1.10x after a 50 ms pause, at batch 2 (47 MFLOP) 1.15x and 1.14x; at batch 4 (94 MFLOP) 0.76x back to
+# back (1.10x after the pause), at ViT-Ti/16 batch 1 (2.5 GFLOP) 0.63x. The int8 graphs alike; the logits were the
+# same to the bit (`python benchmarks/ort_threads.py`, docs/results/ort_threads_intel.txt). The same bound as the
+# torch engine's (torch_engines.ONE_THREAD_MAX_FLOPS), measured apart. By shape alone, as every route choice here.
+ONE_THREAD_MAX_FLOPS = 64e6
+
+
+def flops_per_image(model: nn.Module, image_size: tuple[int, int]) -> float | None:
+    """A ViT's forward FLOPs for one image of this size (twice registry.analytic_macs); None for other models, whose
+    engines keep all their threads."""
+    if not is_vit(model):
+        return None
+    from vitlab.models.registry import analytic_macs
+
+    return 2.0 * analytic_macs(model.config.replace(image_size=tuple(image_size)))
+
+
 class OrtEngine:
-    """An ONNX file run by ONNX Runtime; takes and returns torch tensors like the other engines."""
+    """An ONNX file run by ONNX Runtime; takes and returns torch tensors like the other engines. Given the model's
+    `flops_per_image`, a call with little arithmetic runs in a second session of one thread (ONE_THREAD_MAX_FLOPS),
+    opened on the first such call."""
 
     exact = True
 
-    def __init__(self, path: str | Path, threads: int, name: str = "onnxruntime", exact: bool = True):
+    def __init__(self, path: str | Path, threads: int, name: str = "onnxruntime", exact: bool = True,
+                 flops_per_image: float | None = None):
         self.path, self.name, self.exact = Path(path), name, exact
+        self.threads, self.flops_per_image = threads, flops_per_image
         self.session = make_session(self.path, threads)
+        self.one_thread_session = None
         self.input_name = self.session.get_inputs()[0].name
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         x = np.ascontiguousarray(images.detach().cpu().float().numpy())
-        return torch.from_numpy(self.session.run(None, {self.input_name: x})[0])
+        return torch.from_numpy(self.session_for(x.shape[0]).run(None, {self.input_name: x})[0])
+
+    def session_for(self, images: int):
+        """The session a call of `images` images runs in."""
+        if (self.flops_per_image is None or self.threads == 1
+                or images * self.flops_per_image > ONE_THREAD_MAX_FLOPS):
+            return self.session
+        if self.one_thread_session is None:  # two threads may both open one: either serves
+            self.one_thread_session = make_session(self.path, 1)
+        return self.one_thread_session
 
 
 @contextlib.contextmanager
