@@ -6,15 +6,18 @@ with `--threads` intra-op threads and one with a single thread, timed interleave
 at each batch size, two ways: back to back (one untimed call, then `--calls` calls timed together) and one call
 after a 50 ms pause (ORT's workers have gone back to sleep). Prints images/s and the one-thread session's speed over
 the other's, with the call's forward FLOPs (what `ort.ONE_THREAD_MAX_FLOPS` is compared with), and the largest
-logit difference between the two sessions.
+logit difference between the two sessions. `--openvino` adds vitlab's OpenVINO fp32 model, compiled for one thread
+and for all.
 
     python benchmarks/ort_threads.py                                   # the Fashion-MNIST ViT, batch 1-8; Ti/16, batch 1
     python benchmarks/ort_threads.py --models fmnist --batches 1,2 --rounds 21
+    /work/peers/bin/python benchmarks/ort_threads.py --openvino     # where OpenVINO is installed
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import random
@@ -62,6 +65,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=10, help="calls timed together back to back")
+    ap.add_argument("--openvino", action="store_true",
+                    help="also vitlab's OpenVINO fp32 model (`--engine openvino`; needs pip install openvino)")
     args = ap.parse_args()
     tune_cpu_allocator()
     import onnxruntime
@@ -76,18 +81,23 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             fp32 = build_fp32(model, Path(tmp), size)
             int8 = build_int8_dynamic(fp32, Path(tmp) / "int8-dynamic.onnx")
-            engines = {f"{kind} {n}t": OrtEngine(path, n)
-                       for kind, path in (("fp32", fp32), ("int8", int8)) for n in (args.threads, 1)}
+            makers = {"fp32": functools.partial(OrtEngine, fp32), "int8": functools.partial(OrtEngine, int8)}
+            if args.openvino:
+                from vitlab.engine.openvino import OvEngine, build_fp32_ir
+
+                ir = build_fp32_ir(model, Path(tmp), size)
+                makers["openvino-fp32"] = functools.partial(OvEngine, ir)
+            engines = {f"{kind} {n}t": make(n) for kind, make in makers.items() for n in (args.threads, 1)}
             for batch in batches:
                 _, x = model_and_images(name, batch)
-                for kind in ("fp32", "int8"):
+                for kind in makers:
                     diff = float((engines[f"{kind} 1t"](x) - engines[f"{kind} {args.threads}t"](x)).abs().max())
                     print(f"{name} batch {batch} {kind}: largest logit difference, 1 thread against "
                           f"{args.threads}: {diff:.2g}")
                 for paused in (False, True):
                     speeds = timed(engines, x, args.rounds, args.calls, paused)
                     how = "after a 50 ms pause" if paused else f"back to back ({args.calls} calls)"
-                    for kind in ("fp32", "int8"):
+                    for kind in makers:
                         one, many = speeds[f"{kind} 1t"], speeds[f"{kind} {args.threads}t"]
                         print(f"{name:10s} batch {batch:2d} ({batch * flops_per_image / 1e6:7.1f} MFLOP) {kind} "
                               f"{how:26s} 1 thread {one:8.1f}  {args.threads} threads {many:8.1f} images/s  "
