@@ -59,3 +59,9 @@ def keep_torch_threads():
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def two_threads(keep_torch_threads):
+    """torch on two threads in this test (rules that take one thread for small calls act only where there are more)."""
+    torch.set_num_threads(2)

@@ -33,14 +33,6 @@ def threads_of(session) -> int:
     return session.get_session_options().intra_op_num_threads
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("size", [(32, 32), (32, 48)])
 def test_the_flops_are_the_models_at_the_graphs_image_size(size):
     model = tiny_vit()

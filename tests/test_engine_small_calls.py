@@ -40,14 +40,6 @@ def threads_seen_by(engine: TorchEngine, images: torch.Tensor) -> int:
     return seen[0]
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_a_small_call_runs_on_one_thread_and_a_large_one_on_all(two_threads, monkeypatch):
     engine, images = TorchEngine(tiny_vit()), torch.randn(2, 3, 32, 32)
     assert engine.flops(images) <= torch_engines.ONE_THREAD_MAX_FLOPS
