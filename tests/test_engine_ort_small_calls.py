@@ -50,19 +50,30 @@ def test_a_small_call_runs_on_one_thread_with_the_same_logits(two_threads, tmp_p
     prepared = engine_of(prepare_engine(model, "onnxruntime", int8=int8, source=tmp_path, quiet=True))
     assert isinstance(prepared, ort.OrtEngine)
     assert prepared.flops_per_image == ort.flops_per_image(model, (32, 32))  # what `--engine` runs decides by FLOPs
-    engine = ort.OrtEngine(prepared.path, 2, flops_per_image=prepared.flops_per_image)  # no call made yet
+    engine = ort.OrtEngine(prepared.path, 2, flops_per_image=prepared.flops_per_image)
+    # one image is a small call: the one-thread session opens with the engine, not on a server's first request
+    assert threads_of(engine.one_thread_session) == 1 and threads_of(engine.session) == 2
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     assert 3 * engine.flops_per_image <= ort.ONE_THREAD_MAX_FLOPS
     monkeypatch.setattr(ort, "ONE_THREAD_MAX_FLOPS", 2 * engine.flops_per_image)  # 2 images: small; 3: not
-    whole = engine(x)
-    assert engine.one_thread_session is None  # a large call opens no second session
-    assert threads_of(engine.session) == 2
-    assert engine.session_for(3) is engine.session
-    small = engine(x[:2])
-    assert engine.session_for(2) is engine.one_thread_session and threads_of(engine.one_thread_session) == 1
+    assert engine.session_for(3) is engine.session and engine.session_for(2) is engine.one_thread_session
+    whole, small = engine(x), engine(x[:2])
     assert torch.equal(small, ort.OrtEngine(engine.path, 2)(x[:2]))  # the same graph on all threads: the same bits
     if int8 is None:  # (dynamic int8 scales each call's activations by their range: a part of a batch is another call)
         assert torch.equal(small, whole[:2])
+
+
+def test_a_model_too_large_for_one_thread_at_one_image_opens_no_second_session(two_threads, tmp_path, monkeypatch):
+    model = tiny_vit()
+    path = engine_of(prepare_engine(model, "onnxruntime", source=tmp_path, quiet=True)).path
+    flops = ort.flops_per_image(model, (32, 32))
+    monkeypatch.setattr(ort, "ONE_THREAD_MAX_FLOPS", flops / 2)
+    engine = ort.OrtEngine(path, 2, flops_per_image=flops)
+    engine(torch.randn(1, 3, 32, 32))
+    assert engine.one_thread_session is None and engine.session_for(1) is engine.session
+    monkeypatch.setattr(ort, "ONE_THREAD_MAX_FLOPS", flops)  # the bound changed after opening: opened when needed
+    engine(torch.randn(1, 3, 32, 32))
+    assert threads_of(engine.session_for(1)) == 1
 
 
 def test_an_engine_of_one_thread_opens_no_second_session(tmp_path):

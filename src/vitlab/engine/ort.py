@@ -62,7 +62,7 @@ def flops_per_image(model: nn.Module, image_size: tuple[int, int]) -> float | No
 class OrtEngine:
     """An ONNX file run by ONNX Runtime; takes and returns torch tensors like the other engines. Given the model's
     `flops_per_image`, a call with little arithmetic runs in a second session of one thread (ONE_THREAD_MAX_FLOPS),
-    opened on the first such call."""
+    opened with the engine where one image is such a call (a server's first request would otherwise wait for it)."""
 
     exact = True
 
@@ -71,19 +71,23 @@ class OrtEngine:
         self.path, self.name, self.exact = Path(path), name, exact
         self.threads, self.flops_per_image = threads, flops_per_image
         self.session = make_session(self.path, threads)
-        self.one_thread_session = None
+        self.one_thread_session = make_session(self.path, 1) if self.small(1) else None
         self.input_name = self.session.get_inputs()[0].name
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         x = np.ascontiguousarray(images.detach().cpu().float().numpy())
         return torch.from_numpy(self.session_for(x.shape[0]).run(None, {self.input_name: x})[0])
 
+    def small(self, images: int) -> bool:
+        """Whether a call of `images` images runs on one thread (ONE_THREAD_MAX_FLOPS)."""
+        return (self.flops_per_image is not None and self.threads != 1
+                and images * self.flops_per_image <= ONE_THREAD_MAX_FLOPS)
+
     def session_for(self, images: int):
         """The session a call of `images` images runs in."""
-        if (self.flops_per_image is None or self.threads == 1
-                or images * self.flops_per_image > ONE_THREAD_MAX_FLOPS):
+        if not self.small(images):
             return self.session
-        if self.one_thread_session is None:  # two threads may both open one: either serves
+        if self.one_thread_session is None:  # not small at one image when opened (a changed bound): opened now
             self.one_thread_session = make_session(self.path, 1)
         return self.one_thread_session
 
