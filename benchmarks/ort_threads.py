@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 from direct_inference import model_and_images
 
-from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic
-from vitlab.models.registry import analytic_macs
+from vitlab.engine.ort import OrtEngine, build_fp32, build_int8_dynamic, flops_per_image
 from vitlab.runtime import tune_cpu_allocator
 
 PAUSE_S = 0.05
@@ -76,7 +75,7 @@ def main() -> None:
     for name in args.models.split(","):
         model, _ = model_and_images(name, 1)
         size = tuple(model.config.image_size)
-        flops_per_image = 2 * analytic_macs(model.config)
+        flops = flops_per_image(model, size)
         batches = [int(b) for b in args.batches.split(",") if b] or ([1, 2, 4, 8] if name == "fmnist" else [1])
         with tempfile.TemporaryDirectory() as tmp:
             fp32 = build_fp32(model, Path(tmp), size)
@@ -99,7 +98,7 @@ def main() -> None:
                     how = "after a 50 ms pause" if paused else f"back to back ({args.calls} calls)"
                     for kind in makers:
                         one, many = speeds[f"{kind} 1t"], speeds[f"{kind} {args.threads}t"]
-                        print(f"{name:10s} batch {batch:2d} ({batch * flops_per_image / 1e6:7.1f} MFLOP) {kind} "
+                        print(f"{name:10s} batch {batch:2d} ({batch * flops / 1e6:7.1f} MFLOP) {kind} "
                               f"{how:26s} 1 thread {one:8.1f}  {args.threads} threads {many:8.1f} images/s  "
                               f"1 thread x{one / many:.2f}")
 

@@ -50,13 +50,13 @@ ONE_THREAD_MAX_FLOPS = 64e6
 
 
 def flops_per_image(model: nn.Module, image_size: tuple[int, int]) -> float | None:
-    """A ViT's forward FLOPs for one image of this size (twice registry.analytic_macs); None for other models, whose
-    engines keep all their threads."""
+    """A ViT's forward FLOPs for one image of this size (registry.forward_flops, as the torch engine counts them);
+    None for other models, whose engines keep all their threads."""
     if not is_vit(model):
         return None
-    from vitlab.models.registry import analytic_macs
+    from vitlab.models.registry import forward_flops
 
-    return 2.0 * analytic_macs(model.config.replace(image_size=tuple(image_size)))
+    return forward_flops(model.config, image_size)
 
 
 class OrtEngine:

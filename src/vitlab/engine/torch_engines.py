@@ -12,7 +12,7 @@ import torch.nn as nn
 from vitlab.errors import VitlabError
 from vitlab.models.attention_core import route_threads_pinned
 from vitlab.models.fast_linear import PackedWeights, packing_fits
-from vitlab.models.registry import analytic_macs
+from vitlab.models.registry import forward_flops
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.vit_direct import DirectInference
 
@@ -60,7 +60,7 @@ class TorchEngine:
         self.model = model.eval()
         self.packed = PackedWeights() if packing_fits(model) else None  # else oneDNN reorders on every call
         self.direct = DirectInference(model, self.packed) if isinstance(model, VisionTransformer) else None
-        self._macs: dict[tuple[int, int], int] = {}  # image size -> multiply-accumulates per image
+        self._flops: dict[tuple[int, int], float] = {}  # image size -> forward FLOPs per image
 
     def __call__(self, images: torch.Tensor, **kwargs):
         packs = self.packed.active() if self.packed is not None else contextlib.nullcontext()
@@ -84,9 +84,9 @@ class TorchEngine:
     def flops(self, images: torch.Tensor) -> float:
         """Forward FLOPs of the model on `images` (twice its multiply-accumulates at their size)."""
         size = tuple(images.shape[-2:])
-        if size not in self._macs:
-            self._macs[size] = analytic_macs(self.model.config.replace(image_size=size))
-        return 2.0 * images.shape[0] * self._macs[size]
+        if size not in self._flops:
+            self._flops[size] = forward_flops(self.model.config, size)
+        return images.shape[0] * self._flops[size]
 
 
 @contextlib.contextmanager

@@ -334,6 +334,11 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def forward_flops(config: ViTConfig, image_size: tuple[int, int]) -> float:
+    """Forward FLOPs of one image of this size: twice `analytic_macs` (what the engines' one-thread rules count)."""
+    return 2.0 * analytic_macs(config.replace(image_size=tuple(image_size)))
+
+
 def analytic_macs(config: ViTConfig) -> int:
     """Multiply-accumulates of one forward pass (linear layers, convolutions and attention matmuls).
 
