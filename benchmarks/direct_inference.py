@@ -53,7 +53,7 @@ def model_call(model: torch.nn.Module):
     return run
 
 
-def compare(name: str, batch: int, rounds: int, plain: bool = False) -> tuple[float, float, float]:
+def compare(name: str, batch: int, rounds: int, plain: bool = False, calls: int = 1) -> tuple[float, float, float]:
     """images/s through the modules, images/s direct, max |logit difference|; of the engine, or with `plain` of
     the model's own call."""
     model, x = model_and_images(name, batch)
@@ -67,7 +67,7 @@ def compare(name: str, batch: int, rounds: int, plain: bool = False) -> tuple[fl
 
     modules, direct = route(False), route(True)
     diff = float((direct(x) - modules(x)).abs().max())
-    speeds = speeds_of({"modules": modules, "direct": direct}, x, rounds)
+    speeds = speeds_of({"modules": modules, "direct": direct}, x, rounds, calls)
     vit_direct.DIRECT_INFERENCE = True
     return speeds["modules"], speeds["direct"], diff
 
@@ -76,7 +76,7 @@ def _linear_add(residual, x, weights, bias):
     """residual + vit_direct._linear(x, ...): the add as oneDNN's binary post-op where the product goes through
     oneDNN (the same sum to the last bit), else as the kept route adds it."""
     onednn, plain = weights
-    if vit_direct.fast_linear.small_product(x.numel() // x.shape[-1], plain) or not residual.is_contiguous():
+    if vit_direct.fast_linear.small_product(vit_direct.fast_linear.product_rows(x), plain) or not residual.is_contiguous():
         return residual + vit_direct._linear(x, weights, bias)
     return torch.ops.mkldnn._linear_pointwise.binary(x, residual, onednn, bias, "add")
 
@@ -131,7 +131,7 @@ def _native_attention_block(x, p, queries, fused_gelu):
     return x + F.linear(h, p.fc2_weight[1], p.fc2_bias)
 
 
-def attempts(name: str, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+def attempts(name: str, rounds: int, calls: int = 1) -> tuple[dict[str, float], dict[str, float]]:
     """images/s at batch 1 of the direct route as kept and of each variant tried, with max |logit difference|."""
     model, x = model_and_images(name, 1)
     engine = TorchEngine(model)
@@ -152,26 +152,24 @@ def attempts(name: str, rounds: int) -> tuple[dict[str, float], dict[str, float]
             "views' attention": variant(_views_attention_block)}
     reference = engine(x)
     diffs = {label: float((run(x) - reference).abs().max()) for label, run in runs.items()}
-    return speeds_of(runs, x, rounds), diffs
+    return speeds_of(runs, x, rounds, calls), diffs
 
 
-CALLS = 1  # calls per timed sample (--calls): more than one times a loop of calls back to back, as timeit does
-
-
-def speeds_of(runs: dict, x: torch.Tensor, rounds: int) -> dict[str, float]:
-    """images/s of each run, interleaved (engine.choose.interleaved_speeds), each sample CALLS calls in a row."""
-    if CALLS == 1:
+def speeds_of(runs: dict, x: torch.Tensor, rounds: int, calls: int = 1) -> dict[str, float]:
+    """images/s of each run, interleaved (engine.choose.interleaved_speeds), each sample `calls` calls in a row
+    (more than one times a loop of calls back to back, as timeit does)."""
+    if calls == 1:
         return choose.interleaved_speeds(runs, x, rounds)
 
     def loop(run):
         def calls(images: torch.Tensor) -> torch.Tensor:
-            for _ in range(CALLS - 1):
+            for _ in range(calls - 1):
                 run(images)
             return run(images)
         return calls
 
     speeds = choose.interleaved_speeds({label: loop(run) for label, run in runs.items()}, x, rounds)
-    return {label: v * CALLS for label, v in speeds.items()}
+    return {label: v * calls for label, v in speeds.items()}
 
 
 def main() -> None:
@@ -189,22 +187,20 @@ def main() -> None:
                          "`--engine torch`")
     args = ap.parse_args()
     choose.PAUSE_S = args.pause_ms / 1e3
-    global CALLS
-    CALLS = args.calls
     torch.set_num_threads(args.threads)
     tune_cpu_allocator()  # as every vitlab command on the CPU runs
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds, images/s, "
           f"{'model(x) under inference_mode' if args.model_call else '--engine torch'}")
     if args.attempts:
         for name in args.models.split(","):
-            speeds, diffs = attempts(name, args.rounds)
+            speeds, diffs = attempts(name, args.rounds, args.calls)
             print(f"  {name:10s} batch   1: " + "  ".join(
                 f"{label} {v:.2f} (x{v / speeds['direct']:.3f}, max |logit difference| {diffs[label]:.1e})"
                 for label, v in speeds.items()), flush=True)
         return
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            modules, direct, diff = compare(name, batch, args.rounds, args.model_call)
+            modules, direct, diff = compare(name, batch, args.rounds, args.model_call, args.calls)
             print(f"  {name:10s} batch {batch:3d}: modules {modules:8.2f}  direct {direct:8.2f}  "
                   f"(x{direct / modules:.3f})  max |logit difference| {diff:.1e}", flush=True)
 

@@ -93,6 +93,11 @@ def product_within(rows: int, weight: torch.Tensor, limit: int, few_row_limit: i
     return rows * weight.numel() <= (limit if rows >= SMALL_PRODUCT_MIN_ROWS else few_row_limit)
 
 
+def product_rows(x: torch.Tensor) -> int:
+    """The rows of `x` as the left operand of a product over its last dimension (all leading dimensions as one)."""
+    return x.numel() // x.shape[-1]
+
+
 def small_product(rows: int, weight: torch.Tensor) -> bool:
     """Whether an inference product of `rows` rows with this (out, in) weight runs faster through F.linear."""
     return product_within(rows, weight, SMALL_PRODUCT_MACS, SMALL_FEW_ROW_PRODUCT_MACS)
@@ -150,7 +155,7 @@ class PackedWeights:
         self._packs = WeakIdKeyDictionary()  # weight -> ((data_ptr, version), packed copy)
 
     def weight_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return self.packed(weight, x.numel() // x.shape[-1])
+        return self.packed(weight, product_rows(x))
 
     def packed(self, weight: torch.Tensor, rows: int) -> torch.Tensor:
         """The packed copy of `weight`, made for products of `rows` rows when it is first asked for (or changed). A
@@ -215,7 +220,7 @@ def _inference_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _inference_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The inference route of `linear` and `product`: F.linear for the smallest products, else one oneDNN call."""
     plain = weight.flatten(1)
-    if small_product(x.numel() // x.shape[-1], plain):
+    if small_product(product_rows(x), plain):
         return F.linear(x, plain, bias)
     return onednn_product(x, _inference_weight(x, weight), bias)
 

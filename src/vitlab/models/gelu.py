@@ -31,6 +31,7 @@ from vitlab.models.fast_linear import (
     onednn_product,
     onednn_training,
     plain_layer,
+    product_rows,
     product_within,
     weight_and_bias_gradients,
 )
@@ -66,7 +67,7 @@ def fused_cpu_gelu_applies(x: torch.Tensor, act: nn.Module, fc: nn.Module) -> bo
     backward) of plain layers, above the smallest products (small_gelu_product)."""
     return (not needs_grad(x, fc.weight, fc.bias) and _tanh_gelu_cpu_fp32(x, act) and plain_layer(fc, nn.Linear)
             and onednn_linear_available() and fc.weight.dtype == torch.float32
-            and not small_gelu_product(x.numel() // x.shape[-1], fc.weight))
+            and not small_gelu_product(product_rows(x), fc.weight))
 
 
 # Rows of h per pass: the chunk and its scratch (about 1.2 MB each) stay in the cores' caches through the seven

@@ -231,7 +231,7 @@ class DirectInference:
 def _linear(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
     """fast_linear.linear's inference route: F.linear for the smallest products, else one oneDNN call."""
     onednn, plain = weights
-    if fast_linear.small_product(x.numel() // x.shape[-1], plain):
+    if fast_linear.small_product(fast_linear.product_rows(x), plain):
         return F.linear(x, plain, bias)
     return torch.ops.mkldnn._linear_pointwise.default(x, onednn, bias, "none", [], "")
 
@@ -239,7 +239,7 @@ def _linear(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], bias: t
 def _fc1_gelu(h: torch.Tensor, p: _BlockPlan, fused_gelu: bool) -> torch.Tensor:
     """The GELU of fc1, as gelu.linear_gelu computes it in inference: the official tanh GELU in fc1's oneDNN call,
     except for the smallest products (F.linear, then torch's GELU, as for the erf GELU)."""
-    if p.gelu == "tanh" and fused_gelu and not gelu.small_gelu_product(h.numel() // h.shape[-1], p.fc1_weight[1]):
+    if p.gelu == "tanh" and fused_gelu and not gelu.small_gelu_product(fast_linear.product_rows(h), p.fc1_weight[1]):
         return torch.ops.mkldnn._linear_pointwise.default(h, p.fc1_weight[0], p.fc1_bias, "gelu", [], "tanh")
     return F.gelu(_linear(h, p.fc1_weight, p.fc1_bias), approximate=p.gelu)
 
