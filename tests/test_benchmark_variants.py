@@ -173,3 +173,16 @@ def test_batch1_gap_rows_compute_the_same_and_every_part_runs(monkeypatch, capsy
     assert "attention core" in out and "sigmoid" in out and "tanh costs" in out
     blocks = [float(line.split("(blocks")[1].split(",")[0]) for line in out.splitlines() if "(blocks" in line]
     assert len(blocks) == 2 and all(ms > 0 for ms in blocks)  # the direct route ran and the timer saw its blocks
+
+
+def test_attention_scale_times_both_forms_with_the_same_logits_and_restores_the_switch(monkeypatch):
+    """`benchmarks/attention_scale.py`: both forms of the explicit route's scale run and give the same logits."""
+    import attention_scale
+
+    from vitlab.engine import choose
+    from vitlab.models import attention_core
+
+    monkeypatch.setattr(choose, "PAUSE_S", 0.0)
+    line = attention_scale.compare("fmnist", 2, rounds=1)
+    assert "max |logit difference| 0.0e+00" in line and line.count("alpha") == 2
+    assert attention_core.SCALE_IN_PRODUCT is True

@@ -151,3 +151,24 @@ def test_inference_attention_takes_the_gradient_route_under_autograd(keep_torch_
     (g,) = torch.autograd.grad(ours.sum(), qkv)
     (ref_g,) = torch.autograd.grad(views_route(qkv, 4, None).sum(), qkv)
     assert max_diff(g, ref_g) <= 1e-6 * float(ref_g.abs().max())
+
+
+@pytest.mark.parametrize("head_size,alpha", [(16, True), (64, True), (4, True), (32, False), (80, False)])
+@pytest.mark.parametrize("tokens,queries", [(50, None), (50, 1), (80, None), (5, None)])
+def test_a_power_of_two_scale_in_the_product_gives_the_multiplys_bits(head_size, alpha, tokens, queries,
+                                                                      keep_torch_threads, monkeypatch):
+    """The explicit route's scores (q * scale) @ k^T: with a power-of-two scale as the product's alpha (no pass
+    over q), the same bits as the separate multiply; other scales keep the multiply."""
+    torch.set_num_threads(2)
+    heads = 2
+    gen = torch.Generator().manual_seed(head_size + tokens)
+    qkv = torch.randn(3, tokens, 3 * heads * head_size, generator=gen) * 4
+    assert attention_core.explicit_attention_applies(qkv, queries or tokens)
+    calls = []
+    monkeypatch.setattr(torch, "baddbmm", lambda *a, **kw: calls.append(1) or torch.ops.aten.baddbmm(*a, **kw))
+    with torch.inference_mode():
+        ours = attention_core.inference_attention(qkv, heads, queries)
+        monkeypatch.setattr(attention_core, "SCALE_IN_PRODUCT", False)
+        multiply = attention_core.inference_attention(qkv, heads, queries)
+    assert len(calls) == alpha  # the alpha form only where the scale is a power of two
+    assert torch.equal(ours, multiply)  # which test_inference_attention_computes_the_views_route checks further

@@ -18,6 +18,7 @@ Where TorchEngine runs a small call on one thread, the route stays the one of th
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from contextvars import ContextVar
 
@@ -28,6 +29,8 @@ from vitlab.models.fast_linear import cpu_fp32_eager, needs_grad
 
 EXPLICIT_ATTENTION = True  # benchmarks and tests flip it to time or compare the fused kernel alone
 EXPLICIT_MAX_TOKENS = 80  # 2 threads: explicit faster up to 65 tokens, even at 101, fused faster from 129 on
+SCALE_IN_PRODUCT = True  # a power-of-two scale as the score product's alpha (_scaled_scores); benchmarks flip it
+_NO_INPUT = torch.zeros(())  # baddbmm's added input, ignored at beta=0 (read by no kernel, so shared)
 
 
 # The thread count the route is picked for, where it is not torch's current one (route_threads_pinned)
@@ -70,6 +73,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float 
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
 
 
+def _scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """(q * scale) @ k^T for (BH, n, hd) and (BH, N, hd). Where the scale is a power of two (head sizes 4, 16, 64,
+    256: every ViT of the paper but ViT-H's 80), multiplying by it is exact (short of subnormal values), so the
+    product's own alpha gives the same bits without a pass over q (tests/test_model_attention_core.py). `--engine torch` on the Fashion-MNIST ViT at batch 32: 1.013-1.032x in two
+    runs, level at batch 1 and at ViT-B/32 (`python benchmarks/attention_scale.py`, docs/results/attention_scale.txt)."""
+    if SCALE_IN_PRODUCT and math.frexp(scale)[0] == 0.5:
+        return torch.baddbmm(_NO_INPUT.expand(q.shape[0], q.shape[1], k.shape[1]), q, k.transpose(1, 2),
+                             beta=0, alpha=scale)
+    return torch.bmm(q * scale, k.transpose(1, 2))
+
+
 def inference_attention(qkv: torch.Tensor, heads: int, queries: int | None = None) -> torch.Tensor:
     """Multi-head attention in inference (no dropout) from the fused projection qkv (B, N, 3D; rows ordered q, k, v,
     heads contiguous), merged back to (B, n, D), n = `queries` (only the first tokens attend) or N.
@@ -88,7 +102,7 @@ def inference_attention(qkv: torch.Tensor, heads: int, queries: int | None = Non
         q, k, v = qkv.view(b, n, 3, heads, hd).permute(2, 0, 3, 1, 4).reshape(3, b * heads, n, hd).unbind(0)
         if queries is not None:
             q = q[:, :queries]
-        probs = torch.bmm(q * hd ** -0.5, k.transpose(1, 2)).softmax(dim=-1)
+        probs = _scaled_scores(q, k, hd ** -0.5).softmax(dim=-1)
         out = torch.bmm(probs, v).view(b, heads, -1, hd)
     else:
         # as Attention.forward has always cut them (an exported ONNX graph keeps its Split and fusions)
