@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from direct_inference import model_and_images
+from direct_inference import engine_with, model_and_images
 
 from vitlab.engine import choose
 from vitlab.engine.torch_engines import TorchEngine
@@ -21,20 +21,11 @@ from vitlab.models import attention_core
 from vitlab.runtime import tune_cpu_allocator
 
 
-def scale_form(engine: TorchEngine, in_product: bool):
-    def run(images: torch.Tensor) -> torch.Tensor:
-        attention_core.SCALE_IN_PRODUCT = in_product
-        try:
-            return engine(images)
-        finally:
-            attention_core.SCALE_IN_PRODUCT = True
-    return run
-
-
 def compare(name: str, batch: int, rounds: int) -> str:
     model, x = model_and_images(name, batch)
     engine = TorchEngine(model)
-    runs = {"multiply": scale_form(engine, False), "alpha": scale_form(engine, True)}
+    runs = {form: engine_with(engine, attention_core, "SCALE_IN_PRODUCT", form == "alpha", True)
+            for form in ("multiply", "alpha")}
     diff = float((runs["alpha"](x) - runs["multiply"](x)).abs().max())
     cells = []
     for pause in (0.05, 0.0):

@@ -131,6 +131,17 @@ def _native_attention_block(x, p, queries, fused_gelu):
     return x + F.linear(h, p.fc2_weight[1], p.fc2_bias)
 
 
+def engine_with(engine, module, name: str, value, kept):
+    """A run of `engine` with `module.name` set to `value` during each call, and back to `kept` after it."""
+    def run(images: torch.Tensor) -> torch.Tensor:
+        setattr(module, name, value)
+        try:
+            return engine(images)
+        finally:
+            setattr(module, name, kept)
+    return run
+
+
 def attempts(name: str, rounds: int, calls: int = 1) -> tuple[dict[str, float], dict[str, float]]:
     """images/s at batch 1 of the direct route as kept and of each variant tried, with max |logit difference|."""
     model, x = model_and_images(name, 1)
@@ -138,13 +149,7 @@ def attempts(name: str, rounds: int, calls: int = 1) -> tuple[dict[str, float], 
     kept = KEPT_BLOCK
 
     def variant(block):
-        def run(images: torch.Tensor) -> torch.Tensor:
-            vit_direct._block = block
-            try:
-                return engine(images)
-            finally:
-                vit_direct._block = kept
-        return run
+        return engine_with(engine, vit_direct, "_block", block, kept)
 
     runs = {"direct": variant(kept), "fused residual add": variant(_fused_add_block),
             "explicit core at 197 tokens": variant(_explicit_core_block),
