@@ -15,7 +15,8 @@ Parts (`--parts`):
   block (so they come from cache as in the model): oneDNN with packed weights, eager vitlab's route, against MLAS
   (one ORT graph of MatMul + Add per layer).
 - attention: one block's attention core, torch's fused kernel against ORT's com.microsoft.Attention (the qkv
-  projection and the core in one operator) minus the same projection alone.
+  projection and the core in one operator) minus the same projection alone, and against the core alone in ORT
+  (com.microsoft.MultiHeadAttention on q, k and v: no subtraction of two noisy times).
 - gelu: what the official tanh GELU costs against the exact erf GELU that timm's ViT computes: the whole call back
   to back with the same weights and either GELU, in eager vitlab and in ORT (plain exports; the two ORT sessions
   with their workers' spinning off, else each slows the other, so their times are not those of the other parts).
@@ -217,8 +218,15 @@ def attention_rows(model, threads: int) -> dict:
     qkv = F.linear(x, w, b).view(1, tokens, 3, heads, width // heads)
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
     feed = {"x": x.numpy()}
+    # the core alone: com.microsoft.MultiHeadAttention on q, k, v as (B, N, D), no projection to subtract
+    core_io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, tokens, width]) for name in "qkv"]
+    core = ort_session(graph_model([helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"],
+                                                     domain="com.microsoft", num_heads=heads)],
+                                   core_io, out, [], microsoft=True), threads)
+    core_feed = {name: t.contiguous().numpy() for name, t in zip("qkv", F.linear(x, w, b).chunk(3, dim=-1))}
     return {"torch fused kernel": lambda: F.scaled_dot_product_attention(q, k, v),
-            "ORT Attention": lambda: fused.run(None, feed)[0], "ORT projection": lambda: projection.run(None, feed)}
+            "ORT Attention": lambda: fused.run(None, feed)[0], "ORT projection": lambda: projection.run(None, feed),
+            "ORT MultiHeadAttention": lambda: core.run(None, core_feed)[0]}
 
 
 def attention(model, threads: int, rounds: int) -> None:
@@ -228,7 +236,9 @@ def attention(model, threads: int, rounds: int) -> None:
     print(f"  one block's attention core, {model.config.heads} heads x {model.pos_embed.shape[1]} tokens (fastest "
           f"round, us): torch fused kernel {1e3 * ms['torch fused kernel']:.1f}, ORT Attention "
           f"{1e3 * ms['ORT Attention']:.1f} - projection {1e3 * ms['ORT projection']:.1f} = {1e3 * core:.1f};  "
-          f"x {len(model.blocks)} blocks: {len(model.blocks) * (ms['torch fused kernel'] - core):+.2f} ms for torch")
+          f"x {len(model.blocks)} blocks: {len(model.blocks) * (ms['torch fused kernel'] - core):+.2f} ms for torch; "
+          f"the core alone in ORT (MultiHeadAttention on q, k, v) {1e3 * ms['ORT MultiHeadAttention']:.1f}, "
+          f"torch / ORT {ms['torch fused kernel'] / ms['ORT MultiHeadAttention']:.2f}")
 
 
 # ------------------------------------------------------------------------------------------------- gelu

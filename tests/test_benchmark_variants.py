@@ -155,6 +155,8 @@ def test_batch1_gap_rows_compute_the_same_and_every_part_runs(monkeypatch, capsy
     b, h, n, d = core.shape
     fused = torch.from_numpy(attention["ORT Attention"]())
     assert (core.transpose(1, 2).reshape(b, n, h * d) - fused).abs().max() < 1e-5
+    alone = torch.from_numpy(attention["ORT MultiHeadAttention"]())  # the core alone: the same attention
+    assert (core.transpose(1, 2).reshape(b, n, h * d) - alone).abs().max() < 1e-5
     rows = batch1_gap.gelu_rows(model, 1, tmp_path)
     with torch.inference_mode():
         logits = {name: torch.from_numpy(fn()[0]) if name.startswith("ORT") else fn() for name, fn in rows.items()}
