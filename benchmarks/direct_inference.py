@@ -76,7 +76,8 @@ def _linear_add(residual, x, weights, bias):
     """residual + vit_direct._linear(x, ...): the add as oneDNN's binary post-op where the product goes through
     oneDNN (the same sum to the last bit), else as the kept route adds it."""
     onednn, plain = weights
-    if vit_direct.fast_linear.small_product(vit_direct.fast_linear.product_rows(x), plain) or not residual.is_contiguous():
+    small = vit_direct.fast_linear.small_product(vit_direct.fast_linear.product_rows(x), plain)
+    if small or not residual.is_contiguous():
         return residual + vit_direct._linear(x, weights, bias)
     return torch.ops.mkldnn._linear_pointwise.binary(x, residual, onednn, bias, "add")
 

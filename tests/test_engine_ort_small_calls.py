@@ -1,6 +1,7 @@
 """The ONNX Runtime engines run a ViT call with little arithmetic in a session of one thread (ort.ONE_THREAD_MAX_FLOPS):
-the FLOPs they decide by are the model's at the graph's image size, the one-thread session opens on the first small
-call only and gives the same logits, and models that are not ViTs keep all their threads."""
+the FLOPs they decide by are the model's at the graph's image size, the one-thread session opens with the engine
+where one image is a small call (else only if the bound changes) and gives the same logits, and models that are not
+ViTs keep all their threads."""
 
 from __future__ import annotations
 

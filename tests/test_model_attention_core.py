@@ -156,10 +156,9 @@ def test_inference_attention_takes_the_gradient_route_under_autograd(keep_torch_
 @pytest.mark.parametrize("head_size,alpha", [(16, True), (64, True), (4, True), (32, False), (80, False)])
 @pytest.mark.parametrize("tokens,queries", [(50, None), (50, 1), (80, None), (5, None)])
 def test_a_power_of_two_scale_in_the_product_gives_the_multiplys_bits(head_size, alpha, tokens, queries,
-                                                                      keep_torch_threads, monkeypatch):
+                                                                      two_threads, monkeypatch):
     """The explicit route's scores (q * scale) @ k^T: with a power-of-two scale as the product's alpha (no pass
     over q), the same bits as the separate multiply; other scales keep the multiply."""
-    torch.set_num_threads(2)
     heads = 2
     gen = torch.Generator().manual_seed(head_size + tokens)
     qkv = torch.randn(3, tokens, 3 * heads * head_size, generator=gen) * 4

@@ -76,8 +76,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float 
 def _scaled_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """(q * scale) @ k^T for (BH, n, hd) and (BH, N, hd). Where the scale is a power of two (head sizes 4, 16, 64,
     256: every ViT of the paper but ViT-H's 80), multiplying by it is exact (short of subnormal values), so the
-    product's own alpha gives the same bits without a pass over q (tests/test_model_attention_core.py). `--engine torch` on the Fashion-MNIST ViT at batch 32: 1.013-1.032x in two
-    runs, level at batch 1 and at ViT-B/32 (`python benchmarks/attention_scale.py`, docs/results/attention_scale.txt)."""
+    product's own alpha gives the same bits without a pass over q (tests/test_model_attention_core.py).
+    `--engine torch` on the Fashion-MNIST ViT at batch 32: 1.013-1.032x in two runs, level at batch 1 and at
+    ViT-B/32 (`python benchmarks/attention_scale.py`, docs/results/attention_scale.txt)."""
     if SCALE_IN_PRODUCT and math.frexp(scale)[0] == 0.5:
         return torch.baddbmm(_NO_INPUT.expand(q.shape[0], q.shape[1], k.shape[1]), q, k.transpose(1, 2),
                              beta=0, alpha=scale)
