@@ -8,17 +8,24 @@ logit difference between the two (0: the same operators on the same values).
     python benchmarks/direct_inference.py --attempts --models vit-ti/16,vit-s/16,vit-b/16
     python benchmarks/direct_inference.py --model-call     # `model(x)` itself (no engine: live weights, nothing packed)
     python benchmarks/direct_inference.py --attempts --models fmnist --calls 200   # loops of 200 calls per sample
+    python benchmarks/direct_inference.py --plan-check --models vit-ti/16,fmnist   # the per-call check alone
 
 `--attempts` times two variants of the direct route that were tried and not kept (docs/benchmarks.md, "Tried and
 not adopted"): the residual adds fused into the proj and fc2 products (oneDNN's binary post-op), and the attention
 core of 197-token blocks as two batched products and a softmax instead of torch's fused kernel, and each block's
 attention as one call of torch's private `_native_multi_head_attention` (fewer operator calls at batch 1); and, as
 a reference, the route the kept one replaced: the attention through (B, H, N, hd) views of the fused projection.
+
+`--plan-check` times what every direct call does before its blocks: the check that the plan still stands for the
+model (`DirectInference._current`), back to back and right after a whole call at batch 1 (as in a real call, after
+the blocks' weights have passed through the caches), median of `--rounds` x 20 samples, with the whole call's time.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -178,6 +185,33 @@ def speeds_of(runs: dict, x: torch.Tensor, rounds: int, calls: int = 1) -> dict[
     return {label: v * calls for label, v in speeds.items()}
 
 
+def plan_check(name: str, samples: int) -> tuple[float, float, float]:
+    """(us of the plan check back to back, us of it right after a call, ms of the whole call) at batch 1."""
+    model, x = model_and_images(name, 1)
+    engine = TorchEngine(model)
+    direct = engine.direct
+    with torch.inference_mode():
+        tokens = model.embed(x)
+    class_token_only = model._class_token_only(False)
+
+    def check_us() -> float:
+        with torch.inference_mode():
+            start = time.perf_counter()
+            direct._current(tokens, class_token_only)
+            return (time.perf_counter() - start) * 1e6
+
+    for _ in range(5):
+        engine(x)
+    back_to_back = [check_us() for _ in range(samples)]
+    after_call, calls = [], []
+    for _ in range(samples):
+        start = time.perf_counter()
+        engine(x)
+        calls.append(time.perf_counter() - start)
+        after_call.append(check_us())
+    return statistics.median(back_to_back), statistics.median(after_call), statistics.median(calls) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -188,6 +222,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1,
                     help="calls per timed sample, back to back (the pause comes before each sample)")
     ap.add_argument("--attempts", action="store_true", help="time the variants tried and not kept (batch 1)")
+    ap.add_argument("--plan-check", action="store_true",
+                    help="time the per-call check of the direct route's plan alone (batch 1)")
     ap.add_argument("--model-call", action="store_true",
                     help="time `model(x)` itself (its own direct route: live weights, nothing packed) instead of "
                          "`--engine torch`")
@@ -197,6 +233,12 @@ def main() -> None:
     tune_cpu_allocator()  # as every vitlab command on the CPU runs
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds, images/s, "
           f"{'model(x) under inference_mode' if args.model_call else '--engine torch'}")
+    if args.plan_check:
+        for name in args.models.split(","):
+            hot, after_call, call_ms = plan_check(name, args.rounds * 20)
+            print(f"  {name:10s} batch   1: plan check {hot:6.1f} us back to back, {after_call:6.1f} us right after "
+                  f"a call ({after_call / 10 / call_ms:.1f} % of the call's {call_ms:.2f} ms)", flush=True)
+        return
     if args.attempts:
         for name in args.models.split(","):
             speeds, diffs = attempts(name, args.rounds, args.calls)

@@ -134,6 +134,27 @@ def test_direct_inference_attempts_still_run_and_the_fused_add_keeps_the_logits(
     assert vit_direct._block is direct_inference.KEPT_BLOCK
 
 
+def test_direct_inference_plan_check_times_the_check_of_a_built_plan(monkeypatch):
+    """`benchmarks/direct_inference.py --plan-check`: the check it times is the one a direct call makes, on a plan
+    that was built (an empty plan would return at once and time nothing)."""
+    import direct_inference
+
+    from vitlab.models import vit_direct
+
+    calls = []
+    real = vit_direct.DirectInference._current
+
+    def counted(self, x, class_token_only):
+        plan = real(self, x, class_token_only)
+        calls.append(len(plan))
+        return plan
+
+    monkeypatch.setattr(vit_direct.DirectInference, "_current", counted)
+    hot, after_call, call_ms = direct_inference.plan_check("fmnist", samples=3)
+    assert hot > 0 and after_call > 0 and call_ms > 0
+    assert calls and set(calls) == {direct_inference.FMNIST["depth"]}
+
+
 def test_batch1_gap_rows_compute_the_same_and_every_part_runs(monkeypatch, capsys, tmp_path):
     """`benchmarks/batch1_gap.py`: its torch and ORT rows compute the same layers and the same attention (else the
     ratios it prints compare different work), every part prints its lines, and the block timer is taken off again."""

@@ -148,6 +148,37 @@ def test_a_hook_anywhere_in_a_block_sees_the_module_route(where, monkeypatch):
     assert eng(x) is not None and eng.direct.direct_calls == 2  # hook removed: direct again
 
 
+@pytest.mark.parametrize("where", ["drop_path1", "proj_drop", "drop1", "drop2", "act"])
+def test_a_pre_hook_or_training_mode_on_a_layer_without_weights_sees_the_module_route(where, monkeypatch):
+    """The plan runs no module, so a forward pre-hook on any layer the module route calls, even an identity or a
+    dropout, or one such layer left in training mode, sends the call through the modules."""
+    model, x = perturbed(), images()
+    eng = engine(model)
+    reference = eng(x)
+    block = model.blocks[2]
+    layer = getattr(block, where, None) or getattr(block.attn, where, None) or getattr(block.mlp, where)
+    seen = []
+    handle = layer.register_forward_pre_hook(lambda mod, args: seen.append(1))
+    out = eng(x)
+    assert seen == [1] and eng.direct.direct_calls == 1
+    assert torch.equal(out, module_route(eng, x, monkeypatch))
+    handle.remove()
+    layer.train()
+    assert torch.equal(eng(x), module_route(eng, x, monkeypatch)) and eng.direct.direct_calls == 1
+    layer.eval()
+    assert torch.equal(eng(x), reference) and eng.direct.direct_calls == 2
+
+
+def test_a_parameter_given_to_a_layer_that_reads_none_keeps_the_plan():
+    """A parameter registered on a GELU or a dropout changes nothing their forward computes: the plan stands."""
+    model, x = perturbed(), images()
+    eng = engine(model)
+    reference = eng(x)
+    model.blocks[1].mlp.act.register_parameter("unused", nn.Parameter(torch.ones(3)))
+    model.blocks[1].mlp.drop1.register_parameter("unused", nn.Parameter(torch.ones(3)))
+    assert torch.equal(eng(x), reference) and eng.direct.direct_calls == 2
+
+
 def test_hooks_on_the_model_or_on_every_module_see_the_module_route():
     model, x = perturbed(), images()
     eng = engine(model)
@@ -217,7 +248,8 @@ def test_a_replaced_activation_or_a_new_block_is_seen():
     assert eng.direct.direct_calls == 1 + 3
 
 
-@pytest.mark.parametrize("change", ["in place", "load_state_dict", "new parameter", "layer norm", "gelu kind"])
+@pytest.mark.parametrize("change", ["in place", "load_state_dict", "new parameter", "new qkv bias",
+                                    "new layer norm weight", "layer norm", "gelu kind"])
 def test_a_changed_model_gives_the_changed_logits(change, monkeypatch):
     model, x = perturbed(), images()
     eng = engine(model)
@@ -230,6 +262,10 @@ def test_a_changed_model_gives_the_changed_logits(change, monkeypatch):
             model.load_state_dict(perturbed(seed=9).state_dict())
         elif change == "new parameter":
             fc.weight = nn.Parameter(fc.weight * 1.5)
+        elif change == "new qkv bias":
+            model.blocks[2].attn.qkv.bias = nn.Parameter(model.blocks[2].attn.qkv.bias + 0.5)
+        elif change == "new layer norm weight":
+            model.blocks[0].norm1.weight = nn.Parameter(model.blocks[0].norm1.weight * 1.5)
         elif change == "layer norm":
             model.blocks[0].norm2.eps = 0.5
         else:
