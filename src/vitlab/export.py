@@ -253,6 +253,7 @@ def _faster_of_fused_and_portable(model: nn.Module, built, path: Path, metadata:
 
     from vitlab.engine.choose import interleaved_speeds
     from vitlab.engine.ort import OrtEngine
+    from vitlab.runtime import timing_input
 
     work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
@@ -260,7 +261,7 @@ def _faster_of_fused_and_portable(model: nn.Module, built, path: Path, metadata:
         problem = _portable_problem(model, portable)
         if problem:
             return _copy_built(built.path, path, metadata, f"{FUSED} (auto: the portable graph {problem}, not kept)")
-        x = torch.randn(8, model.config.in_chans, *model.config.image_size)
+        x = timing_input(8, model.config.in_chans, *model.config.image_size)
         # the portable graph runs as the fused one does (small calls on one thread where they qualify)
         twin = OrtEngine(portable, torch.get_num_threads(), flops_per_image=built.flops_per_image)
         speeds = interleaved_speeds({FUSED: built, PORTABLE: twin}, x)

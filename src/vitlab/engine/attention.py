@@ -26,6 +26,7 @@ from vitlab.engine.choose import (
 )
 from vitlab.engine.torch_engines import TorchEngine
 from vitlab.errors import VitlabError
+from vitlab.runtime import timing_input
 
 AttentionResult = tuple[torch.Tensor, list[torch.Tensor]]
 
@@ -126,7 +127,7 @@ def prepare_attention_engine(model: nn.Module, engine: str = "auto", *, batch_si
         return announce(reference, command, [f"torch (auto: onnxruntime left out: {why})"], quiet)
     if engine == "onnxruntime":
         return announce(ort_engine, command, ["onnxruntime (as asked)"], quiet)
-    batch = torch.randn(batch_size, model.config.in_chans, *size)
+    batch = timing_input(batch_size, model.config.in_chans, *size)
     picked, speeds = keep_fastest(choices, key, {"torch": reference, "onnxruntime": ort_engine}, batch, rounds=3)
     note = f"{picked} (auto: measured {_speeds_text(speeds)} at batch {batch_size}; cached in {folder})"
     return announce(reference if picked == "torch" else ort_engine, command, [note], quiet)

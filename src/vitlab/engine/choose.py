@@ -28,6 +28,7 @@ import torch.nn as nn
 from vitlab.engine import ENGINES, INT8_MODES
 from vitlab.engine.locking import folder_lock
 from vitlab.errors import VitlabError
+from vitlab.runtime import timing_input
 
 EXACT_TOL = 1e-3  # logits; fp32 ORT with fusions differs by ~1e-6, anything near 1e-3 is a different model
 MIN_AGREEMENT = 0.99
@@ -513,7 +514,7 @@ def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes
     if len(candidates) == 1:  # nothing to compare (the runtimes missing or refused): not timed, not cached
         notes.append("torch (auto: the only candidate here; " + "; ".join(left_out) + ")")
         return reference
-    x = torch.randn(batch, builder.model.config.in_chans, *builder.image_size)
+    x = timing_input(batch, builder.model.config.in_chans, *builder.image_size)
     picked, speeds = keep_fastest(choices, key, candidates, x)
     notes.append(f"{picked} (auto: measured {_speeds_text(speeds)} at {shape.replace('|', ', ')}; "
          f"cached in {folder})" + "".join(f"; {n}" for n in left_out))
@@ -550,7 +551,7 @@ def _in_best_sub_batches(engine, builder: _Builder, batch: int, notes: list[str]
             f"{' and eager torch' if reference is not None else ''} once")
         # each candidate runs the whole batch, its sub-batches back to back as they will run: one small call
         # after a pause would count the waking of the threads once per sub-batch and favour whole batches
-        x = torch.randn(batch, builder.model.config.in_chans, *size)
+        x = timing_input(batch, builder.model.config.in_chans, *size)
         candidates = {str(batch): engine, **{str(s): SubBatched(engine, s) for s in sizes}}
         if reference is not None:
             candidates["torch"] = reference

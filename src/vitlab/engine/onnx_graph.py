@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from torch.nn.utils import skip_init
 
 from vitlab.errors import VitlabError
 
@@ -26,7 +27,8 @@ class SplitQKVAttention(nn.Module):
         super().__init__()
         dim = attn.qkv.in_features
         self.heads, self.head_dim = attn.heads, attn.head_dim
-        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=attn.qkv.bias is not None) for _ in range(3))
+        # skip_init: no random initialisation to overwrite (it drew from the global generator of the user's program)
+        self.q, self.k, self.v = (skip_init(nn.Linear, dim, dim, bias=attn.qkv.bias is not None) for _ in range(3))
         with torch.no_grad():
             for lin, w in zip((self.q, self.k, self.v), attn.qkv.weight.chunk(3, dim=0)):
                 lin.weight.copy_(w)

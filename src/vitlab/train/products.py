@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.models import fast_linear
-from vitlab.runtime import machine_key, measured_once
+from vitlab.runtime import machine_key, measured_once, timing_input
 
 TORCH_MIN_SPEEDUP = 1.05
 MAX_TIMED_ROWS = 8192  # larger micro-batches are timed at this many rows: the choice, not the exact speed, matters
@@ -60,8 +60,8 @@ def measure_torch_speedup(shapes: Counter, rows: int, rounds: int = 5) -> float:
     with torch.no_grad():
         best = {"onednn": 0.0, "torch": 0.0}
         for (d_in, d_out), count in shapes.items():
-            x, g = torch.randn(rows, d_in), torch.randn(rows, d_out)
-            w, b = torch.randn(d_out, d_in) * d_in ** -0.5, torch.zeros(d_out)
+            x, g = timing_input(rows, d_in), timing_input(rows, d_out)
+            w, b = timing_input(d_out, d_in) * d_in ** -0.5, torch.zeros(d_out)
             for route in best:
                 _route_seconds(route, x, w, b, g)
             times = {route: [] for route in best}
