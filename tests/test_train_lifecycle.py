@@ -353,3 +353,25 @@ def test_resuming_a_finished_run_says_it_is_complete(tmp_path, capsys):
     train(resume_cfg(run), data=tiny_data())
     out = capsys.readouterr().out
     assert "vitlab: the run is complete" in out and "nothing left to train" in out
+
+
+def test_train_gives_back_the_threads_and_deterministic_mode_it_found(tmp_path, monkeypatch):
+    """`vitlab.train` from a program: the run computes with its own thread count and deterministic kernels, and the
+    program has its own back afterwards, also where the run fails (a notebook kept deterministic-only kernels)."""
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(False)
+    result = train(tiny_cfg(tmp_path, threads=1, deterministic=True, epochs=1), data=tiny_data())
+    recorded = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert recorded["threads"] == 1 and recorded["deterministic"] is True
+    assert torch.get_num_threads() == 2 and not torch.are_deterministic_algorithms_enabled()
+    seen = []
+
+    def failing_setup(run, *args):  # a run that fails once its settings are made
+        seen.append((torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()))
+        raise VitlabError("no such data")
+
+    monkeypatch.setattr(loop.TrainingRun, "setup", failing_setup)
+    with pytest.raises(VitlabError, match="no such data"):
+        train(tiny_cfg(tmp_path, name="failed", threads=1, deterministic=True), data=tiny_data())
+    assert seen == [(1, True)]
+    assert torch.get_num_threads() == 2 and not torch.are_deterministic_algorithms_enabled()

@@ -64,6 +64,7 @@ from vitlab.train.resume import (
 )
 from vitlab.train.run_dir import RunDir, RunLock, new_run_dir, refuse_if_in_use
 from vitlab.train.setup import (
+    ProcessSettings,
     absolute_weights,
     build_model_for,
     build_optimization,
@@ -112,7 +113,18 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
     `allow_change`: on resume, settings (any TrainConfig field, or world_size) that may differ from the
     run's record; any other difference that changes the run is refused;
     `force_unlock`: take over the run folder's lock even when another machine holds it.
+
+    The thread count and deterministic mode the run sets are the caller's again when it returns (ProcessSettings).
     """
+    settings = ProcessSettings.now()
+    try:
+        return _train(cfg, model, data, tuple(allow_change), force_unlock)
+    finally:
+        settings.restore()
+
+
+def _train(cfg: TrainConfig, model: nn.Module | None, data, allow_change: tuple[str, ...],
+           force_unlock: bool) -> TrainResult:
     if model is not None and (given := describe_given_model(model)) is not None:
         cfg.model, cfg.model_args = given  # config.yaml records the model trained, not the name cfg carried
     validate(cfg)
@@ -124,7 +136,6 @@ def train(cfg: TrainConfig, model: nn.Module | None = None, data=None,
         cfg.weights = absolute_weights(cfg.weights)
     check_installed(cfg.logger)  # a missing tracker package stops here, not mid-run
     t_start = time.perf_counter()
-    allow_change = tuple(allow_change)
     changes = check_resume(cfg, allow_change) if cfg.resume else {}
     cfg.threads = resolve_threads(cfg)
     torch.set_num_threads(cfg.threads)

@@ -28,6 +28,35 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@dataclass(frozen=True)
+class ProcessSettings:
+    """What a run sets for the whole process, which `vitlab.train` gives back when it returns or fails: torch's
+    thread count and deterministic mode. A program (a notebook) that trained with `deterministic=True` kept
+    deterministic-only kernels after the run, so its own later CUDA code could stop with "does not have a
+    deterministic implementation", and it kept the run's thread count."""
+
+    threads: int
+    deterministic: bool
+    deterministic_warn_only: bool
+    cudnn_benchmark: bool
+    cublas_workspace: str | None
+
+    @classmethod
+    def now(cls) -> ProcessSettings:
+        return cls(torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                   torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark,
+                   os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+    def restore(self) -> None:
+        torch.set_num_threads(self.threads)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        if self.cublas_workspace is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = self.cublas_workspace
+
+
 def set_deterministic(enabled: bool) -> None:
     """Same seed -> bit-identical run: deterministic kernels only (and cuBLAS's fixed workspace)."""
     if not enabled:
