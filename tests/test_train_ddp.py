@@ -77,3 +77,22 @@ def test_fsdp_shards_over_the_training_device_not_the_machines_accelerator(monke
     assert wrap_model(model, DistInfo(rank=0, world_size=2), torch.device("cpu"), fsdp=True) is model
     assert meshes == [("cpu", (2,))]
     assert sharded == [("Block", "mesh"), ("Block", "mesh"), ("VisionTransformer", "mesh")]
+
+
+def test_a_torchrun_process_ends_at_once_after_its_report(monkeypatch, capsys):
+    """Under torchrun each process of a finished run ends at once after its report (the interpreter's finalization,
+    where gloo's teardown once aborted a process, does not run); one process returns as any command does."""
+    from vitlab.commands import train as train_command
+
+    ended = []
+    monkeypatch.setattr(os, "_exit", ended.append)
+    monkeypatch.setattr(train_command, "print_summary", lambda result: print("run folder: RUN"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert train_command.report(None) == 0 and ended == [0] and capsys.readouterr().out == ""  # rank 1: no summary
+    monkeypatch.setenv("RANK", "0")
+    train_command.report(None)
+    assert ended == [0, 0] and capsys.readouterr().out == "run folder: RUN\n"
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    assert train_command.report(None) == 0 and ended == [0, 0]

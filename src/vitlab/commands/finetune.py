@@ -7,13 +7,7 @@ from __future__ import annotations
 import argparse
 
 from vitlab.commands._load_args import WEIGHTS_HELP
-from vitlab.commands.train import (
-    _is_main,
-    add_train_arguments,
-    config_from_args,
-    print_summary,
-    train_or_exit,
-)
+from vitlab.commands.train import add_train_arguments, config_from_args, report, train_or_exit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +30,4 @@ def run(args: argparse.Namespace) -> int:
     if not cfg.weights:
         raise VitlabError("vitlab finetune needs --weights (a run folder, a weights file or folder, or a pretrained "
                           "name such as vit-b/16.augreg-in21k-ft-in1k-224: `vitlab models --pretrained`)")
-    result = train_or_exit(args, cfg)
-    if _is_main():
-        print_summary(result)
-    return 0
+    return report(train_or_exit(args, cfg))

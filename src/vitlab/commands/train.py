@@ -216,9 +216,23 @@ def run(args: argparse.Namespace) -> int:
             raise VitlabError(f"{args.resume} is a fine-tuning run; resume it with `vitlab finetune --resume "
                               f"{args.resume}`")
         raise VitlabError("`vitlab train` starts from scratch; use `vitlab finetune --weights W` to start from weights")
-    result = train_or_exit(args, cfg)
+    return report(train_or_exit(args, cfg))
+
+
+def report(result) -> int:
+    """The run's summary (the first process), then, under torchrun, the end of this process at once (exit status
+    0). The run has passed its last collective and torn its process group down, and its files are written and
+    closed; what is left would be freed by the interpreter's finalization, where gloo's teardown aborted one
+    process of an FSDP run once ("terminate called without an active exception", 1 run in many), failing a
+    torchrun whose run had finished. As after a peer's failure (train_or_exit), the process ends without it."""
+    import os
+
     if _is_main():
         print_summary(result)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
