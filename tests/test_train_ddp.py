@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -30,33 +31,54 @@ def run(cmd, env=None):
     return out.stdout
 
 
+# gloo's teardown once aborted one process of a finished 2-process FSDP run (1 run in many; CHANGELOG, "Fixed").
+# Such a run is started once more under another name, with a warning that shows in the test report, so that the
+# numerics this test is about are still checked; a second abort, or any other failure, fails the test.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def torchrun(env, out_dir, name: str, *extra: str) -> tuple[str, str]:
+    """(stdout, the run's name) of `vitlab train` in 2 torchrun processes."""
+    for attempt in (1, 2):
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              "-m", "vitlab", "train", *ARGS, *extra, "--out", str(out_dir), "--name", name],
+                             capture_output=True, text=True, timeout=400, env=env)
+        if out.returncode == 0:
+            return out.stdout, name
+        if attempt == 1 and TEARDOWN_ABORT in out.stderr:
+            warnings.warn(f"torchrun of {name}: a process ended with '{TEARDOWN_ABORT}'; started once more",
+                          stacklevel=2)
+            name += "-again"
+            continue
+        raise AssertionError(out.stdout + out.stderr)
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
 def test_two_processes_follow_one_process(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run([sys.executable, "-m", "vitlab", "train", *ARGS, "--out", str(tmp_path), "--name", "one"], env)
-    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "vitlab", "train", *ARGS, "--out", str(tmp_path), "--name", "two"], env)
+    out, two_name = torchrun(env, tmp_path, "two")
     assert "x 2 processes" in out and out.count("run folder:") == 1  # rank 0 alone reports
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    one, two = losses(tmp_path / "one"), losses(tmp_path / two_name)
     assert len(one) == len(two) == 6
     assert one[-1] < one[0]
     for a, b in zip(one, two):
         assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
     w1 = load_file(tmp_path / "one" / "model" / "model.safetensors")
-    w2 = load_file(tmp_path / "two" / "model" / "model.safetensors")
+    w2 = load_file(tmp_path / two_name / "model" / "model.safetensors")
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-3, atol=1e-4, msg=k)
     # evaluation is gathered over ranks: the same test accuracy on the whole test split
     s1 = json.loads((tmp_path / "one" / "summary.json").read_text())
-    s2 = json.loads((tmp_path / "two" / "summary.json").read_text())
+    s2 = json.loads((tmp_path / two_name / "summary.json").read_text())
     assert s2["test_metrics"]["n"] == s1["test_metrics"]["n"]
     assert s2["processes"] == 2
     # FSDP (parameters sharded over the 2 processes, gloo on CPU) follows the same curve
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "vitlab", "train", *ARGS, "--fsdp", "--out", str(tmp_path), "--name", "fsdp"], env)
-    for a, b in zip(one, losses(tmp_path / "fsdp")):
+    _, fsdp_name = torchrun(env, tmp_path, "fsdp", "--fsdp")
+    for a, b in zip(one, losses(tmp_path / fsdp_name)):
         assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
-    w3 = load_file(tmp_path / "fsdp" / "model" / "model.safetensors")
+    w3 = load_file(tmp_path / fsdp_name / "model" / "model.safetensors")
     for k in w1:
         torch.testing.assert_close(w1[k], w3[k], rtol=1e-3, atol=1e-4, msg=k)
 
