@@ -230,17 +230,13 @@ def report(result) -> int:
     if _is_main():
         print_summary(result)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _end_process(0)
     return 0
 
 
 def train_or_exit(args: argparse.Namespace, cfg):
     """`train(cfg)`; when another torchrun process stopped answering, print the one line and end this process
     at once: freeing the failed collective's objects would wait for the missing process forever."""
-    import os
-
     from vitlab.cli import one_line
     from vitlab.train import train
     from vitlab.train.distributed import PeerFailure
@@ -248,9 +244,17 @@ def train_or_exit(args: argparse.Namespace, cfg):
     try:
         return train(cfg, allow_change=allowed_changes(args), force_unlock=args.force_unlock)
     except PeerFailure as exc:
-        print(f"vitlab {args.command}: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(2)
+        print(f"vitlab {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        _end_process(2)
+
+
+def _end_process(code: int) -> None:
+    """End this process at once with `code`, its output flushed, without the interpreter's finalization."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _is_main() -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from itertools import chain, repeat
+from itertools import chain, repeat, starmap
 from typing import NamedTuple
 
 import torch
@@ -146,15 +146,11 @@ class _Built:
         # set by `seal`: live views of the above for the per-call checks
         self.values: list = []  # each dict's values()
         self.layer_dicts: list[dict] = []  # each layer's own __dict__ (hooks, training, an instance's forward)
-        self.constant_layers: list[nn.Module] = []
-        self.constant_names: list[str] = []
 
     def seal(self, plan: list[_BlockPlan]) -> None:
         """Take `plan` as the plan built from the model as it is now."""
         self.values = [d.values() for d in self.dicts]
         self.layer_dicts = [vars(m) for m in self.layers]
-        self.constant_layers = [m for m, _ in self.constants]
-        self.constant_names = [name for _, name in self.constants]
         self.held = list(chain.from_iterable(self.values))
         self.built_from = self.snapshot()
         self.plan = plan
@@ -165,7 +161,7 @@ class _Built:
         other parameters (LayerNorms, biases) the plan reads as the live tensors."""
         return (list(map(id, chain.from_iterable(self.values))),
                 list(map(torch.Tensor.data_ptr, self.packed_from)), list(map(_VERSION, self.packed_from)),
-                list(map(getattr, self.constant_layers, self.constant_names)))
+                list(starmap(getattr, self.constants)))
 
 
 class DirectInference:
