@@ -295,7 +295,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         if config.posemb == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, d))
         else:
-            self.register_buffer("pos_embed", self._sincos(config.grid_size), persistent=False)
+            self.register_buffer("pos_embed", None, persistent=False)
+            self.compute_unstored_buffers()
         self.pos_drop = _dropout(config.dropout)
         rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
         self.blocks = nn.ModuleList([Block(config, rate) for rate in rates])
@@ -305,7 +306,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         self.num_features = config.representation_size or d
         self.head = nn.Linear(self.num_features, config.num_classes) if config.num_classes > 0 else nn.Identity()
         self.grad_checkpointing = False
-        self.init_weights()
+        if not self.norm.weight.is_meta:  # a build for loading (`registry.build_unfilled`) has nothing to initialise
+            self.init_weights()
 
     # ----------------------------------------------------------------------------------- init
     @torch.no_grad()
@@ -358,6 +360,12 @@ class VisionTransformer(TimmSurface, nn.Module):
         for lin in (mlp.fc1, mlp.fc2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.normal_(lin.bias, std=1e-6)
+
+    def compute_unstored_buffers(self) -> None:
+        """(Re)compute what the model holds but never stores: the fixed sin-cos position table. Also what makes a
+        model built on the meta device (`registry.build_unfilled`) whole once its stored weights are put in."""
+        if self.config.posemb != "learn":
+            self.pos_embed = self._sincos(self.config.grid_size)
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
         pe = sincos_2d(grid, self.config.dim)

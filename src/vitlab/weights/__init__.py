@@ -36,9 +36,13 @@ def _first(items: list[str], n: int = 3) -> str:
     return ", ".join(items[:n]) + (f" ... ({len(items)} in all)" if len(items) > n else "")
 
 
-def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str = "checkpoint",
+                           assign: bool = False) -> None:
     """Load with one clear error naming the first missing/unexpected keys and shape mismatches, and
-    refusing integer tensors for float parameters and NaN/inf weights (such a model only prints nan)."""
+    refusing integer tensors for float parameters and NaN/inf weights (such a model only prints nan).
+
+    `assign`: for a model from `registry.build_unfilled` (on the meta device), whose tensors are replaced by
+    copies of the file's in the model's dtypes, instead of copied into."""
     import torch
 
     from vitlab.weights.limits import shape_problems
@@ -54,21 +58,34 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor]
             raise VitlabError(f"{source}: tensor {k!r} is {found.dtype}, not floating point like the model's parameter "
                               "(integer weights load as rounded values and give constant outputs); export the weights "
                               "as floats")
+    held_dict = {}
     for k, want in expected.items():
         found = state_dict[k]
-        if not want.is_floating_point():
-            continue
         # checked as the model will hold it: load_state_dict casts, and a float64 value beyond float32's range
-        # (1e300) would become inf there without a word
-        held = found if found.dtype == want.dtype else found.to(want.dtype)
-        if not bool(torch.isfinite(held).all()):
-            beyond = bool(torch.isfinite(found).all())
+        # (1e300) would become inf there without a word. With `assign` the model holds copies, so that no
+        # parameter shares memory with the reader's (a memory-mapped file, a transposed array a converter made) or
+        # with another parameter, and each is contiguous as a model's own would be.
+        if assign:
+            held = found.detach().to(dtype=want.dtype, memory_format=torch.contiguous_format, copy=True)
+        else:
+            held = found if found.dtype == want.dtype else found.to(want.dtype)
+        held_dict[k] = held
+        if want.is_floating_point() and not all_finite(held):
+            beyond = all_finite(found)
             raise VitlabError(f"{source}: tensor {k!r} holds "
                               + (f"values beyond the range of {str(want.dtype).replace('torch.', '')} (they would "
                                  "load as infinite)" if beyond else "NaN or infinite values")
                               + " (the first such tensor); the checkpoint is damaged or was saved after training "
                               "diverged: use an earlier checkpoint")
-    model.load_state_dict(state_dict, strict=True)
+    model.load_state_dict(held_dict if assign else state_dict, strict=True, assign=assign)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or infinity in `t`. A finite sum proves it (an infinity or NaN anywhere makes the sum one) and reads
+    the tensor once without writing a mask as large as it, as `isfinite(t).all()` does. A sum that overflows on finite values falls back to the exact test."""
+    import torch
+
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def detect_format(path: str | Path) -> str:
@@ -422,14 +439,14 @@ def load_with_meta(
 
     # every format's stored preprocessing (timm folders too) must fit the model before anything runs on it
     validate_preprocess(meta.get("preprocess"), config, str(meta["source"]))
-    from vitlab.models.registry import build_model
+    from vitlab.models.registry import build_unfilled
 
-    model = build_model(config)
+    model = build_unfilled(config)  # every stored tensor comes from the file: no random initialisation first
     dtype = file_dtype(sd)
     if keep_dtype and dtype == torch.float64:
         model = model.double()  # float32 parameters would round the file's values as they load
     sd = drop_fixed_position_table(model, sd, str(meta["source"]))
-    load_state_dict_strict(model, sd, str(meta["source"]))
+    load_state_dict_strict(model, sd, str(meta["source"]), assign=True)
     old_head = getattr(model, "head", None)
     model = adapt(model, num_classes, image_size, keep_representation)
     if keep_dtype:
