@@ -139,8 +139,19 @@ def test_form_files_in_order_and_json_base64(served):
     assert srv.request("POST", "/predict", body.encode(), {"Content-Type": "application/json"})[0] == 400
 
 
-def test_concurrent_requests_share_batches(served):
-    model, srv = served
+def test_concurrent_requests_share_batches(weights):
+    # a window of 2 s, not the fixture's 200 ms: in a loaded full suite on 2 cores each request's decoding can
+    # take longer than 200 ms, and all 12 then ran alone (seen once)
+    model = weights[0]
+    srv = Running(make_server(weights[1], port=0, engine="torch", log=False, quiet=True,
+                              options=ServeOptions(max_batch=8, max_wait_ms=2000, max_body_mb=0.01, max_images=4)))
+    try:
+        _share_batches(model, srv)
+    finally:
+        srv.close()
+
+
+def _share_batches(model, srv):
     images = [png(10 + i) for i in range(12)]
     results = [None] * len(images)
     start = threading.Barrier(len(images))
