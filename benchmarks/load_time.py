@@ -13,6 +13,9 @@ a new random order, and the table gives the median time of each row and its rati
 - `timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...))` on timm's safetensors file;
 - `transformers.ViTForImageClassification.from_pretrained(folder)` on its own folder.
 
+`--rewrite-check` shows what each library's loaded model does when its file is then rewritten in place;
+`--digests` times the digest of the weights that every engine start (predict, evaluate, serve) computes.
+
 Load time is a cold start's cost: `vitlab predict`, `vitlab serve` and every script that loads a model pay it
 before the first image. Run it on an idle machine; timings of a 2-core VM move by 10-30 % between runs.
 """
@@ -167,6 +170,41 @@ def print_table(times: dict[str, tuple[list[float], list[float]]]) -> None:
               f"{statistics.median(first):>12.3f} {ratios[1]:>9}")
 
 
+def old_fingerprint(model: torch.nn.Module) -> str:
+    """engine.choose.fingerprint as it was before 2026-11-29: blake2b over a copy of each tensor's bytes."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=12)
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def time_digests(rounds: int) -> None:
+    """The weights' digest an engine start computes (which artefact folder), old and new, on ViT-B/16."""
+    import hashlib
+
+    from vitlab.engine.choose import fingerprint
+    from vitlab.engine.digest import WORKERS
+
+    model = vitlab.create_model("vit-b/16", seed=0).eval()
+    flat = torch.cat([t.reshape(-1) for t in model.state_dict().values()]).numpy()
+    rows = {"blake2b, one thread, copies (fingerprint before)": lambda: old_fingerprint(model),
+            f"chunked SHA-256, {WORKERS} threads (fingerprint now)": lambda: fingerprint(model),
+            "blake2b of the bytes, one thread": lambda: hashlib.blake2b(flat).digest(),
+            "SHA-256 of the bytes, one thread": lambda: hashlib.sha256(flat).digest()}
+    times: dict[str, list[float]] = {label: [] for label in rows}
+    for _ in range(rounds):
+        for label in random.sample(list(rows), len(rows)):
+            start = time.perf_counter()
+            rows[label]()
+            times[label].append(time.perf_counter() - start)
+    print(f"\nViT-B/16's weights ({flat.nbytes / 2**20:.0f} MiB) hashed, median of {rounds}:")
+    for label, t in times.items():
+        print(f"  {label:<52} {statistics.median(t):.3f} s  {flat.nbytes / 2**20 / statistics.median(t):6.0f} MiB/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="vit-b/16", help="comma-separated: " + ", ".join(TIMM_NAMES))
@@ -174,6 +212,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rewrite-check", action="store_true",
                         help="also show what each library's loaded model does when its file is rewritten in place")
+    parser.add_argument("--digests", action="store_true",
+                        help="also time the weights' digest every engine start computes, old and new")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} interleaved loads; "
@@ -187,6 +227,8 @@ def main() -> None:
     if args.rewrite_check:
         with tempfile.TemporaryDirectory() as tmp:
             rewrite_check(Path(tmp))
+    if args.digests:
+        time_digests(args.rounds)
 
 
 if __name__ == "__main__":

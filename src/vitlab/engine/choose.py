@@ -46,13 +46,17 @@ STATIC_INT8_MARGIN = 1.05
 def fingerprint(model: nn.Module) -> str:
     """A hash of the graph version, the config and every weight: artefacts built for other weights or by an
     older vitlab are never reused."""
-    h = hashlib.blake2b(digest_size=12)
-    h.update(f"graphs v{GRAPH_VERSION}".encode())
-    h.update(repr(getattr(model, "config", type(model).__name__)).encode())
-    for name, tensor in model.state_dict().items():
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+    from vitlab.engine.digest import chunked_sha256
+
+    def pieces():
+        yield f"graphs v{GRAPH_VERSION}".encode()
+        yield repr(getattr(model, "config", type(model).__name__)).encode()
+        for name, tensor in model.state_dict().items():
+            yield name.encode()
+            # the tensor's own bytes, without the copy `.tobytes()` made (any dtype: bfloat16 has no numpy type)
+            yield tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+    return chunked_sha256(pieces())[:24]
 
 
 def _writable(folder: Path) -> bool:

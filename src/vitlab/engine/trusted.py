@@ -17,11 +17,9 @@ from pathlib import Path
 
 
 def _digest(path: Path) -> str:
-    h = hashlib.blake2b(digest_size=20)
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from vitlab.engine.digest import file_sha256
+
+    return file_sha256(path)
 
 
 def _record(path: Path) -> Path:
