@@ -7,7 +7,8 @@
 Each model is saved once in each library's own format (random weights), then each round loads every row once, in
 a new random order, and the table gives the median time of each row and its ratio to the fastest peer:
 
-- `vitlab.load(folder)`: vitlab's folder (config.json + model.safetensors);
+- `vitlab.load(folder)`: vitlab's folder (config.json + model.safetensors); and the same model as the official
+  code's .npz (flax names and layouts, converted as it loads);
 - the same with the model built and randomly initialised first, then the weights copied in: how `vitlab.load`
   worked before it built on the meta device (`registry.build_unfilled`), kept as a row to show what that saves;
 - `timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...))` on timm's safetensors file;
@@ -48,10 +49,42 @@ def load_built_first(folder: Path) -> torch.nn.Module:
     return model.eval()
 
 
+def official_npz(model: torch.nn.Module, path: Path) -> Path:
+    """`model` (a plain class-token ViT) written as the official code's .npz (flax names and layouts)."""
+    import numpy as np
+
+    cfg, sd = model.config, {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    d, h = cfg.dim, cfg.heads
+    a = {"cls": sd["cls_token"], "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
+         "embedding/bias": sd["patch_embed.proj.bias"], "head/kernel": sd["head.weight"].T, "head/bias": sd["head.bias"],
+         "Transformer/posembed_input/pos_embedding": sd["pos_embed"],
+         "Transformer/encoder_norm/scale": sd["norm.weight"], "Transformer/encoder_norm/bias": sd["norm.bias"]}
+    for i in range(cfg.depth):
+        p, q = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
+        for ln, ours in (("LayerNorm_0", "norm1"), ("LayerNorm_2", "norm2")):
+            a[f"{p}{ln}/scale"], a[f"{p}{ln}/bias"] = sd[q + ours + ".weight"], sd[q + ours + ".bias"]
+        for j, fc in ((0, "fc1"), (1, "fc2")):
+            a[f"{p}MlpBlock_3/Dense_{j}/kernel"] = sd[f"{q}mlp.{fc}.weight"].T
+            a[f"{p}MlpBlock_3/Dense_{j}/bias"] = sd[f"{q}mlp.{fc}.bias"]
+        att = f"{p}MultiHeadDotProductAttention_1/"
+        weights, biases = np.split(sd[q + "attn.qkv.weight"], 3), np.split(sd[q + "attn.qkv.bias"], 3)
+        for n, w, b in zip(("query", "key", "value"), weights, biases):
+            a[f"{att}{n}/kernel"], a[f"{att}{n}/bias"] = w.T.reshape(d, h, d // h), b.reshape(h, d // h)
+        a[f"{att}out/kernel"] = sd[q + "attn.proj.weight"].T.reshape(h, d // h, d)
+        a[f"{att}out/bias"] = sd[q + "attn.proj.bias"]
+    np.savez(path, **a)
+    return path
+
+
 def vitlab_rows(name: str, tmp: Path) -> dict:
-    folder = vitlab.save(vitlab.create_model(name, seed=0), tmp / "vitlab")
+    model = vitlab.create_model(name, seed=0)
+    folder = vitlab.save(model, tmp / "vitlab")
+    npz = official_npz(model, tmp / "official.npz")
+    if not torch.equal(vitlab.load(npz).head.weight, model.head.weight):
+        raise SystemExit("the official .npz written here does not load back as the model")
     return {"vitlab.load": lambda: vitlab.load(folder),
-            "vitlab: build, initialise, copy in (before)": lambda: load_built_first(folder)}
+            "vitlab: build, initialise, copy in (before)": lambda: load_built_first(folder),
+            "vitlab.load(official .npz)": lambda: vitlab.load(npz)}
 
 
 def peer_rows(name: str, tmp: Path) -> dict:
