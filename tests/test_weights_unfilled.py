@@ -145,3 +145,23 @@ def test_all_finite():
     assert not all_finite(both)
     huge = torch.full((8,), 3e38)  # finite values whose sum overflows: the exact test decides
     assert all_finite(huge) and all_finite(torch.full((64,), 60000.0).half())
+
+
+def test_regularisation_rebuild_copies_the_given_model():
+    """`--drop-path` on a given or loaded model rebuilds it without initialising (train/setup.py): the same
+    weights, the new rate, and the caller's model untouched by training the rebuilt one."""
+    from types import SimpleNamespace
+
+    from vitlab.train.setup import with_regularisation
+
+    model = _small("custom", {})
+    before = torch.random.get_rng_state()
+    rebuilt = with_regularisation(model, SimpleNamespace(dropout=None, drop_path=0.1))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert rebuilt is not model and rebuilt.config.drop_path == 0.1
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), rebuilt.state_dict().values()))
+    kept = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in rebuilt.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(v, kept[k]) for k, v in model.state_dict().items())

@@ -81,10 +81,10 @@ def write_outputs(run: RunDir, cfg: TrainConfig, result: TrainResult, raw_model:
 
         model = raw_model
         if fsdp_state is not None:  # the sharded model -> a plain CPU copy with the gathered weights
-            from vitlab.models.registry import build_model
+            from vitlab.models.registry import build_unfilled
 
-            model = build_model(raw_model.config)
-            model.load_state_dict(fsdp_state)
+            model = build_unfilled(raw_model.config)  # every weight comes from the gathered state
+            model.load_state_dict(fsdp_state, assign=True)
             result.model = model
         save_native(model.cpu() if model is not raw_model else cpu_copy(model), run.path / "model",
                     class_names=class_names, preprocess=tcfg.preprocess())

@@ -215,7 +215,8 @@ def with_regularisation(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         return model
     if all(getattr(config, k) == v for k, v in wanted.items()):
         return model
-    from vitlab.models.registry import build_model
+    from vitlab.models.registry import build_unfilled
+    from vitlab.weights import load_state_dict_strict
     from vitlab.weights.native import check_savable, hand_put_head
 
     try:
@@ -226,8 +227,8 @@ def with_regularisation(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         raise VitlabError(f"{flags} rebuild the model from its config, which cannot hold a module put in by hand "
                           f"({head}); give {' and '.join(f'{k}=' for k in wanted)} when building the model instead: "
                           f"vitlab.create_model(..., {', '.join(f'{k}={v}' for k, v in wanted.items())})") from None
-    rebuilt = build_model(config.replace(**wanted))
-    rebuilt.load_state_dict(model.state_dict())
+    rebuilt = build_unfilled(config.replace(**wanted))  # its weights are the model's: no initialisation first
+    load_state_dict_strict(rebuilt, model.state_dict(), "the model", assign=True)  # copies: the given model stays
     return rebuilt.to(next(model.parameters()).device)
 
 
