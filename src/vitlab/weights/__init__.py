@@ -65,8 +65,10 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor]
         # (1e300) would become inf there without a word. With `assign` the model holds copies, so that no
         # parameter shares memory with the reader's (a memory-mapped file, a transposed array a converter made) or
         # with another parameter, and each is contiguous as a model's own would be.
-        if assign:
-            held = found.detach().to(dtype=want.dtype, memory_format=torch.contiguous_format, copy=True)
+        if assign:  # on torch's default device, where the model would have been built (set_default_device)
+            device = want.device if not want.is_meta else torch.get_default_device()
+            held = found.detach().to(device=device, dtype=want.dtype, memory_format=torch.contiguous_format,
+                                     copy=True)
         else:
             held = found if found.dtype == want.dtype else found.to(want.dtype)
         held_dict[k] = held
