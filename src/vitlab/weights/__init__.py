@@ -69,9 +69,9 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor]
             device = want.device if not want.is_meta else torch.get_default_device()
             held = found.detach().to(device=device, dtype=want.dtype, memory_format=torch.contiguous_format,
                                      copy=True)
+            held_dict[k] = held
         else:
             held = found if found.dtype == want.dtype else found.to(want.dtype)
-        held_dict[k] = held
         if want.is_floating_point() and not all_finite(held):
             beyond = all_finite(found)
             raise VitlabError(f"{source}: tensor {k!r} holds "
@@ -84,7 +84,8 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict[str, torch.Tensor]
 
 def all_finite(t: torch.Tensor) -> bool:
     """No NaN or infinity in `t`. A finite sum proves it (an infinity or NaN anywhere makes the sum one) and reads
-    the tensor once without writing a mask as large as it, as `isfinite(t).all()` does. A sum that overflows on finite values falls back to the exact test."""
+    the tensor once without writing a mask as large as it, as `isfinite(t).all()` does. A sum that overflows on
+    finite values falls back to the exact test."""
     import torch
 
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
