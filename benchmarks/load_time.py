@@ -72,7 +72,7 @@ def official_npz(model: torch.nn.Module, path: Path) -> Path:
             a[f"{att}{n}/kernel"], a[f"{att}{n}/bias"] = w.T.reshape(d, h, d // h), b.reshape(h, d // h)
         a[f"{att}out/kernel"] = sd[q + "attn.proj.weight"].T.reshape(h, d // h, d)
         a[f"{att}out/bias"] = sd[q + "attn.proj.bias"]
-    np.savez(path, **a)
+    np.savez(path, **{k: np.ascontiguousarray(v) for k, v in a.items()})  # row-major, as JAX's arrays are saved
     return path
 
 
