@@ -8,7 +8,7 @@ Each model is saved once in each library's own format (random weights), then eac
 a new random order, and the table gives the median time of each row and its ratio to the fastest peer:
 
 - `vitlab.load(folder)`: vitlab's folder (config.json + model.safetensors); and the same model as the official
-  code's .npz (flax names and layouts, converted as it loads);
+  code's .npz (flax names and layouts, converted as it loads), read as now and through numpy's reads (before);
 - the same with the model built and randomly initialised first, then the weights copied in: how `vitlab.load`
   worked before it built on the meta device (`registry.build_unfilled`), kept as a row to show what that saves;
 - `timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...))` on timm's safetensors file;
@@ -76,6 +76,17 @@ def official_npz(model: torch.nn.Module, path: Path) -> Path:
     return path
 
 
+def load_with_numpy_reads(path: Path) -> torch.nn.Module:
+    """vitlab.load of an .npz as it was before 2026-11-29: every member through numpy's reads of 256 KiB."""
+    from vitlab.weights.io import NpzArchive
+
+    kept, NpzArchive._read_stored = NpzArchive._read_stored, lambda *args: None
+    try:
+        return vitlab.load(path)
+    finally:
+        NpzArchive._read_stored = kept
+
+
 def vitlab_rows(name: str, tmp: Path) -> dict:
     model = vitlab.create_model(name, seed=0)
     folder = vitlab.save(model, tmp / "vitlab")
@@ -84,7 +95,8 @@ def vitlab_rows(name: str, tmp: Path) -> dict:
         raise SystemExit("the official .npz written here does not load back as the model")
     return {"vitlab.load": lambda: vitlab.load(folder),
             "vitlab: build, initialise, copy in (before)": lambda: load_built_first(folder),
-            "vitlab.load(official .npz)": lambda: vitlab.load(npz)}
+            "vitlab.load(official .npz)": lambda: vitlab.load(npz),
+            "vitlab.load(official .npz), numpy's reads (before)": lambda: load_with_numpy_reads(npz)}
 
 
 def peer_rows(name: str, tmp: Path) -> dict:
@@ -196,10 +208,10 @@ def print_table(times: dict[str, tuple[list[float], list[float]]]) -> None:
     """Median and range of each row's load, median of its load + first image, each over the fastest peer's."""
     peers = [t for label, t in times.items() if not label.startswith("vitlab")]
     best = [min(statistics.median(t[i]) for t in peers) if peers else None for i in (0, 1)]
-    print(f"  {'row':<46} {'load s':>7} {'range s':>13} {'peer/row':>9} {'+ 1 image s':>12} {'peer/row':>9}")
+    print(f"  {'row':<52} {'load s':>7} {'range s':>13} {'peer/row':>9} {'+ 1 image s':>12} {'peer/row':>9}")
     for label, (load, first) in times.items():
         ratios = [f"{b / statistics.median(t):.2f}x" if b else "-" for b, t in zip(best, (load, first))]
-        print(f"  {label:<46} {statistics.median(load):>7.3f} {min(load):>6.3f}-{max(load):<6.3f} {ratios[0]:>9} "
+        print(f"  {label:<52} {statistics.median(load):>7.3f} {min(load):>6.3f}-{max(load):<6.3f} {ratios[0]:>9} "
               f"{statistics.median(first):>12.3f} {ratios[1]:>9}")
 
 
