@@ -374,7 +374,9 @@ def _np(x: Any) -> np.ndarray:
 
 
 def _t(x: Any) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(_np(x))).float()
+    # a transposed kernel stays a strided view: the load puts a contiguous copy in the model anyway
+    # (load_state_dict_strict), and torch's transposing copy took a third of numpy's time on ViT-L's matrices
+    return torch.from_numpy(_np(x)).float()
 
 
 def _conv(x: Any) -> torch.Tensor:
