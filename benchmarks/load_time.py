@@ -8,7 +8,7 @@ Each model is saved once in each library's own format (random weights), then eac
 a new random order, and the table gives the median time of each row and its ratio to the fastest peer:
 
 - `vitlab.load(folder)`: vitlab's folder (config.json + model.safetensors); and the same model as the official
-  code's .npz (flax names and layouts, converted as it loads), read as now and through numpy's reads (before);
+  code's .npz (flax names and layouts, converted as it loads), read as now and as before (numpy's reads and transposes);
 - the same with the model built and randomly initialised first, then the weights copied in: how `vitlab.load`
   worked before it built on the meta device (`registry.build_unfilled`), kept as a row to show what that saves;
 - `timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...))` on timm's safetensors file;
@@ -76,15 +76,25 @@ def official_npz(model: torch.nn.Module, path: Path) -> Path:
     return path
 
 
-def load_with_numpy_reads(path: Path) -> torch.nn.Module:
-    """vitlab.load of an .npz as it was before 2026-11-29: every member through numpy's reads of 256 KiB."""
+def numpy_transposed(x) -> torch.Tensor:
+    """weights/official.py's `_t` before 2026-11-29: each transposed kernel made contiguous by numpy first."""
+    import numpy as np
+
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(x))).float()
+
+
+def load_npz_as_before(path: Path) -> torch.nn.Module:
+    """vitlab.load of an .npz as it was before 2026-11-29: every member through numpy's reads of 256 KiB, and
+    the transposed kernels made contiguous by numpy before the load's own copy."""
+    from vitlab.weights import official
     from vitlab.weights.io import NpzArchive
 
-    kept, NpzArchive._read_stored = NpzArchive._read_stored, lambda *args: None
+    kept = NpzArchive._read_stored, official._t
+    NpzArchive._read_stored, official._t = (lambda *args: None), numpy_transposed
     try:
         return vitlab.load(path)
     finally:
-        NpzArchive._read_stored = kept
+        NpzArchive._read_stored, official._t = kept
 
 
 def vitlab_rows(name: str, tmp: Path) -> dict:
@@ -96,7 +106,7 @@ def vitlab_rows(name: str, tmp: Path) -> dict:
     return {"vitlab.load": lambda: vitlab.load(folder),
             "vitlab: build, initialise, copy in (before)": lambda: load_built_first(folder),
             "vitlab.load(official .npz)": lambda: vitlab.load(npz),
-            "vitlab.load(official .npz), numpy's reads (before)": lambda: load_with_numpy_reads(npz)}
+            "vitlab.load(official .npz) as before": lambda: load_npz_as_before(npz)}
 
 
 def peer_rows(name: str, tmp: Path) -> dict:
