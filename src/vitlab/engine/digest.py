@@ -1,8 +1,8 @@
 """The digests an engine start needs: of the model's weights (which artefact folder) and of each kept artefact (was
 it written by this user's vitlab). Both read every byte of a model's weights, so they are on the way of every
-`predict`, `evaluate` and `serve` start. SHA-256 (hardware instructions on current x86 and ARM CPUs; 2.2x
+`predict`, `evaluate` and `serve` start. SHA-256 (hardware instructions on current x86 and ARM CPUs; 1.9x
 blake2b's speed on one thread of the Intel Xeon VM) over chunks hashed in threads (hashlib releases the GIL),
-then one SHA-256 of the chunks' digests: ViT-B/16's weights in 0.13 s instead of blake2b's 0.55 s
+then one SHA-256 of the chunks' digests: ViT-B/16's weights in 0.13 s instead of blake2b's 0.46 s
 (docs/results/load_time.txt). Chunk borders are fixed, so the digest does not depend on the number of threads.
 """
 

@@ -235,7 +235,7 @@ def build_model(config: ViTConfig) -> nn.Module:
 def build_unfilled(config: ViTConfig) -> nn.Module:
     """`build_model` for a loader that then puts in every parameter and stored buffer from a file
     (`load_state_dict(..., assign=True)`). Built on the meta device: no memory and no random initialisation, which
-    was most of a load's time (ViT-B/16: 1.03 s with it, 0.11 s without; docs/results/load_time.txt) and moved
+    was most of a load's time (ViT-B/16: 0.77 s with it, 0.09 s without; docs/results/load_time.txt) and moved
     torch's global random stream. The tables a model computes instead of storing (the fixed sin-cos position
     table) are computed for real. A model with any other state a file does not hold is built normally instead,
     so nothing is ever left unfilled."""
