@@ -29,6 +29,7 @@ SMALL = [
     ("custom", {"classifier": "gap"}),
     ("custom", {"classifier": "map"}),
     ("custom", {"representation_size": 16}),
+    ("custom", {"conv_stem": [8, 16]}),
     ("r+vit-ti/16", {"depth": 1, "image_size": 64}),
     ("resnet-18", {"image_size": 32}),
     ("bit-r26x1", {"image_size": 32}),
@@ -131,6 +132,17 @@ def test_a_model_with_unstored_state_is_built_normally(monkeypatch):
     model = build_unfilled(get_config("vit-ti/16"))
     assert not model.table.is_meta and torch.equal(model.table, torch.ones(3))
     assert not model.lin.weight.is_meta
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_built_normally(monkeypatch):
+    class ReadsAValue(_KeepsUnstoredState):
+        def __init__(self, config):
+            super().__init__(config)
+            self.scale = float(self.lin.weight.detach().abs().sum())  # reads data: impossible on the meta device
+
+    monkeypatch.setattr(registry, "build_model", ReadsAValue)
+    model = build_unfilled(get_config("vit-ti/16"))
+    assert not model.lin.weight.is_meta and model.scale > 0
 
 
 def test_all_finite():

@@ -239,8 +239,11 @@ def build_unfilled(config: ViTConfig) -> nn.Module:
     torch's global random stream. The tables a model computes instead of storing (the fixed sin-cos position
     table) are computed for real. A model with any other state a file does not hold is built normally instead,
     so nothing is ever left unfilled."""
-    with torch.device("meta"):
-        model = build_model(config)
+    try:
+        with torch.device("meta"):
+            model = build_model(config)
+    except Exception:  # a model whose construction reads values (not possible on meta): the full build, whose
+        return build_model(config)  # errors, if any, are the config's own
     compute = getattr(model, "compute_unstored_buffers", None)
     if compute is not None:
         compute()
