@@ -375,7 +375,8 @@ def _np(x: Any) -> np.ndarray:
 
 def _t(x: Any) -> torch.Tensor:
     # a transposed kernel stays a strided view: the load puts a contiguous copy in the model anyway
-    # (load_state_dict_strict), and torch's transposing copy took a third of numpy's time on ViT-L's matrices
+    # (load_state_dict_strict), and torch's transposing copy is multi-threaded where numpy's was not (the .npz
+    # rows of docs/results/load_time.txt)
     return torch.from_numpy(_np(x)).float()
 
 
