@@ -260,6 +260,42 @@ def time_digests(rounds: int) -> None:
         print(f"  {label:<52} {statistics.median(t):.3f} s  {flat.nbytes / 2**20 / statistics.median(t):6.0f} MiB/s")
 
 
+def old_bit_convert(a, key: str, want: tuple[int, ...]) -> torch.Tensor:
+    """weights/big_transfer.py's `_convert` before 2026-11-29: the kernels transposed by numpy first."""
+    import numpy as np
+
+    if len(want) == 4:
+        a = a.transpose(3, 2, 0, 1)
+    elif key == "head.weight" and a.ndim == 4:
+        a = a.reshape(a.shape[-2], a.shape[-1]).T
+    else:
+        a = a.reshape(want)
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def bit_rows(name: str, tmp: Path) -> dict:
+    """vitlab.load of a big_transfer .npz (BiT's published format), now and as before (numpy's reads and
+    transposes)."""
+    import numpy as np
+
+    from vitlab.weights import big_transfer
+    from vitlab.weights.io import NpzArchive
+
+    path = tmp / "bit.npz"
+    np.savez(path, **big_transfer.to_big_transfer_arrays(vitlab.create_model(name, seed=0)))
+
+    def as_before():
+        kept = NpzArchive._read_stored, big_transfer._convert
+        NpzArchive._read_stored, big_transfer._convert = (lambda *args: None), old_bit_convert
+        try:
+            return vitlab.load(path)
+        finally:
+            NpzArchive._read_stored, big_transfer._convert = kept
+
+    return {"vitlab.load(big_transfer .npz)": lambda: vitlab.load(path),
+            "vitlab.load(big_transfer .npz) as before": as_before}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="vit-b/16", help="comma-separated: " + ", ".join(TIMM_NAMES))
@@ -267,6 +303,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rewrite-check", action="store_true",
                         help="also show what each library's loaded model does when its file is rewritten in place")
+    parser.add_argument("--bit", default="", help="also a BiT ResNet's big_transfer .npz (e.g. bit-r50x3)")
     parser.add_argument("--digests", action="store_true",
                         help="also time the weights' digest every engine start computes, old and new")
     args = parser.parse_args()
@@ -278,6 +315,11 @@ def main() -> None:
             rows = vitlab_rows(name, Path(tmp)) | peer_rows(name, Path(tmp))
             times = time_rows(rows, args.rounds, torch.randn(1, 3, 224, 224))
         print(f"\n{name}")
+        print_table(times)
+    if args.bit:
+        with tempfile.TemporaryDirectory() as tmp:
+            times = time_rows(bit_rows(args.bit, Path(tmp)), args.rounds, torch.randn(1, 3, 224, 224))
+        print(f"\n{args.bit}")
         print_table(times)
     if args.rewrite_check:
         with tempfile.TemporaryDirectory() as tmp:

@@ -128,7 +128,9 @@ def _convert(a: np.ndarray, key: str, want: tuple[int, ...]) -> torch.Tensor:
         a = a.reshape(a.shape[-2], a.shape[-1]).T
     else:
         a = a.reshape(want)
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    # a transposed kernel stays a strided view: the load's own contiguous copy (torch's, multi-threaded) transposes
+    # it, instead of numpy first (the big_transfer rows of docs/results/load_time.txt)
+    return torch.from_numpy(a).float()
 
 
 def to_state_dict(arrays: Any, config: ViTConfig, source: str = "checkpoint") -> dict[str, torch.Tensor]:
