@@ -83,21 +83,25 @@ def numpy_transposed(x) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.asarray(x))).float()
 
 
-def load_npz_as_before(path: Path) -> torch.nn.Module:
-    """vitlab.load of an .npz as it was before 2026-11-29: every member through numpy's reads of 256 KiB, and
-    the transposed kernels made contiguous by numpy before the load's own copy."""
-    from vitlab.weights import official
+def load_as_before(path: Path, module, attribute: str, old) -> torch.nn.Module:
+    """vitlab.load of an .npz as it was before 2026-11-29: every member through numpy's reads of 256 KiB, and the
+    converter's per-array step `module.attribute` replaced by `old` (which transposed the kernels with numpy before
+    the load's own copy)."""
     from vitlab.weights.io import NpzArchive
 
-    kept = NpzArchive._read_stored, official._t
-    NpzArchive._read_stored, official._t = (lambda *args: None), numpy_transposed
+    kept = NpzArchive._read_stored, getattr(module, attribute)
+    NpzArchive._read_stored = lambda *args: None
+    setattr(module, attribute, old)
     try:
         return vitlab.load(path)
     finally:
-        NpzArchive._read_stored, official._t = kept
+        NpzArchive._read_stored = kept[0]
+        setattr(module, attribute, kept[1])
 
 
 def vitlab_rows(name: str, tmp: Path) -> dict:
+    from vitlab.weights import official
+
     model = vitlab.create_model(name, seed=0)
     folder = vitlab.save(model, tmp / "vitlab")
     npz = official_npz(model, tmp / "official.npz")
@@ -106,7 +110,7 @@ def vitlab_rows(name: str, tmp: Path) -> dict:
     return {"vitlab.load": lambda: vitlab.load(folder),
             "vitlab: build, initialise, copy in (before)": lambda: load_built_first(folder),
             "vitlab.load(official .npz)": lambda: vitlab.load(npz),
-            "vitlab.load(official .npz) as before": lambda: load_npz_as_before(npz)}
+            "vitlab.load(official .npz) as before": lambda: load_as_before(npz, official, "_t", numpy_transposed)}
 
 
 def peer_rows(name: str, tmp: Path) -> dict:
@@ -279,21 +283,12 @@ def bit_rows(name: str, tmp: Path) -> dict:
     import numpy as np
 
     from vitlab.weights import big_transfer
-    from vitlab.weights.io import NpzArchive
 
     path = tmp / "bit.npz"
     np.savez(path, **big_transfer.to_big_transfer_arrays(vitlab.create_model(name, seed=0)))
-
-    def as_before():
-        kept = NpzArchive._read_stored, big_transfer._convert
-        NpzArchive._read_stored, big_transfer._convert = (lambda *args: None), old_bit_convert
-        try:
-            return vitlab.load(path)
-        finally:
-            NpzArchive._read_stored, big_transfer._convert = kept
-
     return {"vitlab.load(big_transfer .npz)": lambda: vitlab.load(path),
-            "vitlab.load(big_transfer .npz) as before": as_before}
+            "vitlab.load(big_transfer .npz) as before":
+                lambda: load_as_before(path, big_transfer, "_convert", old_bit_convert)}
 
 
 def main() -> None:
