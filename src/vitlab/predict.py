@@ -383,6 +383,6 @@ def predict(
                                 quiet=not progress)
         return engine_for(flags, model, source=resolve_model(weights), preprocess=pre,
                           batch_size=min(batch_size, len(files)), device=device, command="predict",
-                          default_calibration=lambda: run_calibration(weights, pre))
+                          default_calibration=lambda: run_calibration(weights, pre), release=True)
 
     return predict_files(model, meta, files, top_k, batch_size, device, progress, engine_factory=make_engine)[0]

@@ -292,16 +292,37 @@ def tune_cpu_allocator() -> bool:
     keeps its own arena and is not affected. The cost: memory freed by the process stays with it (up to 1 GiB
     at the top of the heap) instead of going back to the OS. Process-wide; Linux/glibc only; every command that
     computes on the CPU calls it (`setup_runtime`, `vitlab.train`). VITLAB_NO_MALLOPT=1 turns it off."""
-    if os.environ.get("VITLAB_NO_MALLOPT") or not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None or os.environ.get("VITLAB_NO_MALLOPT"):
         return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30))
+
+
+def return_freed_memory() -> bool:
+    """Hand the free pages of glibc's heap back to the OS now (`malloc_trim(0)`), wherever they lie in it.
+
+    `tune_cpu_allocator` keeps what the process frees, which a loop that allocates the same activations again
+    wants, and which costs a server the memory it used once and never again: the engines `--engine auto` timed
+    and dropped, the reference run that checked the chosen engine, the torch weights of a model an ONNX Runtime or
+    OpenVINO engine runs instead (`engine.release.release_model`). Called once an engine is ready. True when
+    pages went back; Linux/glibc only (False elsewhere)."""
+    libc = _glibc()
+    return bool(libc is not None and libc.malloc_trim(0))
+
+
+def _glibc():
+    """The C library as a ctypes handle on Linux with glibc, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30))
+        libc.mallopt, libc.malloc_trim  # noqa: B018 - musl and others lack them: AttributeError here, not later
+        return libc
     except (OSError, AttributeError):
-        return False
+        return None
 
 
 # ------------------------------------------------------------------------------ CPU-only engines

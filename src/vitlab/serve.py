@@ -673,9 +673,11 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
     """Load `weights` (anything `vitlab.load` reads; a bare model name is refused), pick the engine as
     `vitlab predict` does (on the CPU: `engine`, `int8`; static int8 calibrates on `calibration`, a folder of
     images or any --data source), warm it up at `options.max_batch` images, and return the server, listening.
-    On the CPU it keeps freed memory in glibc's heap, as every vitlab command does (`runtime.tune_cpu_allocator`).
+    On the CPU it keeps freed memory in glibc's heap, as every vitlab command does (`runtime.tune_cpu_allocator`),
+    except what building the engine left, and an ONNX Runtime or OpenVINO engine's server frees the torch weights.
     Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
     from vitlab.engine import prepare_engine
+    from vitlab.engine.release import release_model
     from vitlab.runtime import device_for_engine, resolve_device, tune_cpu_allocator
     from vitlab.weights import load_with_meta, resolve_model
 
@@ -701,6 +703,7 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
         runner = prepare_engine(model, engine, int8=int8, calibration=batches, batch_size=options.max_batch,
                                 source=resolve_model(weights), command="serve", quiet=quiet)
         name, note = runner.name, runner.note.split("engine: ", 1)[-1]
+        release_model(model, runner)  # an ONNX Runtime or OpenVINO engine holds its own weights (engine/release.py)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         return runner(x.to(dev))

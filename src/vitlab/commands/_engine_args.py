@@ -33,9 +33,11 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
 
 
 def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_size: int, device, command: str,
-               default_calibration=None, defer_note: bool = False):
+               default_calibration=None, defer_note: bool = False, release: bool = False):
     """The engine for this command, or None where eager PyTorch runs as before (--engine torch, or a GPU).
-    With `defer_note` the command prints `engine.note` itself, once its inputs have been read."""
+    With `defer_note` the command prints `engine.note` itself, once its inputs have been read. With `release`
+    (a command that owns `model` and runs nothing but the engine) the torch weights are freed where the engine
+    holds its own (`engine.release.release_model`)."""
     from vitlab.runtime import device_for_engine
 
     int8 = getattr(args, "int8", None)
@@ -48,8 +50,13 @@ def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_siz
     from vitlab.engine import prepare_engine
 
     calibration = calibration_for(args, preprocess, default_calibration)
-    return prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
-                          source=source, command=command, quiet=quiet, progress=not getattr(args, "quiet", False))
+    engine = prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
+                            source=source, command=command, quiet=quiet, progress=not getattr(args, "quiet", False))
+    if release:
+        from vitlab.engine.release import release_model
+
+        release_model(model, engine)
+    return engine
 
 
 def calibration_for(args: argparse.Namespace, preprocess, default=None):

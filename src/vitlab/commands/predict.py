@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     def make_engine():
         engines.append(engine_for(args, model, source=resolved_source(args.weights),
                                   preprocess=preprocess_for(model, meta), batch_size=min(args.batch_size, len(files)),
-                                  device=runtime.device, command="predict", defer_note=True,
+                                  device=runtime.device, command="predict", defer_note=True, release=True,
                                   default_calibration=lambda: run_calibration(args.weights, preprocess_for(model, meta))))
         return engines[-1]
 

@@ -48,6 +48,7 @@ class TorchAttentionEngine(TorchEngine):
 
 class OrtAttentionEngine:
     name = "onnxruntime"
+    runs_model = False
 
     def __init__(self, path: Path, threads: int):
         from vitlab.engine.ort import make_session

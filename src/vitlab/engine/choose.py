@@ -28,7 +28,7 @@ import torch.nn as nn
 from vitlab.engine import ENGINES, INT8_MODES
 from vitlab.engine.locking import folder_lock
 from vitlab.errors import VitlabError
-from vitlab.runtime import timing_input
+from vitlab.runtime import return_freed_memory, timing_input
 
 EXACT_TOL = 1e-3  # logits; fp32 ORT with fusions differs by ~1e-6, anything near 1e-3 is a different model
 MIN_AGREEMENT = 0.99
@@ -450,8 +450,11 @@ def prepare_engine(
         chosen = _choose_exact(builder, folder, f"batch {batch_size}|{size[0]}x{size[1]}", batch_size, notes)
     if sub_batches and (engine == "auto" or int8 is not None):
         # fp32 auto times eager PyTorch beside the pick's sub-batches, so what runs is never measured slower
-        reference = builder.torch() if int8 is None and chosen.name != "torch" else None
-        chosen = _in_best_sub_batches(chosen, builder, batch_size, notes, say, reference)
+        chosen = _in_best_sub_batches(chosen, builder, batch_size, notes, say,
+                                      builder.torch() if int8 is None and chosen.name != "torch" else None)
+    # the candidates timed and dropped and the eager reference runs are garbage now: their memory goes back to
+    # the OS instead of staying in the heap that tune_cpu_allocator keeps (runtime.return_freed_memory)
+    return_freed_memory()
     return announce(chosen, command, notes, quiet)
 
 

@@ -198,6 +198,8 @@ class OvEngine:
     numbers (the exact engine), "bf16" runs the layers that int8 leaves in floating point in bf16, None leaves
     OpenVINO's own default for this CPU (bf16 where the CPU has it: what a user of OpenVINO gets unasked)."""
 
+    runs_model = False  # the compiled model holds its own copy of the weights (engine.release)
+
     def __init__(self, path: str | Path, threads: int, name: str = "openvino", exact: bool = True,
                  precision: str | None = "f32"):
         self.path, self.name, self.exact = Path(path), name, exact

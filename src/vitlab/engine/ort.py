@@ -65,6 +65,7 @@ class OrtEngine:
     opened with the engine where one image is such a call (a server's first request would otherwise wait for it)."""
 
     exact = True
+    runs_model = False  # the session holds its own copy of the weights (engine.release)
 
     def __init__(self, path: str | Path, threads: int, name: str = "onnxruntime", exact: bool = True,
                  flops_per_image: float | None = None):

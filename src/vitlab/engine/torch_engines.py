@@ -55,6 +55,7 @@ class TorchEngine:
 
     name = "torch"
     exact = True
+    runs_model = True  # computes with the model's own tensors (engine.release)
 
     def __init__(self, model: nn.Module):
         self.model = model.eval()
@@ -110,6 +111,7 @@ class CompiledEngine:
 
     name = "compiled"
     exact = True
+    runs_model = True
 
     def __init__(self, model: nn.Module, cache_dir: str | Path | None = None):
         self.cache_dir = None if cache_dir is None else Path(cache_dir) / "inductor"
