@@ -1,11 +1,11 @@
 """Memory a command hands back once its engine is ready.
 
 An ONNX Runtime or OpenVINO engine holds its own copy of the weights, so the torch model it was built from is
-dead weight for a server or a long `vitlab predict`: at ViT-B/16 that is the weights once more (346 MB), and
-with the freed memory that glibc keeps for vitlab (`runtime.tune_cpu_allocator`: the engines `auto` timed, the
-check against eager PyTorch) a `vitlab serve --engine onnxruntime` held 1.8 GB where 0.7 GB does
-(`python benchmarks/serve_memory.py`, docs/benchmarks.md "Serving memory"). Commands that own their model call
-`release_model` when the engine is ready; `prepare_engine` returns the freed memory either way.
+dead weight for a server or a long `vitlab predict`: at ViT-B/16 the weights once more (346 MB). With the memory
+freed while the engine was built and checked, which glibc kept for vitlab (`runtime.tune_cpu_allocator`), a
+`vitlab serve --engine onnxruntime` held 2071 MB resident; 1315 MB now (`python benchmarks/serve_memory.py`,
+docs/benchmarks.md "Serving memory"). Commands that own their model call `release_model` when the engine is
+ready; `prepare_engine` returns the freed memory either way.
 """
 
 from __future__ import annotations
