@@ -34,6 +34,14 @@ def images(n: int = 3) -> torch.Tensor:
     return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
+def _recording(monkeypatch) -> list[bool]:
+    from vitlab.engine import release
+
+    released, real = [], release.release_model
+    monkeypatch.setattr(release, "release_model", lambda m, e: released.append(real(m, e)) or released[-1])
+    return released
+
+
 def test_which_engines_run_the_model():
     model = tiny()
     assert runs_model(TorchEngine(model)) and runs_model(SubBatched(TorchEngine(model), 2))
@@ -75,7 +83,6 @@ def test_predict_with_onnxruntime_releases_its_own_model(tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime")
     from PIL import Image
 
-    from vitlab.engine import release
     from vitlab.predict import predict
 
     model = tiny()
@@ -85,9 +92,7 @@ def test_predict_with_onnxruntime_releases_its_own_model(tmp_path, monkeypatch):
         pixels = torch.randint(0, 256, (40, 48, 3), generator=torch.Generator().manual_seed(i), dtype=torch.uint8)
         Image.fromarray(pixels.numpy()).save(tmp_path / f"{i}.png")
         files.append(tmp_path / f"{i}.png")
-    released = []
-    real = release.release_model
-    monkeypatch.setattr(release, "release_model", lambda m, e: released.append(real(m, e)) or released[-1])
+    released = _recording(monkeypatch)
     eager = predict(tmp_path / "model", files, engine="torch")
     onnx = predict(tmp_path / "model", files, engine="onnxruntime")
     assert released == [True]
@@ -116,3 +121,24 @@ def test_return_freed_memory_gives_the_heap_back():
                                                 text=True).stdout.split())
     assert kept > held - 32  # the tuned allocator kept it
     assert after < kept - 200  # and now it went back
+
+
+def test_evaluate_releases_only_where_the_engine_computes_the_logits(tmp_path, monkeypatch, capsys):
+    """`vitlab evaluate` frees its model for an engine's head pass; a fresh head needs the torch model and keeps it."""
+    pytest.importorskip("onnxruntime")
+    import shutil
+    from pathlib import Path
+
+    from vitlab.cli import main
+
+    kept = Path(__file__).resolve().parents[1] / "docs" / "figures" / "fmnist_vit_model"
+    model = tmp_path / "model"
+    shutil.copytree(kept, model, ignore=shutil.ignore_patterns("engines"))
+    released = _recording(monkeypatch)
+    assert main(["evaluate", str(model), "--data", "bundled", "--engine", "onnxruntime", "--out",
+                 str(tmp_path / "e1"), "--quiet"]) == 0
+    assert released == [True]
+    assert main(["evaluate", str(model), "--data", "bundled", "--engine", "onnxruntime", "--head", "fresh",
+                 "--out", str(tmp_path / "e2"), "--quiet"]) == 0
+    assert released == [True]  # not called: the fresh head ran in torch
+    capsys.readouterr()

@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         zero_shot_map=args.zero_shot_map, head=args.head, frozen=frozen_options(args),
         batch_size=args.batch_size, device=runtime.device, seed=args.seed, progress=not quiet,
         name=Path(args.model).name if Path(args.model).exists() else args.model,
-        untrained=loaded.source == "registry", engine=engine,
+        untrained=loaded.source == "registry", engine=engine, release=True,
     )
     # an int8 evaluation's numbers are another model's: its own folder, next to the fp32 report it had replaced
     # (the exact engines give the eager model's logits, so they share the fp32 folder)

@@ -65,7 +65,9 @@ def run_model(
     # the same model afterwards failed ("Inference tensors cannot be saved for backward"; `vitlab compare` on an
     # H200, tests/test_cuda.py). On the CPU `.to` returns the same tensors, which hid it.
     dev = resolve_device(device)
-    model = model.to(dev).eval()
+    engine_only = engine is not None and want_logits and not want_features  # logits only: the chosen engine runs them
+    if not engine_only:  # (an engine's model may have been released: engine/release.py)
+        model = model.to(dev).eval()
     data = dataset
     if indices is not None:
         rows = [int(i) for i in indices]
@@ -79,7 +81,7 @@ def run_model(
         for images, y in progress_bar(loader, desc=desc, unit="batch", enabled=progress):
             x = _to_input(images, preprocess, dev) if isinstance(images, list) else preprocess.batch(images.to(dev))
             labels.append(torch.as_tensor(y).long())
-            if engine is not None and want_logits and not want_features:  # logits only: the chosen engine runs them
+            if engine_only:
                 logits.append(engine(x).float().cpu())
                 continue
             tokens = model.forward_features(x)

@@ -219,9 +219,14 @@ def evaluate_model(
     name: str = "model",
     untrained: bool = False,
     engine=None,
+    release: bool = False,
 ) -> EvalResult:
     """Evaluate `model` on `data.<split>`: its head (trained, mapped or fresh) and, on request,
-    few-shot ridge / kNN / linear probe on frozen pre-logits features of `data.train`."""
+    few-shot ridge / kNN / linear probe on frozen pre-logits features of `data.train`.
+
+    `release` (a caller that owns `model` and runs nothing else with it, as `vitlab evaluate`): where `engine`
+    computes the logits and holds its own weights (ONNX Runtime, OpenVINO), the torch weights are freed before the
+    pass (`engine.release.release_model`)."""
     frozen = frozen or FrozenOptions()
     class_names = list(data.class_names)
     k = len(class_names)
@@ -242,6 +247,10 @@ def evaluate_model(
     head_model = zs.with_fresh_head(model, k, seed=seed) if mode == "fresh" else model
     # an engine runs the model's own head; a fresh head or frozen-feature analyses need the torch model
     use_engine = engine if mode != "fresh" and not frozen.any else None
+    if release and use_engine is not None:
+        from vitlab.engine.release import release_model
+
+        release_model(model, use_engine)
     out = run_model(head_model, test, preprocess, batch_size=batch_size, device=device,
                     want_features=frozen.any, progress=progress, desc=f"{name}: {split}", engine=use_engine)
     _require_finite(out.logits, "logits")
