@@ -33,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from predict_start import make_files  # the same random-weight model folder and 384x288 JPEG
+
 FIELDS = ("VmRSS", "RssAnon", "RssFile", "VmHWM")
 TIMM_NAMES = {"vit-ti/16": "vit_tiny_patch16_224", "vit-s/16": "vit_small_patch16_224",
               "vit-b/16": "vit_base_patch16_224", "vit-l/16": "vit_large_patch16_224"}
@@ -120,21 +122,6 @@ def serve_row(folder: Path, image: Path, engine: str, max_batch: int, env: dict)
 def peer_row(script: str, *args: str) -> dict[str, int]:
     done = subprocess.run([sys.executable, "-c", script, *map(str, args)], check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def make_files(work: Path, model: str) -> tuple[Path, Path]:
-    import numpy as np
-    from PIL import Image
-
-    import vitlab
-
-    folder, image = work / model.replace("/", ""), work / "image.jpg"
-    if not folder.exists():
-        vitlab.save(vitlab.create_model(model, seed=0), folder)
-    if not image.exists():
-        pixels = np.random.default_rng(0).integers(0, 256, (288, 384, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(image, quality=90)
-    return folder, image
 
 
 def peer_files(work: Path, model: str) -> tuple[Path, Path]:
