@@ -429,11 +429,12 @@ def prepare_engine(
     if int8 is None and engine != "auto":
         try:
             chosen = getattr(builder, engine)()
-            if engine != "torch":
+            if engine != "torch" and not _checked_before(builder, engine):
                 # torch.compile's engine keeps the batch of its first call (one static shape): checked at the
                 # command's batch, else every batch ran in calls of the check's 2 images
-                check_exact(chosen, builder.torch(), cfg.in_chans, size,
-                            batch=batch_size if engine == "compiled" else 2)
+                difference = check_exact(chosen, builder.torch(), cfg.in_chans, size,
+                                         batch=batch_size if engine == "compiled" else 2)
+                _remember_checked(builder, engine, difference)
         except VitlabError:
             raise
         except Exception as exc:  # an exporter or compiler that cannot take this model: one line, not a traceback
@@ -498,6 +499,52 @@ def check_exact(candidate, reference, in_chans: int, size: tuple[int, int], max_
         raise VitlabError(f"engine {candidate.name} does not reproduce the model (outputs differ by {diff:.2g}); "
                           "use --engine torch and report this model")
     return diff
+
+
+def _checked_files(builder: _Builder, engine: str) -> list[Path] | None:
+    """The files an engine runs from (None for one that has none: torch.compile's kernels are made in the
+    process, and its check is also its compile at the command's batch)."""
+    if engine == "onnxruntime":
+        return builder.fp32_files()
+    if engine == "openvino":
+        from vitlab.engine.openvino import FP32_IR, ir_files
+
+        return ir_files(builder.folder / FP32_IR)
+    return None
+
+
+def _check_key(builder: _Builder, engine: str) -> str:
+    size = builder.image_size
+    return f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|{engine} checked against eager torch"
+
+
+def _checked_before(builder: _Builder, engine: str) -> bool:
+    """Whether `engine` was checked against eager PyTorch (`check_exact`) on this machine, with these library
+    versions and threads, on the very files it runs now. Then the check is not run again: it was most of an
+    explicit `--engine onnxruntime` start's own time (0.69 of 1.63 s in `prepare_engine` at ViT-B/16, eager
+    PyTorch and the engine on 2 images), and the same files on the same runtime compute the same logits. `auto`
+    reuses its pick without a check on the same grounds. VITLAB_RETIME=1 checks (and times) again."""
+    files = _checked_files(builder, engine)
+    if files is None:
+        return False
+    from vitlab.engine.trusted import recorded_digests
+
+    entry = _Choices(builder.folder).get(_check_key(builder, engine))
+    digests = recorded_digests(files)
+    return entry is not None and digests is not None and entry.get("digests") == digests
+
+
+def _remember_checked(builder: _Builder, engine: str, difference: float) -> None:
+    files = _checked_files(builder, engine)
+    if files is None:
+        return
+    from vitlab.engine.trusted import recorded_digests
+
+    digests = recorded_digests(files)
+    if digests is not None:
+        _Choices(builder.folder).put(_check_key(builder, engine), {
+            "picked": engine, "images_per_s": {}, "max_difference": difference, "digests": digests,
+            "when": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes: list[str]):
