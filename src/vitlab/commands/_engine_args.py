@@ -55,6 +55,7 @@ def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_siz
     if release:
         from vitlab.engine.release import release_model
 
+        calibration = None  # freed before the memory goes back to the OS
         release_model(model, engine)
     return engine
 
