@@ -311,6 +311,7 @@ def return_freed_memory() -> bool:
     return bool(libc is not None and libc.malloc_trim(0))
 
 
+@functools.cache
 def _glibc():
     """The C library as a ctypes handle on Linux with glibc, else None."""
     if not sys.platform.startswith("linux"):
