@@ -140,11 +140,25 @@ def test_form_files_in_order_and_json_base64(served):
 
 
 def test_concurrent_requests_share_batches(weights):
-    # a window of 2 s, not the fixture's 200 ms: in a loaded full suite on 2 cores each request's decoding can
-    # take longer than 200 ms, and all 12 then ran alone (seen once)
+    """Requests queued while a batch runs share the next one. The first batch is held until all 12 requests are
+    queued: in a loaded full suite on 2 cores each request could reach the server after the one before had run
+    (all 12 ran alone, seen twice, once with a 2 s window); waiting for requests still being decoded is
+    test_batcher_waits_only_for_images_on_their_way's."""
     model = weights[0]
     srv = Running(make_server(weights[1], port=0, engine="torch", log=False, quiet=True,
-                              options=ServeOptions(max_batch=8, max_wait_ms=2000, max_body_mb=0.01, max_images=4)))
+                              options=ServeOptions(max_batch=8, max_wait_ms=200, max_body_mb=0.01, max_images=4)))
+    batcher = srv.server.batcher
+    run, held = batcher._run, []
+
+    def first_batch_waits(x):
+        if not held:
+            held.append(True)
+            deadline = time.monotonic() + 60
+            while batcher._waiting < 12 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return run(x)
+
+    batcher._run = first_batch_waits
     try:
         _share_batches(model, srv)
     finally:

@@ -520,10 +520,11 @@ def _check_key(builder: _Builder, engine: str) -> str:
 
 def _checked_before(builder: _Builder, engine: str) -> bool:
     """Whether `engine` was checked against eager PyTorch (`check_exact`) on this machine, with these library
-    versions and threads, on the very files it runs now. Then the check is not run again: it was most of an
-    explicit `--engine onnxruntime` start's own time (0.69 of 1.63 s in `prepare_engine` at ViT-B/16, eager
-    PyTorch and the engine on 2 images), and the same files on the same runtime compute the same logits. `auto`
-    reuses its pick without a check on the same grounds. VITLAB_RETIME=1 checks (and times) again."""
+    versions and threads, on the very files it runs now. Then the check is not run again: it was the largest part
+    of an explicit `--engine onnxruntime` start's `prepare_engine` (0.72 of 1.72 s at ViT-B/16 under cProfile, eager
+    PyTorch and the engine on 2 images; docs/results/predict_start_profile.txt), and the same files on the same
+    runtime compute the same logits. `auto` reuses its pick without a check on the same grounds. VITLAB_RETIME=1
+    checks (and times) again."""
     files = _checked_files(builder, engine)
     if files is None:
         return False
