@@ -92,10 +92,12 @@ def proc_status(pid: int) -> dict[str, int]:
 
 
 def serve_row(folder: Path, image: Path, engine: str, max_batch: int, env: dict) -> dict[str, int]:
-    """Start `vitlab serve`, wait until it answers, send one image, read its memory, stop it."""
+    """Start `vitlab serve`, wait until it answers, send one image, read its memory, stop it. `engine`: an
+    `--engine` name, or NAME+int8 for `--engine NAME --int8 dynamic` (no calibration images needed)."""
     port = free_port()
-    command = [sys.executable, "-m", "vitlab", "serve", str(folder), "--port", str(port), "--engine", engine,
-               "--max-batch", str(max_batch), "--quiet"]
+    name, _, int8 = engine.partition("+")
+    command = [sys.executable, "-m", "vitlab", "serve", str(folder), "--port", str(port), "--engine", name,
+               "--max-batch", str(max_batch), "--quiet"] + (["--int8", "dynamic"] if int8 else [])
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -150,7 +152,8 @@ def peer_files(work: Path, model: str) -> tuple[Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vit-b/16", choices=sorted(TIMM_NAMES))
-    parser.add_argument("--engines", default="torch,onnxruntime,openvino,auto")
+    parser.add_argument("--engines", default="torch,onnxruntime,openvino,auto",
+                        help="comma-separated --engine names; NAME+int8 adds --int8 dynamic (e.g. onnxruntime+int8)")
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--src", type=Path, help="also run vitlab serve from this source tree (e.g. an older checkout)")
     parser.add_argument("--no-peers", action="store_true", help="vitlab's rows only")
@@ -166,7 +169,8 @@ def main() -> None:
     for label, version_env in versions:
         for engine in args.engines.split(","):
             serve_row(folder, image, engine, args.max_batch, version_env)  # builds (and for auto times) once
-            rows.append((f"vitlab serve --engine {engine} ({label})", serve_row(folder, image, engine,
+            flags = engine.replace("+int8", " --int8 dynamic")
+            rows.append((f"vitlab serve --engine {flags} ({label})", serve_row(folder, image, engine,
                                                                                 args.max_batch, version_env)))
     if not args.no_peers:
         hf_folder, onnx_path = peer_files(args.work, args.model)
