@@ -23,7 +23,8 @@ import vitlab
 from vitlab.errors import VitlabError
 
 # The order sub-commands are listed in `vitlab --help`; modules not named here follow.
-_ORDER = ["demo", "models", "data", "train", "finetune", "evaluate", "compare", "predict", "serve", "inspect", "convert", "export"]
+_ORDER = ["demo", "models", "data", "train", "finetune", "evaluate", "compare", "predict", "serve", "inspect", "convert", "export",
+          "engines"]
 
 # Unexpected messages longer than this are cut at a sentence end (the full text: VITLAB_DEBUG=1).
 _MAX_MESSAGE = 300

@@ -66,6 +66,12 @@ def recorded_digests(files: list[Path]) -> list[str] | None:
         return None
 
 
+def forget(files: list[Path]) -> None:
+    """Drop the records of `files` (their folder is being removed: `vitlab engines --clean`)."""
+    for path in files:
+        _record(path).unlink(missing_ok=True)
+
+
 def discard(files: list[Path]) -> bool:
     """Remove `files` (an artefact not to be run); whether any was there."""
     found = False
