@@ -4,8 +4,8 @@ each takes, which belong to the weights as they load now, and removing the other
 A folder is named by the fingerprint of the weights and config it was built for (`choose.fingerprint`), with
 `-HxW` for another image size. New weights (a run trained further, a file replaced) get a new folder, and the old
 one stays: at ViT-B/16 an fp32 ONNX graph and an OpenVINO model are about 660 MB together
-(docs/results/engines_listing.txt). Nothing is removed
-without being asked; only folders named as vitlab names them, and never through a link.
+(docs/results/engines_listing.txt). Nothing is removed without being asked; only folders named as vitlab names
+them, and never through a link.
 """
 
 from __future__ import annotations
