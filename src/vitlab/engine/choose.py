@@ -429,12 +429,13 @@ def prepare_engine(
     if int8 is None and engine != "auto":
         try:
             chosen = getattr(builder, engine)()
-            if engine != "torch" and not _checked_before(builder, engine):
+            record = _check_record(builder, engine)
+            if engine != "torch" and not _checked_before(builder, record):
                 # torch.compile's engine keeps the batch of its first call (one static shape): checked at the
                 # command's batch, else every batch ran in calls of the check's 2 images
                 difference = check_exact(chosen, builder.torch(), cfg.in_chans, size,
                                          batch=batch_size if engine == "compiled" else 2)
-                _remember_checked(builder, engine, difference)
+                _remember_checked(builder, record, engine, difference)
         except VitlabError:
             raise
         except Exception as exc:  # an exporter or compiler that cannot take this model: one line, not a traceback
@@ -513,39 +514,40 @@ def _checked_files(builder: _Builder, engine: str) -> list[Path] | None:
     return None
 
 
-def _check_key(builder: _Builder, engine: str) -> str:
+def _check_record(builder: _Builder, engine: str) -> tuple[str, list[str]] | None:
+    """(choices.json key, digests of the files it runs) under which a check of `engine` against eager PyTorch is
+    recorded; None where it is checked on every start (no files, or files without a trust record). The key holds
+    what the logits can depend on besides the files: CPU, threads, library versions, image size."""
+    from vitlab.engine.trusted import recorded_digests
+
+    files = _checked_files(builder, engine)
+    digests = recorded_digests(files) if files is not None else None
+    if digests is None:
+        return None
     size = builder.image_size
-    return f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|{engine} checked against eager torch"
+    return f"{machine_key(builder.threads)}|{size[0]}x{size[1]}|{engine} checked against eager torch", digests
 
 
-def _checked_before(builder: _Builder, engine: str) -> bool:
-    """Whether `engine` was checked against eager PyTorch (`check_exact`) on this machine, with these library
-    versions and threads, on the very files it runs now. Then the check is not run again: it was the largest part
-    of an explicit `--engine onnxruntime` start's `prepare_engine` (0.72 of 1.72 s at ViT-B/16 under cProfile, eager
-    PyTorch and the engine on 2 images; docs/results/predict_start_profile.txt), and the same files on the same
-    runtime compute the same logits. `auto` reuses its pick without a check on the same grounds. VITLAB_RETIME=1
-    checks (and times) again."""
-    files = _checked_files(builder, engine)
-    if files is None:
+def _checked_before(builder: _Builder, record: tuple[str, list[str]] | None) -> bool:
+    """Whether the engine was checked against eager PyTorch (`check_exact`) on this machine, with these library
+    versions and threads, on the very files it runs now (`record`). Then the check is not run again: it was the
+    largest part of an explicit `--engine onnxruntime` start's `prepare_engine` (0.72 of 1.72 s at ViT-B/16 under
+    cProfile, eager PyTorch and the engine on 2 images; docs/results/predict_start_profile.txt), and the same files
+    on the same runtime compute the same logits. `auto` reuses its pick without a check on the same grounds.
+    VITLAB_RETIME=1 checks (and times) again."""
+    if record is None:
         return False
-    from vitlab.engine.trusted import recorded_digests
-
-    entry = _Choices(builder.folder).get(_check_key(builder, engine))
-    digests = recorded_digests(files)
-    return entry is not None and digests is not None and entry.get("digests") == digests
+    key, digests = record
+    entry = _Choices(builder.folder).get(key)
+    return entry is not None and entry.get("digests") == digests
 
 
-def _remember_checked(builder: _Builder, engine: str, difference: float) -> None:
-    files = _checked_files(builder, engine)
-    if files is None:
-        return
-    from vitlab.engine.trusted import recorded_digests
-
-    digests = recorded_digests(files)
-    if digests is not None:
-        _Choices(builder.folder).put(_check_key(builder, engine), {
-            "picked": engine, "images_per_s": {}, "max_difference": difference, "digests": digests,
-            "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+def _remember_checked(builder: _Builder, record: tuple[str, list[str]] | None, engine: str,
+                      difference: float) -> None:
+    if record is not None:
+        key, digests = record
+        _Choices(builder.folder).put(key, {"picked": engine, "images_per_s": {}, "max_difference": difference,
+                                           "digests": digests, "when": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 def _choose_exact(builder: _Builder, folder: Path, shape: str, batch: int, notes: list[str]):
