@@ -7,7 +7,9 @@
 Every row is a fresh process that gets ready to serve the same model (random weights): it warms up at the
 server's batch (`--max-batch`, vitlab serve's default 32) and answers one image. Then its /proc/PID/status is
 read: VmRSS (resident now), RssAnon (of it, memory the process allocated itself), RssFile (mapped files: shared
-libraries, memory-mapped weights; the OS can drop these pages and read them again) and VmHWM (the peak).
+libraries, memory-mapped weights; the OS can drop these pages and read them again) and VmHWM (the peak). It is
+read again after the process has answered a full batch (one request of `--max-batch` images), as a busy server
+does: what an idle process gave back comes back there.
 
 - `vitlab serve MODEL --engine E` for each engine, over HTTP as a user runs it (the engine's files are built by
   an untimed first start, as a server's first start builds them once);
@@ -23,6 +25,7 @@ machine; the sizes move by a few MB between runs.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import socket
@@ -56,7 +59,9 @@ import sys, timm, torch
 model = timm.create_model(sys.argv[1]).eval()
 with torch.inference_mode():
     model(torch.zeros(int(sys.argv[2]), 3, 224, 224)); model(torch.zeros(1, 3, 224, 224))
-status()
+    status()
+    model(torch.zeros(int(sys.argv[2]), 3, 224, 224))
+    status()
 """
 HF_EAGER = STATUS + """
 import sys, torch
@@ -64,13 +69,17 @@ from transformers import ViTForImageClassification
 model = ViTForImageClassification.from_pretrained(sys.argv[1]).eval()
 with torch.inference_mode():
     model(torch.zeros(int(sys.argv[2]), 3, 224, 224)); model(torch.zeros(1, 3, 224, 224))
-status()
+    status()
+    model(torch.zeros(int(sys.argv[2]), 3, 224, 224))
+    status()
 """
 ORT_ONLY = STATUS + """
 import sys, numpy as np, onnxruntime as ort
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 session.run(None, {"images": np.zeros((int(sys.argv[2]), 3, 224, 224), np.float32)})
 session.run(None, {"images": np.zeros((1, 3, 224, 224), np.float32)})
+status()
+session.run(None, {"images": np.zeros((int(sys.argv[2]), 3, 224, 224), np.float32)})
 status()
 """
 
@@ -91,9 +100,10 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
-def serve_row(folder: Path, image: Path, engine: str, max_batch: int, env: dict) -> dict[str, int]:
-    """Start `vitlab serve`, wait until it answers, send one image, read its memory, stop it. `engine`: an
-    `--engine` name, or NAME+int8 for `--engine NAME --int8 dynamic` (no calibration images needed)."""
+def serve_row(folder: Path, image: Path, engine: str, max_batch: int, env: dict) -> list[dict[str, int]]:
+    """Start `vitlab serve`, wait until it answers, send one image, read its memory, send a request of `max_batch`
+    images (one batch), read it again, stop it. `engine`: an `--engine` name, or NAME+int8 for `--engine NAME
+    --int8 dynamic` (no calibration images needed)."""
     port = free_port()
     name, _, int8 = engine.partition("+")
     command = [sys.executable, "-m", "vitlab", "serve", str(folder), "--port", str(port), "--engine", name,
@@ -115,15 +125,22 @@ def serve_row(folder: Path, image: Path, engine: str, max_batch: int, env: dict)
         request = urllib.request.Request(url + "/predict", data=image.read_bytes(), method="POST")
         answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
         assert answer["results"][0]["top"], answer
-        return proc_status(server.pid)
+        ready = proc_status(server.pid)
+        batch = json.dumps({"images": [base64.b64encode(image.read_bytes()).decode()] * max_batch}).encode()
+        request = urllib.request.Request(url + "/predict", data=batch, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request, timeout=300).read())
+        assert len(answer["results"]) == max_batch, answer
+        return [ready, proc_status(server.pid)]
     finally:
         server.terminate()
         server.wait(timeout=60)
 
 
-def peer_row(script: str, *args: str) -> dict[str, int]:
+def peer_row(script: str, *args: str) -> list[dict[str, int]]:
+    """The peer's memory when ready (its two status lines: then, and after one more full batch)."""
     done = subprocess.run([sys.executable, "-c", script, *map(str, args)], check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in done.stdout.strip().splitlines()[-2:]]
 
 
 def peer_files(work: Path, model: str) -> tuple[Path, Path]:
@@ -177,12 +194,14 @@ def main() -> None:
         rows.append(("timm eager", peer_row(TIMM_EAGER, TIMM_NAMES[args.model], args.max_batch)))
         rows.append(("transformers eager", peer_row(HF_EAGER, hf_folder, args.max_batch)))
         rows.append(("ORT on timm's export (no torch imported)", peer_row(ORT_ONLY, onnx_path, args.max_batch)))
-    print(f"{args.model}, ready to serve after a batch of {args.max_batch} and one image, MB "
-          f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
-    print(f"| process | {' | '.join(FIELDS)} |")
-    print("|---|" + "---:|" * len(FIELDS))
-    for name, status in rows:
-        print(f"| {name} | " + " | ".join(str(status.get(k, "")) for k in FIELDS) + " |")
+    print(f"{args.model}, MB (python {sys.version.split()[0]}, {os.cpu_count()} CPUs): ready to serve (after a "
+          f"batch of {args.max_batch} and one image), then after one more batch of {args.max_batch}")
+    loaded = ("VmRSS", "RssAnon", "VmHWM")
+    print(f"| process | {' | '.join(FIELDS[:3])} | after a batch: {' | '.join(loaded)} |")
+    print("|---|" + "---:|" * 6)
+    for name, (ready, busy) in rows:
+        print(f"| {name} | " + " | ".join(str(ready.get(k, "")) for k in FIELDS[:3]) + " | "
+              + " | ".join(str(busy.get(k, "")) for k in loaded) + " |")
 
 
 if __name__ == "__main__":

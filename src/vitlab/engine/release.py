@@ -4,7 +4,9 @@ An ONNX Runtime or OpenVINO engine holds its own copy of the weights, so the tor
 dead weight for a server or a long `vitlab predict`: at ViT-B/16 the weights once more (346 MB). With the memory
 freed while the engine was built and checked, which glibc kept for vitlab (`runtime.tune_cpu_allocator`), a
 `vitlab serve --engine onnxruntime` held 2071 MB resident; 1315 MB now (`python benchmarks/serve_memory.py`,
-docs/benchmarks.md "Serving memory"). Commands that own their model call `release_model` when the engine is
+docs/benchmarks.md "Serving memory"). The eager torch engine runs the model, but reads its large weights from
+the copies it packed for oneDNN: there the model's own copies go after the engine's next call (1663 -> 1164 MB for
+a ViT-B/16 server after a full batch). Commands that own their model call `release_model` when the engine is
 ready; `prepare_engine` returns the freed memory either way.
 """
 
@@ -25,10 +27,15 @@ def release_model(model: nn.Module, engine) -> bool:
     """Free `model`'s weights if `engine` does not run it, and return the memory to the OS. The model keeps its
     structure and config (what a command still reads: sizes, class count), its tensors move to the meta device
     (shapes without memory), and calling it raises one line instead of computing. Only for a model the caller
-    owns: a model also used elsewhere must not be released. Returns whether it was released."""
+    owns: a model also used elsewhere must not be released. Returns whether it was released. An eager torch
+    engine with packed weights instead keeps only those after its next call (`TorchEngine.keep_packed_only`); the
+    model then runs through that engine alone, and this returns False."""
     from vitlab.runtime import return_freed_memory
 
     if runs_model(engine):
+        keep_packed_only = getattr(engine, "keep_packed_only", None)
+        if keep_packed_only is not None:  # eager PyTorch with packed weights: the plain copies go after its next call
+            keep_packed_only()
         return False
     name = getattr(engine, "name", type(engine).__name__)
     model.to_empty(device="meta")

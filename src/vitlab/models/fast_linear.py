@@ -93,6 +93,12 @@ def product_within(rows: int, weight: torch.Tensor, limit: int, few_row_limit: i
     return rows * weight.numel() <= (limit if rows >= SMALL_PRODUCT_MIN_ROWS else few_row_limit)
 
 
+def within_for_any_rows(weight: torch.Tensor, limit: int, few_row_limit: int) -> bool:
+    """Whether a product with this weight stays within the limits of `product_within` for some number of rows: the
+    fewest rows of each regime (1, SMALL_PRODUCT_MIN_ROWS) are its smallest products."""
+    return any(product_within(rows, weight, limit, few_row_limit) for rows in (1, SMALL_PRODUCT_MIN_ROWS))
+
+
 def product_rows(x: torch.Tensor) -> int:
     """The rows of `x` as the left operand of a product over its last dimension (all leading dimensions as one)."""
     return x.numel() // x.shape[-1]
@@ -167,6 +173,12 @@ class PackedWeights:
             self._packs[weight] = entry
         return entry[1]
 
+    def hand_over(self, weight: torch.Tensor, replacement: torch.Tensor) -> None:
+        """Give `weight`'s packed copy to `replacement` (its shape-only stand-in on the meta device, once the plain
+        copy is freed: DirectInference.keep_packed_only), which is then never packed anew."""
+        entry = self._packs[weight]
+        self._packs[replacement] = ((replacement.data_ptr(), replacement._version), entry[1])
+
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         token = _ACTIVE_PACKS.set(self)
@@ -237,11 +249,22 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 def watched(modules: Iterable[nn.Module]) -> bool:
     """Whether a hook (forward or backward; on one of `modules`, or registered for every module) would see these
     modules run: a route that computes their operators directly instead of calling them would hide it."""
-    if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-            or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
+    if global_hooks():
         return True
     return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
                for m in modules)
+
+
+def global_hooks() -> bool:
+    """Whether a hook is registered for every module (forward or backward)."""
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+                or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks)
+
+
+def watched_apart_from(module: nn.Module, pre_hook) -> bool:
+    """`watched((module,))` with one of its forward pre-hooks, `pre_hook`, not counted."""
+    return (global_hooks() or bool(module._forward_hooks or module._backward_hooks or module._backward_pre_hooks)
+            or any(hook is not pre_hook for hook in module._forward_pre_hooks.values()))
 
 
 def module_tree(*roots: nn.Module) -> list[nn.Module]:

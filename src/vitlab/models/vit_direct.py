@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vitlab.errors import VitlabError
 from vitlab.models import fast_linear, gelu
 from vitlab.models.attention_core import inference_attention
 from vitlab.models.fast_linear import PackedWeights
@@ -175,6 +176,7 @@ class DirectInference:
         self._model = weakref.ref(model) if held_by_model else (lambda: model)
         self.packs = packs
         self._built = _Built()  # replaced whole when the plan is built anew, so a concurrent call sees one or the other
+        self._guarded = False  # keep_packed_only freed the plain weights and put its guard on the model
 
     @property
     def model(self) -> VisionTransformer:
@@ -188,6 +190,8 @@ class DirectInference:
         class_token_only = model._class_token_only(False)
         plan = self._current(x, class_token_only)
         if not plan:  # blocks that are not the standard layers, or watched by hooks: their modules run them
+            if self._guarded:  # ... which would compute with the freed weights
+                _refuse_freed_weights(model, ())
             return model.forward_head(model.encode(x, False, class_token_only)[0])
         last = len(plan) - 1
         fused_gelu = gelu.FAST_CPU_GELU
@@ -201,9 +205,43 @@ class DirectInference:
         model = self.model
         return (DIRECT_INFERENCE and isinstance(model, VisionTransformer) and not torch.is_grad_enabled()
                 and not model.training and len(model.blocks) > 0 and _own_methods(model)
-                and not fast_linear.watched((model,))
+                and not (fast_linear.watched((model,)) and self._watched_by_others(model))
                 and fast_linear.ONEDNN_LINEAR and fast_linear.onednn_linear_available()
                 and fast_linear.cpu_fp32_eager(images))
+
+    def _watched_by_others(self, model: VisionTransformer) -> bool:
+        """Whether a hook watches the model, apart from the guard `keep_packed_only` put on it (which keeps every
+        caller but this plan from computing with the freed weights)."""
+        return not self._guarded or fast_linear.watched_apart_from(model, _refuse_freed_weights)
+
+    def keep_packed_only(self) -> int:
+        """Free the plain copy of every block weight whose products always run packed (`_may_run_plain`: no number
+        of rows makes one of them small enough for F.linear), for an engine that owns the model and runs it only
+        through this plan (TorchEngine.keep_packed_only): a second copy of the weights, 340 MB at ViT-B/16. Each
+        such layer gets a stand-in on the meta device (the shape, without memory) that takes over the packed
+        copy, so the plan stays valid; the model itself can no longer compute with those layers. Returns the
+        bytes freed: none before the plan is built (the packed copies are made by the first call) or without
+        packed weights."""
+        built, packs = self._built, self.packs
+        if packs is None or not built.plan:
+            return 0
+        stand_ins: dict[int, nn.Parameter] = {}  # id(plain weight) -> its stand-in
+        with torch.inference_mode(False):  # ordinary tensors (a caller's inference mode would make them count nothing)
+            plan = [p._replace(**_hand_over_weights(block, p, packs, stand_ins))
+                    for block, p in zip(self.model.blocks, built.plan)]
+        if not stand_ins:
+            return 0
+        freed = sum(w.numel() * w.element_size() for w in built.packed_from if id(w) in stand_ins)
+        built.packed_from = [stand_ins.get(id(w), w) for w in built.packed_from]
+        built.seal(plan)  # the per-call checks now watch the stand-ins
+        model = self.model
+        # the model's own `model(x)` route may hold a plan of its own that reads the old weights: dropped with them
+        model.__dict__.pop("_direct", None)
+        # A product with a meta weight on the CPU does not fail: F.linear returns garbage. So the model refuses
+        # every call but this plan's (the guard is a hook: the model's own direct route steps aside for it)
+        model.register_forward_pre_hook(_refuse_freed_weights)
+        self._guarded = True
+        return freed
 
     # ------------------------------------------------------------------------------------ the plan
     def _current(self, x: torch.Tensor, class_token_only: bool) -> list[_BlockPlan]:
@@ -257,6 +295,38 @@ class DirectInference:
             weight(attn.proj, later), attn.proj.bias, _norm(norm2), weight(mlp.fc1, later), mlp.fc1.bias,
             mlp.act.approximate, weight(mlp.fc2, later), mlp.fc2.bias,
         )
+
+
+def _refuse_freed_weights(model: nn.Module, _args) -> None:
+    raise VitlabError("this model's linear weights were freed once its torch engine held them packed for oneDNN "
+                      "(engine.release); only that engine can run it: load the model again to run it otherwise")
+
+
+def _may_run_plain(weight: torch.Tensor) -> bool:
+    """Whether some product with this weight (by row count) takes `_linear`'s or `_fc1_gelu`'s plain route."""
+    return (fast_linear.within_for_any_rows(weight, fast_linear.SMALL_PRODUCT_MACS,
+                                            fast_linear.SMALL_FEW_ROW_PRODUCT_MACS)
+            or fast_linear.within_for_any_rows(weight, gelu.SMALL_GELU_PRODUCT_MACS,
+                                               gelu.SMALL_FEW_ROW_GELU_PRODUCT_MACS))
+
+
+def _hand_over_weights(block: Block, p: _BlockPlan, packs: PackedWeights,
+                       stand_ins: dict[int, nn.Parameter]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """For `keep_packed_only`: replace each of the block's linear weights that always runs packed by a meta
+    stand-in holding its packed copy (recorded in `stand_ins`); returns the plan fields to change."""
+    fields = {}
+    layers = {"qkv_weight": block.attn.qkv, "proj_weight": block.attn.proj,
+              "fc1_weight": block.mlp.fc1, "fc2_weight": block.mlp.fc2}
+    for field, fc in layers.items():
+        packed, plain = getattr(p, field)
+        if packed is plain or plain is not fc.weight or plain.is_meta or _may_run_plain(plain):
+            continue
+        stand_in = nn.Parameter(torch.empty_like(plain, device="meta"), requires_grad=plain.requires_grad)
+        packs.hand_over(plain, stand_in)
+        fc.weight = stand_in
+        stand_ins[id(plain)] = stand_in
+        fields[field] = (packed, stand_in)
+    return fields
 
 
 def _linear(x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
