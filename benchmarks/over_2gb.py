@@ -3,7 +3,7 @@ kilobytes instead): by default a 617M-parameter ViT (width 4096, 3 blocks, MLP 1
 weights, about ViT-H/14's 2.5 GB at a twentieth of its arithmetic), or `--model vit-h/14` itself.
 
 Each graph is built by its own `vitlab export` command (`--engine onnxruntime`, `--int8 dynamic`, `--int8 static
---calibration` on 20 random images), so that each reports the peak memory of its process (ru_maxrss of the child:
+--calibration` on 20 random images), so that each reports its peak memory (the command and the processes under it, summed:
 the model's weights loaded, then the build); the exported files are then compared with eager PyTorch's logits on 4
 random images. Random weights and images: the int8 rows show that the graphs build and run, not their accuracy
 (docs/benchmarks.md, "int8 accuracy on real data"). Disk: about 4x the weights in the scratch folder.
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from build_memory import tree_rss  # the resident memory of a process and those under it
 
 
 def files(folder: Path) -> str:
@@ -60,10 +61,13 @@ def export(source: Path, out: Path, *flags: str) -> tuple[int, float, float, str
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "vitlab", "export", str(source), str(out), *flags, "--quiet"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = 0
+    while child.poll() is None:  # the command and the processes under it (the graph fusion's), summed
+        peak = max(peak, tree_rss(child.pid))
+        time.sleep(0.01)
     text = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
     last = text.strip().splitlines()[-1] if text.strip() else ""
-    return os.waitstatus_to_exitcode(status), time.perf_counter() - start, usage.ru_maxrss / 2**20, last
+    return child.returncode, time.perf_counter() - start, peak / 2**30, last
 
 
 def main() -> None:

@@ -77,11 +77,16 @@ def test_export_over_protobuf_limit_writes_graph_and_one_data_file(tmp_path, pro
     assert np.abs(session.run(["logits"], {"images": x.numpy()})[0] - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-def test_onnxruntime_engines_of_a_model_over_the_limit_keep_one_weights_file(tmp_path, protobuf_limit, monkeypatch):
+@pytest.mark.parametrize("separate", [False, True], ids=["fused-here", "fused-in-own-process"])
+def test_onnxruntime_engines_of_a_model_over_the_limit_keep_one_weights_file(tmp_path, protobuf_limit, monkeypatch,
+                                                                            separate):
     # before 2026-11-28 refused in one line (ViT-H had no ONNX Runtime engine, no int8); before that torch wrote the
-    # weights as per-weight files into MODEL/engines/ and the optimizer or the quantizer failed on saving them
+    # weights as per-weight files into MODEL/engines/ and the optimizer or the quantizer failed on saving them.
+    # A model as large as ViT-H is fused in a process of its own that reads the per-weight files lazily
+    from vitlab.engine import ort as ort_engine
     from vitlab.engine import prepare_engine
 
+    monkeypatch.setattr(ort_engine, "SEPARATE_FUSION_MIN_BYTES", 0 if separate else 1 << 60)
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
     model = _tiny()
     source = tmp_path / "model"
@@ -252,23 +257,23 @@ def test_portable_export_is_one_file_and_valid_at_every_opset(tmp_path):
 
 
 def test_a_build_short_of_memory_is_refused_in_one_line_and_auto_runs_torch(tmp_path, monkeypatch):
-    """ORT's optimizer holds several copies of the weights at its peak: ViT-H/14's build on a 24 GB machine was
+    """A build holds several copies of the weights at its peak: ViT-H/14's build on a 24 GB machine was once
     killed by the OS without a word. A build short of free memory is refused first; auto leaves ORT out."""
     from vitlab.engine import prepare_engine
-    from vitlab.engine.ort import BUILD_MEMORY_FACTOR, weight_bytes
+    from vitlab.engine.ort import build_memory_need
     from vitlab.errors import VitlabError
     from vitlab.models import fast_linear
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "user-cache"))
     model = _tiny()
-    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: BUILD_MEMORY_FACTOR * weight_bytes(model) - 1)
+    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: build_memory_need(model) - 1)
     source = tmp_path / "model"
     source.mkdir()
-    with pytest.raises(VitlabError, match=r"takes about 0 GiB of memory at its peak and 0 GiB are free: use --engine "
+    with pytest.raises(VitlabError, match=r"takes about 1 GiB of memory at its peak and 1 GiB are free: use --engine "
                                           r"torch") as caught:
         prepare_engine(model, "onnxruntime", source=source, quiet=True)
     assert "\n" not in str(caught.value) and not list(source.rglob("*.onnx*"))
     engine = prepare_engine(model, "auto", source=source, quiet=True, sub_batches=False)
     assert engine.name in ("torch", "openvino") and "onnxruntime left out: building ONNX Runtime's graph" in engine.note
-    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: BUILD_MEMORY_FACTOR * weight_bytes(model))
+    monkeypatch.setattr(fast_linear, "available_memory_bytes", lambda: build_memory_need(model))
     assert prepare_engine(model, "onnxruntime", source=source, quiet=True).name == "onnxruntime"

@@ -189,16 +189,40 @@ def _copy_built(built: Path, path: Path, metadata: dict | None, kind: str) -> tu
     there is neither metadata to add nor a weights file."""
     import shutil
 
-    if not metadata and not external_data_path(built).exists():
+    data = external_data_path(built)
+    if not data.exists():
         shutil.copyfile(built, path)
+        external_data_path(path).unlink(missing_ok=True)  # an earlier export's weights file, which this one is not
+        if metadata:
+            _append_metadata(path, {**metadata, "engine": kind})
         return path, kind
     import onnx
 
-    proto = onnx.load(str(built))
+    # the graph alone (its weights stay in their file, which is copied beside `path` under the name it gets there)
+    proto = onnx.load(str(built), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = external_data_path(path).name
     if metadata:
         _set_metadata(proto, {**metadata, "engine": kind})
-    save_graph(proto, path)
+    onnx.save(proto, str(path))
+    shutil.copyfile(data, external_data_path(path))
+    readable_as_graph(path)
     return path, kind
+
+
+def _append_metadata(path: Path, metadata: dict) -> None:
+    """Add vitlab's metadata to the ONNX file at `path` without reading it: a protobuf message written after
+    another in one file reads as the two merged, its repeated fields appended (protobuf's encoding rules), so the
+    file gains one metadata entry. Loading and saving the graph instead held its weights twice (1.1 GiB each at
+    ViT-L/16). The engines' built graphs carry no metadata of their own to clash with."""
+    import onnx
+
+    extra = onnx.ModelProto()
+    _set_metadata(extra, metadata)
+    with open(path, "ab") as f:
+        f.write(extra.SerializeToString())
 
 
 def export_for_engine(

@@ -6,8 +6,6 @@ the user's images, builds on it: engine/static_int8.py). Facts behind the choice
 from __future__ import annotations
 
 import contextlib
-import logging
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from vitlab.engine.vit_fusion import _quiet_tools
 from vitlab.errors import VitlabError
 
 
@@ -93,20 +92,6 @@ class OrtEngine:
         return self.one_thread_session
 
 
-@contextlib.contextmanager
-def _quiet_tools() -> Iterator[None]:
-    """ORT's quantizer and optimizer talk through warnings and the root logger; users see vitlab's one line."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        root.setLevel(level)
-
-
 def is_vit(model: nn.Module) -> bool:
     from vitlab.models.vit import VisionTransformer
 
@@ -126,12 +111,18 @@ def build_graph(model: nn.Module, out: Path, export: Callable[[Path], Path]) -> 
     """The graph at `out` from `export(work)`, which writes the raw graph into a private folder (over 2 GB torch
     writes one file per weight beside it): ORT's fusions for a ViT, as exported otherwise. A model over protobuf's
     2 GB (ViT-H) keeps its weights in OUT.data beside it (`graph_files`); a build short of memory is refused first."""
+    from vitlab.runtime import return_freed_memory
+
     refuse_without_build_memory(model)
     with private_folder(out.parent) as work:
         raw = export(work)
+        # the exporter's copies of the weights are garbage now; vitlab's heap would keep them (tune_cpu_allocator)
+        # through the fusion, whose own process needs that memory (ViT-L/16: 1.6 GiB)
+        return_freed_memory()
         external = over_protobuf_limit(model)  # as `graph_files` expects the files
         if is_vit(model):
-            return optimize_vit_graph(raw, out, model.config, external=external)
+            return optimize_vit_graph(raw, out, model.config, external=external,
+                                      separate=weight_bytes(model) >= SEPARATE_FUSION_MIN_BYTES)
         return resave(raw, out, external)
 
 
@@ -139,22 +130,28 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
-# ORT's transformer optimizer holds several copies of a graph's weights at once: `vitlab export --engine onnxruntime`
-# of ViT-H/14 (2.35 GiB of weights) peaked at 22.2 GiB, about 8.5x the weights above the model it had loaded (`python
-# benchmarks/over_2gb.py --model vit-h/14`, docs/results/over_2gb_vit_h14.txt; 7.3x for the wide ViT of
-# docs/results/over_2gb.txt; both include the check against eager PyTorch and the copy), and a build that ran out of
-# memory was killed by the OS without a word. So a build is refused in one line where the free memory is short of
-# this many times the weights (the build itself: a machine right at the edge can still run out).
-BUILD_MEMORY_FACTOR = 7
+# What building the fused graph takes at its peak beyond the model already loaded, the command's process and the
+# fusion's together (`python benchmarks/build_memory.py`, docs/results/build_memory.txt: the whole `vitlab export
+# --engine onnxruntime`, at most 3.7x the weights beyond the loaded model at ViT-L/16 and 2.2x at ViT-H/14, where
+# it was 8.5x at ViT-H/14 while ORT's optimizer ran in the command's process with all the weights loaded). A build
+# that ran out of memory was killed by the OS without a word, so one short of this is refused in one line (a
+# machine right at the edge can still run out).
+BUILD_MEMORY_FACTOR = 4
+BUILD_MEMORY_BASE = 2**30  # the fusion's own process: Python, onnx and ONNX Runtime's libraries
+
+
+def build_memory_need(model: nn.Module) -> int:
+    """Bytes of free memory a build of ONNX Runtime's graph of `model` needs (BUILD_MEMORY_FACTOR)."""
+    return BUILD_MEMORY_FACTOR * weight_bytes(model) + BUILD_MEMORY_BASE
 
 
 def refuse_without_build_memory(model: nn.Module) -> None:
-    """Refuse to build ONNX Runtime's graph where the free memory (Linux's MemAvailable) is short of what ORT's
-    optimizer takes at its peak (BUILD_MEMORY_FACTOR x the weights): under `--engine auto` the candidate is left
-    out with this reason, and eager PyTorch runs."""
+    """Refuse to build ONNX Runtime's graph where the free memory (Linux's MemAvailable) is short of what the build
+    takes at its peak (`build_memory_need`): under `--engine auto` the candidate is left out with this reason, and
+    eager PyTorch runs."""
     from vitlab.models.fast_linear import available_memory_bytes
 
-    need, free = BUILD_MEMORY_FACTOR * weight_bytes(model), available_memory_bytes()
+    need, free = build_memory_need(model), available_memory_bytes()
     if free is not None and need > free:
         raise VitlabError(f"building ONNX Runtime's graph of this model takes about {need / 2**30:.0f} GiB of memory "
                           f"at its peak and {free / 2**30:.0f} GiB are free: use --engine torch (or openvino), or free "
@@ -223,53 +220,32 @@ def refuse_int8_over_protobuf_limit(model: nn.Module) -> None:
                           "openvino")
 
 
-def optimize_vit_graph(raw: Path, out: Path, cfg, external: bool = False) -> Path:
-    """ORT's transformer optimizer on an exported ViT graph (Attention, FastGelu/BiasGelu, LayerNorm fusions), then
-    SkipLayerNormalization put back (`unfuse_skip_layernorm`); writes `out` (`external`: its weights in
-    `out.data`, for a graph over 2 GB) and removes `raw`."""
-    from onnxruntime.transformers.optimizer import optimize_model
+# From this size of weights ORT's transformer optimizer runs in a process of its own that reads the weights only
+# where a fusion needs them (`vit_fusion.fuse_reading_lazily`): in this process it held several copies of them at
+# once, and the graph it writes is the same to the byte. `vitlab export --engine onnxruntime` peaked at 1.8 GiB
+# instead of 4.2 at ViT-B/16 and 5.3 instead of 14.1 at ViT-L/16 (`python benchmarks/build_memory.py`,
+# docs/results/build_memory.txt). Below it the optimizer's copies are small and a process's start (about 0.5 s
+# with its imports) is not worth it.
+SEPARATE_FUSION_MIN_BYTES = 128 * 2**20
 
-    with _quiet_tools():
-        fused = optimize_model(str(raw), model_type="vit", num_heads=cfg.heads, hidden_size=cfg.dim, opt_level=0)
-    unfuse_skip_layernorm(fused.model)
-    fused.save_model_to_file(str(out), use_external_data_format=external, all_tensors_to_one_file=True)
+
+def optimize_vit_graph(raw: Path, out: Path, cfg, external: bool = False, separate: bool = False) -> Path:
+    """ORT's transformer optimizer on an exported ViT graph (Attention, FastGelu/BiasGelu, LayerNorm fusions), then
+    SkipLayerNormalization put back (`vit_fusion.unfuse_skip_layernorm`); writes `out` (`external`: its weights in
+    `out.data`, for a graph over 2 GB) and removes `raw`. `separate`: in a process of its own that reads the
+    weights lazily (SEPARATE_FUSION_MIN_BYTES), else here."""
+    from vitlab.engine import vit_fusion
+
+    if separate:
+        vit_fusion.fuse_in_separate_process(raw, out, cfg.heads, cfg.dim, external)
+    else:
+        vit_fusion.fuse(raw, out, cfg.heads, cfg.dim, external)
     if external:
         from vitlab.export import readable_as_graph
 
         readable_as_graph(out)
     raw.unlink()
     return out
-
-
-def unfuse_skip_layernorm(proto) -> int:
-    """SkipLayerNormalization -> Add (+ bias Add) + LayerNormalization, in place; returns how many.
-
-    ORT's attention fusion only matches once the residual adds are fused into SkipLayerNormalization, but ORT's
-    CPU kernel for that op is slow: 19 % of int8 ViT-S/16's time against 3 % for the plain LayerNormalization
-    (batch 32, `benchmarks/ort_variants.py`). So the optimizer fuses, then the LayerNorms are put back as they were.
-    """
-    from onnx import helper
-
-    graph, count = proto.graph, 0
-    nodes = []
-    for node in graph.node:
-        if node.op_type != "SkipLayerNormalization":
-            nodes.append(node)
-            continue
-        count += 1
-        ins = list(node.input) + [""] * (5 - len(node.input))
-        inp, skip, gamma, beta, bias = ins[:5]
-        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
-        total = node.output[3] if len(node.output) > 3 and node.output[3] else f"{node.name}_sum"
-        if bias:
-            nodes.append(helper.make_node("Add", [inp, bias], [f"{node.name}_biased"], name=f"{node.name}_bias"))
-            inp = f"{node.name}_biased"
-        nodes.append(helper.make_node("Add", [inp, skip], [total], name=f"{node.name}_add"))
-        nodes.append(helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
-                                      [node.output[0]], name=f"{node.name}_ln", axis=-1, epsilon=eps))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return count
 
 
 def fused_operator_counts(path: str | Path) -> dict[str, int]:
