@@ -41,6 +41,7 @@ def _quiet_tools() -> Iterator[None]:
     finally:
         root.setLevel(level)
 
+
 def fuse(raw: Path, out: Path, heads: int, dim: int, external: bool) -> None:
     """The fused graph of the exported ViT graph `raw`, written to `out` (`external`: its weights in `out.data`),
     with the whole graph in memory."""
