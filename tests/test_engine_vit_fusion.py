@@ -117,3 +117,4 @@ def test_an_exported_graph_gains_its_metadata_as_loading_and_saving_gave_it(tmp_
     assert not (tmp_path / "again.onnx.data").exists()
     assert np.array_equal(np.frombuffer((tmp_path / "again.onnx").read_bytes(), np.uint8),
                           np.frombuffer(built.read_bytes(), np.uint8))
+
