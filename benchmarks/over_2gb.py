@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from build_memory import tree_rss  # the resident memory of a process and those under it
+from build_memory import calibration_images, tree_rss  # random PNGs; memory of a process tree
 
 
 def files(folder: Path) -> str:
@@ -44,16 +44,6 @@ def build_model(name: str | None):
         model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=generator) * 0.02)
         model.head.bias.copy_(torch.randn(model.head.bias.shape, generator=generator) * 0.1)
     return model
-
-
-def calibration_images(folder: Path, n: int = 20) -> Path:
-    from PIL import Image
-
-    folder.mkdir(parents=True)
-    rng = np.random.RandomState(0)
-    for i in range(n):
-        Image.fromarray(rng.randint(0, 256, (224, 224, 3), dtype=np.uint8)).save(folder / f"{i:02d}.png")
-    return folder
 
 
 def export(source: Path, out: Path, *flags: str) -> tuple[int, float, float, str]:
@@ -93,7 +83,7 @@ def main() -> None:
     with torch.no_grad():
         ref = model(x).numpy()
     del model
-    calibration = calibration_images(work / "calibration")
+    calibration = calibration_images(work / "calibration", 20)
     for label, name, flags in (("onnxruntime fp32 (fused)", "fp32", ("--engine", "onnxruntime")),
                                ("int8 dynamic", "int8-dynamic", ("--int8", "dynamic")),
                                ("int8 static", "int8-static", ("--int8", "static", "--calibration", str(calibration)))):
