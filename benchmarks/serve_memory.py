@@ -54,25 +54,23 @@ def status():
             out[key] = int(value.split()[0]) // 1024
     print(json.dumps(out))
 """
-TIMM_EAGER = STATUS + """
-import sys, timm, torch
-model = timm.create_model(sys.argv[1]).eval()
+# A torch peer's `model` ready to serve: the warm-up batch and one image, then one more full batch
+TORCH_WARM_UP = """
 with torch.inference_mode():
     model(torch.zeros(int(sys.argv[2]), 3, 224, 224)); model(torch.zeros(1, 3, 224, 224))
     status()
     model(torch.zeros(int(sys.argv[2]), 3, 224, 224))
     status()
 """
+TIMM_EAGER = STATUS + """
+import sys, timm, torch
+model = timm.create_model(sys.argv[1]).eval()
+""" + TORCH_WARM_UP
 HF_EAGER = STATUS + """
 import sys, torch
 from transformers import ViTForImageClassification
 model = ViTForImageClassification.from_pretrained(sys.argv[1]).eval()
-with torch.inference_mode():
-    model(torch.zeros(int(sys.argv[2]), 3, 224, 224)); model(torch.zeros(1, 3, 224, 224))
-    status()
-    model(torch.zeros(int(sys.argv[2]), 3, 224, 224))
-    status()
-"""
+""" + TORCH_WARM_UP
 ORT_ONLY = STATUS + """
 import sys, numpy as np, onnxruntime as ort
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
