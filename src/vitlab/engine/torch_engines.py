@@ -62,7 +62,7 @@ class TorchEngine:
         self.packed = PackedWeights() if packing_fits(model) else None  # else oneDNN reorders on every call
         self.direct = DirectInference(model, self.packed) if isinstance(model, VisionTransformer) else None
         self._flops: dict[tuple[int, int], float] = {}  # image size -> forward FLOPs per image
-        self._packed_only = "no"  # "asked": free the plain weights after the next call; "yes": done
+        self._free_plain_after_call = False  # keep_packed_only was asked for and waits for a call that packs
 
     def __call__(self, images: torch.Tensor, **kwargs):
         packs = self.packed.active() if self.packed is not None else contextlib.nullcontext()
@@ -71,7 +71,7 @@ class TorchEngine:
             logits = self.direct(images) if self.direct is not None and not kwargs else None
             if logits is None:  # after keep_packed_only the model's guard refuses this in one line
                 return self.model(images, **kwargs)
-        if self._packed_only == "asked":
+        if self._free_plain_after_call:
             self._free_plain_weights()
         return logits
 
@@ -81,17 +81,15 @@ class TorchEngine:
         For a caller that owns the model and runs it only through this engine; the first call packs the weights,
         so the freeing waits for it. Afterwards the model refuses every call but the engine's direct route (a call
         that route does not cover included: the call's own arguments, another dtype)."""
-        if self.direct is not None and self.packed is not None and self._packed_only == "no":
-            self._packed_only = "asked"
+        self._free_plain_after_call = self.direct is not None and self.packed is not None
 
     def _free_plain_weights(self) -> None:
         from vitlab.runtime import return_freed_memory
 
+        # once: where nothing was packed (the plan did not apply) the model keeps its weights, and freed ones stay so
+        self._free_plain_after_call = False
         if self.direct.keep_packed_only():
-            self._packed_only = "yes"
             return_freed_memory()
-        else:
-            self._packed_only = "no"  # nothing was packed (the plan did not apply): the model keeps its weights
 
     def small(self, images: torch.Tensor) -> bool:
         """Whether this call is a CPU ViT call small enough to run on one thread (ONE_THREAD_MAX_FLOPS)."""

@@ -226,7 +226,7 @@ def evaluate_model(
 
     `release` (a caller that owns `model` and runs nothing else with it, as `vitlab evaluate`): where `engine`
     computes the logits and holds its own weights (ONNX Runtime, OpenVINO), the torch weights are freed before the
-    pass (`engine.release.release_model`)."""
+    pass; an eager torch engine keeps only its packed copies after its first call (`engine.release.release_model`)."""
     frozen = frozen or FrozenOptions()
     class_names = list(data.class_names)
     k = len(class_names)

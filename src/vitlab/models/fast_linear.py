@@ -93,12 +93,6 @@ def product_within(rows: int, weight: torch.Tensor, limit: int, few_row_limit: i
     return rows * weight.numel() <= (limit if rows >= SMALL_PRODUCT_MIN_ROWS else few_row_limit)
 
 
-def within_for_any_rows(weight: torch.Tensor, limit: int, few_row_limit: int) -> bool:
-    """Whether a product with this weight stays within the limits of `product_within` for some number of rows: the
-    fewest rows of each regime (1, SMALL_PRODUCT_MIN_ROWS) are its smallest products."""
-    return any(product_within(rows, weight, limit, few_row_limit) for rows in (1, SMALL_PRODUCT_MIN_ROWS))
-
-
 def product_rows(x: torch.Tensor) -> int:
     """The rows of `x` as the left operand of a product over its last dimension (all leading dimensions as one)."""
     return x.numel() // x.shape[-1]

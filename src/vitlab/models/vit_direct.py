@@ -303,11 +303,10 @@ def _refuse_freed_weights(model: nn.Module, _args) -> None:
 
 
 def _may_run_plain(weight: torch.Tensor) -> bool:
-    """Whether some product with this weight (by row count) takes `_linear`'s or `_fc1_gelu`'s plain route."""
-    return (fast_linear.within_for_any_rows(weight, fast_linear.SMALL_PRODUCT_MACS,
-                                            fast_linear.SMALL_FEW_ROW_PRODUCT_MACS)
-            or fast_linear.within_for_any_rows(weight, gelu.SMALL_GELU_PRODUCT_MACS,
-                                               gelu.SMALL_FEW_ROW_GELU_PRODUCT_MACS))
+    """Whether some product with this weight (by row count) takes `_linear`'s or `_fc1_gelu`'s plain route. The
+    fewest rows of each regime (1, and fast_linear.SMALL_PRODUCT_MIN_ROWS) give its smallest products."""
+    return any(fast_linear.small_product(rows, weight) or gelu.small_gelu_product(rows, weight)
+               for rows in (1, fast_linear.SMALL_PRODUCT_MIN_ROWS))
 
 
 def _hand_over_weights(block: Block, p: _BlockPlan, packs: PackedWeights,
