@@ -45,11 +45,7 @@ def _quiet_tools() -> Iterator[None]:
 def fuse(raw: Path, out: Path, heads: int, dim: int, external: bool) -> None:
     """The fused graph of the exported ViT graph `raw`, written to `out` (`external`: its weights in `out.data`),
     with the whole graph in memory."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    with _quiet_tools():
-        fused = optimize_model(str(raw), model_type="vit", num_heads=heads, hidden_size=dim, opt_level=0)
-    _write(fused, out, external)
+    _write(_optimized(str(raw), heads, dim), out, external)
 
 
 def fuse_reading_lazily(raw: Path, out: Path, heads: int, dim: int, external: bool) -> None:
@@ -57,18 +53,23 @@ def fuse_reading_lazily(raw: Path, out: Path, heads: int, dim: int, external: bo
     for a process of its own (`fuse_in_separate_process`)."""
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
-    from onnxruntime.transformers.optimizer import optimize_model
 
     lazy = _with_weights_beside(raw.resolve())
     out = out.resolve()
     os.chdir(lazy.parent)
-    proto = onnx.load(str(lazy), load_external_data=False)
-    with _quiet_tools():
-        fused = optimize_model(proto, model_type="vit", num_heads=heads, hidden_size=dim, opt_level=0)
+    fused = _optimized(onnx.load(str(lazy), load_external_data=False), heads, dim)
     load_external_data_for_model(fused.model, str(lazy.parent))  # the weights no fusion read, as they were
     for tensor in _tensors(fused.model.graph):  # as an in-memory tensor that never had a location: the same bytes
         tensor.ClearField("data_location")
     _write(fused, out, external)
+
+
+def _optimized(graph, heads: int, dim: int):
+    """ORT's transformer optimizer on `graph` (a path or a ModelProto), as both fusion paths run it."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    with _quiet_tools():
+        return optimize_model(graph, model_type="vit", num_heads=heads, hidden_size=dim, opt_level=0)
 
 
 def _tensors(graph) -> Iterator:
