@@ -674,7 +674,8 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
     `vitlab predict` does (on the CPU: `engine`, `int8`; static int8 calibrates on `calibration`, a folder of
     images or any --data source), warm it up at `options.max_batch` images, and return the server, listening.
     On the CPU it keeps freed memory in glibc's heap, as every vitlab command does (`runtime.tune_cpu_allocator`),
-    except what building the engine left, and an ONNX Runtime or OpenVINO engine's server frees the torch weights.
+    except what building the engine left; an ONNX Runtime or OpenVINO engine's server frees the torch weights, an
+    eager torch engine's keeps only its packed copies of the large ones after the warm-up.
     Run it with `serve_forever()` (in a thread if you like); `close()` stops it."""
     from vitlab.engine import prepare_engine
     from vitlab.engine.release import release_model
@@ -704,7 +705,7 @@ def make_server(weights, *, host: str = "127.0.0.1", port: int = 8000, options: 
                                 source=resolve_model(weights), command="serve", quiet=quiet)
         name, note = runner.name, runner.note.split("engine: ", 1)[-1]
         batches = None  # static int8's calibration images: freed before the memory goes back below
-        release_model(model, runner)  # an ONNX Runtime or OpenVINO engine holds its own weights (engine/release.py)
+        release_model(model, runner)  # the engine holds its own copy of the weights (engine/release.py)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         return runner(x.to(dev))
