@@ -14,6 +14,9 @@ fast each engine's worker threads come back from sleep).
     OMP_WAIT_POLICY=ACTIVE python benchmarks/overhead.py --idle-ops   # workers that spin instead of sleeping
     python benchmarks/overhead.py --small-calls         # TorchEngine's one-thread rule for small calls
                                                         # (ONE_THREAD_MAX_FLOPS): one thread against all, by FLOPs
+    python benchmarks/overhead.py --cold-ops            # one thread: the 1st..4th small op, and a whole call in
+                                                        # each engine, after 50 ms of sleep, of a busy Python loop,
+                                                        # of numpy work, of tiny torch calls (is it the threads?)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import vitlab
@@ -224,6 +228,71 @@ def small_calls(threads: int, rounds: int, cases: list[tuple[str, int]],
                   f"   rule picks: {one if engine.small(x) else all_}")
 
 
+# What the caller does for 50 ms before the timed op: nothing, sleep, or keep the core busy with other work
+WAITS = {
+    "back to back": None,
+    "sleep": lambda: time.sleep(0.05),
+    "busy Python loop": lambda: _busy(lambda: None),
+    "busy with numpy": lambda: _busy(lambda a=np.ones(6400, np.float32): a + a),
+    "busy with 0-element torch adds": lambda: _busy(lambda e=torch.empty(0): e + e),
+}
+
+
+def _busy(work, seconds: float = 0.05) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        work()
+
+
+def cold_ops(repeats: int = 30) -> None:
+    """On one thread (no worker to wake), the 1st..4th call of a small op, and a whole batch-1 call of the
+    Fashion-MNIST ViT in each engine, after each of WAITS: whether a pause costs the next calls because threads
+    sleep or because the core ran other code meanwhile."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _cold_ops(repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cold_ops(repeats: int) -> None:
+    h, a, w, b = torch.randn(50, 128), torch.randn(50, 64), torch.randn(64, 192), torch.randn(192)
+    ops = {"add of 50 x 128": lambda: h + h, "addmm 50 x 64 x 192": lambda: torch.addmm(b, a, w)}
+    torch.manual_seed(0)
+    model = vitlab.create_model("custom", **FMNIST).eval()
+    x = torch.randn(1, 1, 28, 28)
+    with tempfile.TemporaryDirectory() as tmp:
+        calls = engines(model, 28, 1, Path(tmp))
+        print(f"torch {torch.__version__}, 1 thread; median of {repeats} over waits of 50 ms")
+        print("microseconds of the 1st..4th op after the wait:")
+        for wait_name, wait in WAITS.items():
+            for op_name, op in ops.items():
+                times: list[list[float]] = [[] for _ in range(4)]
+                for _ in range(repeats):
+                    if wait:
+                        wait()
+                    for i in range(4):
+                        start = time.perf_counter()
+                        op()
+                        times[i].append(time.perf_counter() - start)
+                print(f"  {wait_name:32s} {op_name:20s} " + " ".join(f"{1e6 * statistics.median(t):7.1f}"
+                                                                    for t in times))
+        print("ms of a Fashion-MNIST ViT call at batch 1 after the wait (engines on one thread):")
+        for wait_name, wait in WAITS.items():
+            ms = {name: [] for name in calls}
+            for _ in range(repeats):
+                for name in random.sample(list(calls), len(calls)):
+                    if wait:
+                        wait()
+                    start = time.perf_counter()
+                    calls[name](x)
+                    ms[name].append(1e3 * (time.perf_counter() - start))
+            print(f"  {wait_name:32s} " + "  ".join(f"{name} {statistics.median(t):6.3f}" for name, t in ms.items()))
+        print("(back to back: the calls of the two engines interleave in a random order, so the other engine's call "
+              "may come right before)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="vit-ti/16")
@@ -237,7 +306,12 @@ def main() -> None:
     ap.add_argument("--small-calls", action="store_true",
                     help="the torch engine on one thread against --threads threads, Fashion-MNIST ViT batches 1-32 "
                          "and ViT-Ti/16 batch 1, and what its one-thread rule picks")
+    ap.add_argument("--cold-ops", action="store_true",
+                    help="one thread: small ops and a whole call after 50 ms of sleep or of other work")
     args = ap.parse_args()
+    if args.cold_ops:
+        cold_ops()
+        return
     if args.small_calls:
         small_calls(args.threads, args.rounds, [("fmnist", b) for b in (1, 2, 4, 8, 16, 32)] + [("vit-ti/16", 1)])
         return

@@ -70,6 +70,21 @@ def test_idle_ops_times_six_ops_after_each_gap(capsys):
     assert len(lines) == 2 and all(len(line.split(":")[1].split()) == 6 for line in lines)
 
 
+def test_cold_ops_times_each_wait_and_restores_the_threads(capsys):
+    """`benchmarks/overhead.py --cold-ops`: the 1st..4th op and a call of each engine after each kind of wait."""
+    import overhead
+
+    before = torch.get_num_threads()
+    overhead.cold_ops(repeats=1)
+    assert torch.get_num_threads() == before
+    lines = capsys.readouterr().out.splitlines()
+    for wait in overhead.WAITS:
+        ops = [line for line in lines if line.strip().startswith(wait) and "50 x" in line]
+        assert len(ops) == 2 and all(len(line.split("192" if "addmm" in line else "128")[-1].split()) == 4
+                                     for line in ops)
+        assert any(line.strip().startswith(wait) and "torch" in line and "onnxruntime" in line for line in lines)
+
+
 def test_small_calls_times_both_thread_counts_and_restores_the_rule(capsys):
     """`benchmarks/overhead.py --small-calls`: one thread against all per (model, batch, gap), with the rule's pick;
     its rows set the engine's limit for their own calls only."""
