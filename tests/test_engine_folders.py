@@ -73,3 +73,50 @@ def test_a_model_without_engines(tmp_path, capsys):
     vitlab.save(tiny(0), tmp_path / "model")
     assert main(["engines", str(tmp_path / "model")]) == 0
     assert "no engines kept for" in capsys.readouterr().out
+
+
+def kernels(folder, size: int) -> None:
+    """Files as the compiled engine's Inductor cache leaves them: in an `inductor` subfolder, nested."""
+    (folder / "inductor" / "ab").mkdir(parents=True)
+    (folder / "inductor" / "ab" / "kernel.py").write_bytes(b"x" * size)
+
+
+def test_compiled_kernels_in_the_user_cache_are_listed_and_cleaned_with_the_model(tmp_path, monkeypatch, capsys):
+    """--engine compiled keeps its kernels in the user cache, in a folder named as the one beside the model: listed
+    (size of every file under it) and removed with that model's other folders; other models' are not touched."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VITLAB_CACHE", str(cache))
+    model = tmp_path / "model"
+    old = built(model, 0)
+    new = built(model, 1)
+    for folder, size in ((old, 3 * 2**20), (new, 2**20), (cache / "engines" / ("cd" * 12), 2**20)):
+        kernels(cache / "engines" / folder.name if folder.parent != cache / "engines" else folder, size)
+    assert main(["engines", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert f"compiled kernels in {cache / 'engines'}" in out and "cd" * 12 not in out
+    lines = {line.split()[0] + (" cache" if "(in the user cache)" in line else ""): line
+             for line in out.splitlines() if line.startswith("  ")}
+    assert set(lines) == {old.name, new.name, old.name + " cache", new.name + " cache"}
+    assert " other " in lines[old.name + " cache"] and " current " in lines[new.name + " cache"]
+    assert "3.0 MB" in lines[old.name + " cache"] and lines[old.name + " cache"].endswith("compiled  (in the user cache)")
+    assert "2 folders" in out
+
+    assert main(["engines", str(model), "--clean"]) == 0
+    assert "removed 2 folders" in capsys.readouterr().out
+    assert not old.exists() and not (cache / "engines" / old.name).exists()
+    assert new.exists() and (cache / "engines" / new.name / "inductor").exists()
+    assert (cache / "engines" / ("cd" * 12) / "inductor").exists()
+
+
+def test_a_folders_size_counts_its_subfolders_but_not_links(tmp_path):
+    from vitlab.engine.folders import engine_folders
+
+    folder = tmp_path / "engines" / ("ef" * 12)
+    folder.mkdir(parents=True)
+    (folder / "fp32.onnx").write_bytes(b"x" * 1000)
+    kernels(folder, 500)
+    outside = tmp_path / "big"
+    outside.write_bytes(b"x" * 10_000)
+    (folder / "inductor" / "link").symlink_to(outside)
+    (found,) = engine_folders(folder)
+    assert found.size == 1500 and found.files == ("fp32.onnx",) and found.subfolders == ("inductor",)

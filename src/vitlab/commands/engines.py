@@ -10,10 +10,11 @@ from vitlab.commands._load_args import WEIGHTS_HELP, add_load_arguments, load_ov
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "engines", help="list the engine files kept beside a model (ONNX Runtime, OpenVINO) and remove old ones",
+        "engines", help="list the engine files kept for a model (ONNX Runtime, OpenVINO, compiled kernels) and remove old ones",
         description="predict, evaluate and serve keep the engines they build (ONNX graphs, OpenVINO models, int8 "
                     "graphs) beside the model, in MODEL/engines/<hash> (FILE.engines/<hash> for a file), one folder "
-                    "per weights and load settings. This lists them with their size, and with --clean removes the "
+                    "per weights and load settings; --engine compiled keeps its kernels in the user cache "
+                    "($VITLAB_CACHE/engines/<hash>). This lists them with their size, and with --clean removes the "
                     "ones built for other weights or settings (a run trained further, a replaced file, another "
                     "--image-size or --model-args than given here); they are built again if needed.")
     p.add_argument("weights", help="whose engines; " + WEIGHTS_HELP)
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vitlab.engine.choose import artefact_folder
-    from vitlab.engine.folders import describe, engine_folders, remove_folder
+    from vitlab.engine.folders import compiled_caches, describe, engine_folders, remove_folder
     from vitlab.weights import load_with_meta, resolve_model
     from vitlab.weights.hub import cache_dir
 
@@ -35,13 +36,18 @@ def run(args: argparse.Namespace) -> int:
     model, _ = load_with_meta(args.weights, image_size=image_size, **overrides)
     current = artefact_folder(model, resolve_model(args.weights))
     folders = engine_folders(current)
-    if current.parent == cache_dir() / "engines":  # the user cache holds every cached model's: this one's only
+    cache_engines = cache_dir() / "engines"
+    if current.parent == cache_engines:  # the user cache holds every cached model's: this one's only
         folders = [f for f in folders if f.current]
+    else:  # its compiled engine's kernels, which stay in the user cache
+        folders += compiled_caches(current, folders, cache_engines)
     if not folders:
         print(f"no engines kept for {args.weights} (predict, evaluate and serve build them with --engine auto, "
-              f"onnxruntime or openvino, or --int8; they would go to {current})")
+              f"onnxruntime, openvino or compiled, or --int8; they would go to {current}, compiled kernels to "
+              f"{cache_engines / current.name})")
         return 0
-    print(f"engines of {args.weights} in {current.parent}:")
+    print(f"engines of {args.weights} in {current.parent}"
+          + (f" (and compiled kernels in {cache_engines})" if any(f.in_user_cache for f in folders) else "") + ":")
     for folder in folders:
         print("  " + describe(folder))
     others = [f for f in folders if not f.current]
