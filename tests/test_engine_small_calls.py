@@ -50,6 +50,17 @@ def test_a_small_call_runs_on_one_thread_and_a_large_one_on_all(two_threads, mon
     assert threads_seen_by(engine, images[:1]) == 1  # half the work: small again
 
 
+def test_an_engine_for_a_stream_of_calls_keeps_all_threads(two_threads):
+    """predict's and evaluate's eager engine (`--engine torch`) calls back to back: its small calls keep both
+    threads, and give the logits of the engine with the rule."""
+    from vitlab.commands._engine_args import eager_engine
+
+    model, images = tiny_vit(), torch.randn(2, 3, 32, 32)
+    engine = eager_engine(model, "predict", quiet=True)
+    assert not engine.small(images) and threads_seen_by(engine, images) == 2
+    assert torch.equal(engine(images), TorchEngine(model)(images))
+
+
 def test_the_thread_count_comes_back_after_an_error(two_threads):
     engine = TorchEngine(tiny_vit())
 

@@ -34,10 +34,10 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str = "auto", int8
 
 def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_size: int, device, command: str,
                default_calibration=None, defer_note: bool = False, release: bool = False):
-    """The engine for this command, or None where eager PyTorch runs as before (--engine torch, or a GPU).
-    With `defer_note` the command prints `engine.note` itself, once its inputs have been read. With `release`
-    (a command that owns `model` and runs nothing but the engine) the torch weights are freed where the engine
-    holds its own (`engine.release.release_model`)."""
+    """The engine for this command, or None where the model itself runs (a GPU). With `defer_note` the command
+    prints `engine.note` itself, once its inputs have been read. With `release` (a command that owns `model` and
+    runs nothing but the engine) the torch weights are freed where the engine holds its own
+    (`engine.release.release_model`)."""
     from vitlab.runtime import device_for_engine
 
     int8 = getattr(args, "int8", None)
@@ -46,17 +46,38 @@ def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_siz
         device_for_engine(str(device), args.engine, int8)  # the one refusal of CPU-only engines on a GPU
         return None
     if args.engine == "torch" and not int8:
-        return None
-    from vitlab.engine import prepare_engine
+        engine = eager_engine(model, command, quiet)
+    else:
+        from vitlab.engine import prepare_engine
 
-    calibration = calibration_for(args, preprocess, default_calibration)
-    engine = prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
-                            source=source, command=command, quiet=quiet, progress=not getattr(args, "quiet", False))
+        calibration = calibration_for(args, preprocess, default_calibration)
+        engine = prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
+                                source=source, command=command, quiet=quiet,
+                                progress=not getattr(args, "quiet", False))
     if release:
         from vitlab.engine.release import release_model
 
         calibration = None  # freed before the memory goes back to the OS
         release_model(model, engine)
+    return engine
+
+
+def eager_engine(model, command: str, quiet: bool):
+    """`--engine torch` on the CPU for predict and evaluate: TorchEngine (the model's logits, with its linear
+    weights packed once for oneDNN and a ViT's blocks as direct operator calls), as `--engine auto` times it.
+    Calling the model itself, as these commands did, left the packed weights out. These commands call the engine
+    batch after batch without a pause, so its smallest calls keep both threads: the one-thread rule, which serve's
+    engine keeps for requests that come after idle time, made a stream of the Fashion-MNIST ViT's batch-1 calls
+    slower (benchmarks/predict_engine_torch.py, docs/results/predict_engine_torch.txt). Nothing is built or
+    written: no folder, no timing."""
+    import sys
+
+    from vitlab.engine.torch_engines import TorchEngine
+
+    engine = TorchEngine(model, small_calls_on_one_thread=False)
+    engine.note = f"vitlab {command}: engine: torch (eager, as asked)"
+    if not quiet:
+        print(engine.note, file=sys.stderr)
     return engine
 
 

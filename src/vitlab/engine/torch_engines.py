@@ -51,14 +51,17 @@ class TorchEngine:
     CPU its linear layers read weights packed once into oneDNN's layout (`PackedWeights`: same logits, faster),
     unless that copy would take more than a quarter of the free memory, a ViT's blocks run as direct operator
     calls (`DirectInference`: the same operators and logits, without the module tree's Python), and a ViT call
-    with little arithmetic runs on one thread (ONE_THREAD_MAX_FLOPS)."""
+    with little arithmetic runs on one thread (ONE_THREAD_MAX_FLOPS) unless `small_calls_on_one_thread` is False."""
 
     name = "torch"
     exact = True
     runs_model = True  # computes with the model's own tensors (engine.release)
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, *, small_calls_on_one_thread: bool = True):
         self.model = model.eval()
+        # False for callers whose calls follow one another without a pause (a stream of images), where the second
+        # thread is awake and one thread only loses (benchmarks/predict_engine_torch.py)
+        self.small_calls_on_one_thread = small_calls_on_one_thread
         self.packed = PackedWeights() if packing_fits(model) else None  # else oneDNN reorders on every call
         self.direct = DirectInference(model, self.packed) if isinstance(model, VisionTransformer) else None
         self._flops: dict[tuple[int, int], float] = {}  # image size -> forward FLOPs per image
@@ -93,7 +96,8 @@ class TorchEngine:
 
     def small(self, images: torch.Tensor) -> bool:
         """Whether this call is a CPU ViT call small enough to run on one thread (ONE_THREAD_MAX_FLOPS)."""
-        if not (isinstance(self.model, VisionTransformer) and images.device.type == "cpu" and images.dim() == 4):
+        if not (self.small_calls_on_one_thread and isinstance(self.model, VisionTransformer)
+                and images.device.type == "cpu" and images.dim() == 4):
             return False
         try:
             return self.flops(images) <= ONE_THREAD_MAX_FLOPS
