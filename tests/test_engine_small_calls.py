@@ -61,6 +61,25 @@ def test_an_engine_for_a_stream_of_calls_keeps_all_threads(two_threads):
     assert torch.equal(engine(images), TorchEngine(model)(images))
 
 
+def test_an_eager_engine_that_auto_picks_for_predict_keeps_all_threads(two_threads, tmp_path, monkeypatch):
+    """Where `--engine auto` picks eager PyTorch for predict or evaluate (no ONNX Runtime here), its small calls
+    keep both threads as with `--engine torch`; serve's engine (prepare_engine itself) keeps the rule."""
+    from types import SimpleNamespace
+
+    from vitlab.commands._engine_args import engine_for
+    from vitlab.engine import choose
+    from vitlab.engine.sub_batch import SubBatched
+
+    model, images = tiny_vit(), torch.randn(1, 3, 32, 32)
+    for picked in (TorchEngine(model), SubBatched(TorchEngine(model), 4)):
+        monkeypatch.setattr(choose, "prepare_engine", lambda *a, picked=picked, **k: picked)
+        args = SimpleNamespace(engine="auto", int8=None, quiet=True)
+        engine = engine_for(args, model, source=tmp_path, preprocess=None, batch_size=1, device=torch.device("cpu"),
+                            command="predict")
+        assert engine is picked and threads_seen_by(getattr(engine, "engine", engine), images) == 2
+    assert threads_seen_by(TorchEngine(model), images) == 1
+
+
 def test_the_thread_count_comes_back_after_an_error(two_threads):
     engine = TorchEngine(tiny_vit())
 

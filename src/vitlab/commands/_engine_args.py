@@ -54,6 +54,7 @@ def engine_for(args: argparse.Namespace, model, *, source, preprocess, batch_siz
         engine = prepare_engine(model, args.engine, int8=int8, calibration=calibration, batch_size=batch_size,
                                 source=source, command=command, quiet=quiet,
                                 progress=not getattr(args, "quiet", False))
+        _for_a_stream(engine)
     if release:
         from vitlab.engine.release import release_model
 
@@ -79,6 +80,16 @@ def eager_engine(model, command: str, quiet: bool):
     if not quiet:
         print(engine.note, file=sys.stderr)
     return engine
+
+
+def _for_a_stream(engine) -> None:
+    """Predict and evaluate call their engine batch after batch: where `--engine auto` picked eager PyTorch, its
+    smallest calls keep both threads too (`eager_engine`)."""
+    from vitlab.engine.torch_engines import TorchEngine
+
+    inner = getattr(engine, "engine", engine)  # the engine a SubBatched wraps
+    if isinstance(inner, TorchEngine):
+        inner.small_calls_on_one_thread = False
 
 
 def calibration_for(args: argparse.Namespace, preprocess, default=None):
