@@ -72,6 +72,26 @@ def test_an_allowed_change_is_recorded_in_config_and_metrics(interrupted, capsys
     assert "resuming with changed settings (epochs 2.0 -> 3.0)" in capsys.readouterr().err
 
 
+def test_an_allowed_batch_size_change_mid_epoch_says_what_it_does_to_the_epoch(interrupted, capsys, monkeypatch):
+    """Resumed in the middle of an epoch (step 4: one of its 3 steps of 16 done) at batch 8, the rest of the epoch
+    goes on from image 8 of its order: the line says 8 images come again, and the loader does just that."""
+    import vitlab.data as data_module
+    from vitlab.data.loader import batch_indices
+
+    asked, real = [], data_module.make_loader
+    monkeypatch.setattr(data_module, "make_loader", lambda ds, b, **kw: asked.append((b, kw)) or real(ds, b, **kw))
+    train(resume_cfg(interrupted, batch_size=8), data=tiny_data(), allow_change=("batch_size",))
+    err = capsys.readouterr().err
+    assert ("batch_size 16 -> 8 from step 4: the run now has 12 steps at the new batch" in err
+            and "so 8 images already seen in it come again" in err)
+    batch, kw = next((b, kw) for b, kw in asked if kw.get("shuffle") and kw["epoch"] == 1)
+    n = len(tiny_data().train)
+    done = torch.cat(batch_indices(n, 16, shuffle=True, seed=kw["seed"], epoch=1, drop_last=True)[:1])
+    rest = torch.cat(batch_indices(n, batch, shuffle=True, seed=kw["seed"], epoch=1, drop_last=True,
+                                   skip_batches=kw["skip_batches"]))
+    assert len(set(done.tolist()) & set(rest.tolist())) == 8
+
+
 def test_settings_that_do_not_change_the_run_may_differ(interrupted):
     train(resume_cfg(interrupted, log_every=2, keep_last=3, eval_batch_size=8, dist_timeout=60), data=tiny_data())
     assert not [r for r in read_metrics(interrupted) if r["type"] == "change"]

@@ -50,6 +50,7 @@ from vitlab.train.outputs import (
 )
 from vitlab.train.precision import autocast_context, set_stem_precision
 from vitlab.train.resume import (
+    batch_change_note,
     check_hand_edits,
     check_resume,
     check_same_data,
@@ -464,6 +465,10 @@ class TrainingRun:
                   "config.yaml is written again", file=sys.stderr, flush=True)
             self.run.save_config(dataclasses.replace(self.cfg, resume=None))
         record_changes(self.run, self.cfg, self.changes, step)
+        note = batch_change_note(self.changes, step, self.progress.step_in_epoch, self.plan.total_steps,
+                                 streamed=self.stream_order is not None)
+        if note and self.main:
+            print(note, file=sys.stderr, flush=True)
         if self.config_put_back and not self.changes:  # config.yaml says again what the run goes on with
             self.run.save_config(dataclasses.replace(self.cfg, resume=None))
         if new_optimizer and self.main:
