@@ -72,24 +72,72 @@ def test_an_allowed_change_is_recorded_in_config_and_metrics(interrupted, capsys
     assert "resuming with changed settings (epochs 2.0 -> 3.0)" in capsys.readouterr().err
 
 
-def test_an_allowed_batch_size_change_mid_epoch_says_what_it_does_to_the_epoch(interrupted, capsys, monkeypatch):
-    """Resumed in the middle of an epoch (step 4: one of its 3 steps of 16 done) at batch 8, the rest of the epoch
-    goes on from image 8 of its order: the line says 8 images come again, and the loader does just that."""
+def _epoch_one_images(monkeypatch, start) -> list[int]:
+    """The images of epoch 1 (seed order) that the loader gives a run started by `start()`, as make_loader is asked."""
     import vitlab.data as data_module
     from vitlab.data.loader import batch_indices
 
     asked, real = [], data_module.make_loader
-    monkeypatch.setattr(data_module, "make_loader", lambda ds, b, **kw: asked.append((b, kw)) or real(ds, b, **kw))
-    train(resume_cfg(interrupted, batch_size=8), data=tiny_data(), allow_change=("batch_size",))
+    monkeypatch.setattr(data_module, "make_loader", lambda ds, b, **kw: asked.append((len(ds), b, kw)) or
+                        real(ds, b, **kw))
+    start()
+    n, batch, kw = next(call for call in asked if call[2].get("shuffle") and call[2]["epoch"] == 1)
+    batches = batch_indices(n, batch, shuffle=True, seed=kw["seed"], epoch=1, drop_last=True,
+                            skip_samples=kw.get("skip_samples", 0))[kw["skip_batches"]:]
+    return torch.cat(batches).tolist()
+
+
+@pytest.mark.parametrize("batch, gets", [(8, 32), (12, 24)])
+def test_an_allowed_batch_size_change_mid_epoch_goes_on_from_the_image_where_it_stopped(interrupted, capsys,
+                                                                                         monkeypatch, batch, gets):
+    """Resumed at step 4 (epoch 1: one step of 16 images done) at another batch size, the rest of the epoch is the
+    images of its order from the 17th on, at the new batch: none comes twice, none is left out (but the last few
+    that do not fill a batch, as at any epoch's end). It went on by the step count before, and at batch 8 gave 8
+    images of that epoch twice."""
+    from vitlab.data.loader import batch_indices
+
+    done = batch_indices(len(tiny_data().train), 16, shuffle=True, seed=0, epoch=1, drop_last=True)[0].tolist()
+    rest = _epoch_one_images(monkeypatch, lambda: train(resume_cfg(interrupted, batch_size=batch), data=tiny_data(),
+                                                        allow_change=("batch_size",)))
+    order = batch_indices(len(tiny_data().train), 48, shuffle=True, seed=0, epoch=1)[0].tolist()
+    assert rest == order[16:16 + gets] and not set(rest) & set(done)
     err = capsys.readouterr().err
-    assert ("batch_size 16 -> 8 from step 4: the run now has 12 steps at the new batch" in err
-            and "so 8 images already seen in it come again" in err)
-    batch, kw = next((b, kw) for b, kw in asked if kw.get("shuffle") and kw["epoch"] == 1)
-    n = len(tiny_data().train)
-    done = torch.cat(batch_indices(n, 16, shuffle=True, seed=kw["seed"], epoch=1, drop_last=True)[:1])
-    rest = torch.cat(batch_indices(n, batch, shuffle=True, seed=kw["seed"], epoch=1, drop_last=True,
-                                   skip_batches=kw["skip_batches"]))
-    assert len(set(done.tolist()) & set(rest.tolist())) == 8
+    total = 4 + gets // batch  # the 2 epochs asked for end with this one (it trained on past them before)
+    assert f"batch_size 16 -> {batch} from step 4: the run now has {total} steps at the new batch" in err
+    assert "this epoch goes on from image 16 of its order, where it stopped" in err
+    assert [r["step"] for r in read_metrics(interrupted) if r["type"] == "step"] == list(range(1, total + 1))
+    assert [r["epoch"] for r in read_metrics(interrupted) if r["type"] == "epoch"] == [1, 2]
+
+
+@pytest.mark.parametrize("stop", [2, 3])
+def test_a_batch_size_change_keeps_the_epochs_asked_for(tmp_path, monkeypatch, stop):
+    """2 epochs of 48 images: stopped at step 2 (mid-epoch) or 3 (the first epoch's last step) at batch 16 and
+    resumed at batch 8, the run trains to the end of its second epoch, not to the new batch's 12 steps."""
+    run = run_interrupted(tmp_path, monkeypatch, step=stop)
+    train(resume_cfg(run, batch_size=8), data=tiny_data(), allow_change=("batch_size",))
+    records = read_metrics(run)
+    last = stop + (96 - 16 * stop) // 8  # the images left of the two epochs, in steps of 8
+    assert [r["step"] for r in records if r["type"] == "step"] == list(range(1, last + 1))
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [1, 2]
+
+
+def test_a_run_resumed_twice_after_a_batch_size_change_is_exact(tmp_path, monkeypatch):
+    """After the change, a checkpoint in the middle of that epoch (step 5) records where in the order it stands: a
+    resume from it ends with the weights of the changed run going on uninterrupted."""
+    import shutil
+
+    from test_train_lifecycle import assert_same_weights, sigint_at_step
+
+    run = run_interrupted(tmp_path, monkeypatch, step=4)
+    again = tmp_path / "again"
+    shutil.copytree(run, again)
+    straight = train(resume_cfg(run, batch_size=12), data=tiny_data(), allow_change=("batch_size",))
+    sigint_at_step(monkeypatch, 1, lambda: train(resume_cfg(again, batch_size=12), data=tiny_data(),
+                                                 allow_change=("batch_size",)))
+    state = torch.load(again / "checkpoints" / "step-0000005.pt", weights_only=False)
+    assert state["step_in_epoch"] == 3 and state["epoch_offset"] == -8  # 16 + 12 images: 3 x 12 - 8
+    twice = train(resume_cfg(again), data=tiny_data())
+    assert_same_weights(straight.model, twice.model)
 
 
 def test_settings_that_do_not_change_the_run_may_differ(interrupted):

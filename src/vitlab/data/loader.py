@@ -27,11 +27,15 @@ def epoch_order(n: int, shuffle: bool, seed: int = 0, epoch: int = 0) -> torch.T
 
 
 def batch_indices(n: int, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0, skip_batches: int = 0,
-                  drop_last: bool = False, rank: int = 0, world_size: int = 1) -> list[torch.Tensor]:
+                  drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                  skip_samples: int = 0) -> list[torch.Tensor]:
     """Index batches of this rank for one epoch, after skipping the first `skip_batches` of them.
 
     With world_size > 1 the epoch order is padded by wrapping around to a multiple of world_size (as
-    torch's DistributedSampler does) and rank r takes every world_size-th index from r.
+    torch's DistributedSampler does) and rank r takes every world_size-th index from r. `skip_samples` leaves out
+    the first images of that (padded) order before it is split among the ranks: a training resumed in the middle
+    of an epoch at another batch size goes on from the image where it stopped. (With the same batch size, skipping
+    k batches of every rank leaves out the same k x batch x world_size images.)
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -42,6 +46,8 @@ def batch_indices(n: int, batch_size: int, *, shuffle: bool, seed: int = 0, epoc
         total = math.ceil(n / world_size) * world_size
         if total > n:
             order = torch.cat([order, order[: total - n]])
+    order = order[max(0, int(skip_samples)):]
+    if world_size > 1 and n:
         order = order[rank::world_size]
     batches = list(torch.split(order, batch_size))
     if drop_last and batches and len(batches[-1]) < batch_size:
@@ -144,18 +150,22 @@ def default_workers() -> int:
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0,
                 skip_batches: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                num_workers: int | None = None, size: int | None = None, buffer: int | None = None):
+                num_workers: int | None = None, size: int | None = None, buffer: int | None = None,
+                skip_samples: int = 0):
     """An iterable of (uint8 images (B, C, H, W), int64 labels (B,)) for one epoch.
 
     The order depends only on (seed, epoch); `skip_batches` resumes mid-epoch; rank/world_size shard
     it for DDP (each rank gets the same number of batches). `len()` = batches this iterable yields
     (`.total_batches` = batches in the whole epoch for this rank). `size`: bring images to
     size x size (shorter side + centre crop) before batching; None keeps the stored size. `buffer`: streamed
-    shards' shuffle buffer (None: `shards.shuffle_buffer()`).
+    shards' shuffle buffer (None: `shards.shuffle_buffer()`). `skip_samples`: images of the epoch's order to leave
+    out before it is split among ranks and batches (`batch_indices`; not for streamed shards).
     """
     from vitlab.data.shards import ShardDataset, ShardStreamLoader
 
     if isinstance(dataset, ShardDataset) and shuffle:  # training on shards: stream them (see ShardStreamLoader)
+        if skip_samples:
+            raise ValueError("streamed shards resume by whole batches (skip_batches), not skip_samples")
         ds = dataset if size is None or size == dataset.size else dataset.with_size(size)
         workers = default_workers() if num_workers is None else int(num_workers)
         return ShardStreamLoader(ds, batch_size, seed=seed, epoch=epoch, skip_batches=skip_batches,
@@ -165,6 +175,9 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int =
     all_batches = batch_indices(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, skip_batches=0,
                                 drop_last=drop_last, rank=rank, world_size=world_size)
     batches = all_batches[max(0, int(skip_batches)):]
+    if skip_samples:
+        batches = batch_indices(n, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last, rank=rank,
+                                world_size=world_size, skip_samples=skip_samples)[max(0, int(skip_batches)):]
     if isinstance(dataset, FileImageDataset):
         ds = dataset if size is None or size == dataset.size else dataset.with_size(size)
         workers = default_workers() if num_workers is None else int(num_workers)

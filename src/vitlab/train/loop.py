@@ -65,6 +65,7 @@ from vitlab.train.resume import (
 )
 from vitlab.train.run_dir import RunDir, RunLock, new_run_dir, refuse_if_in_use
 from vitlab.train.setup import (
+    BatchPlan,
     ProcessSettings,
     absolute_weights,
     build_model_for,
@@ -209,6 +210,11 @@ def lock_run_folder(lock: RunLock, run: RunDir, info: D.DistInfo, force: bool) -
 
 
 
+def global_batch(plan) -> int:
+    """Images per optimizer step, all processes together."""
+    return plan.micro * plan.world * plan.accum
+
+
 def stream_order(train) -> dict[str, int] | None:
     """What the order of streamed shards depends on besides (seed, epoch, world size): DataLoader workers (half the
     cores) and the shuffle buffer (VITLAB_SHUFFLE_BUFFER). Recorded in each checkpoint and restored by a resume, which
@@ -299,6 +305,7 @@ class TrainingRun:
         self.allow_change = tuple(allow_change)
         self.changes = dict(changes or {})
         self.config_put_back = False  # a hand edit of config.yaml that the resuming command undid (check_hand_edits)
+        self.step_shift = 0  # Progress.step_shift of the resumed run (plan_after_batch_change)
         self.progress = Progress()
         self.fresh_start = False  # --resume of a run that wrote no checkpoint: it starts again (setup)
         self.trackers = Trackers()  # --logger: TensorBoard / wandb beside metrics.jsonl (rank 0), opened in setup
@@ -320,6 +327,8 @@ class TrainingRun:
         self.setup_batches()
         self.setup_precision()
         state = self.open_run_folder(lock or RunLock(), force_unlock)
+        if state is not None:
+            self.plan = self.plan_after_batch_change(Progress.from_state(state))
         self.setup_optimization()
         self.start(state)
         self.trackers = open_trackers(cfg.logger, self.run.path, cfg.to_dict(),
@@ -355,14 +364,15 @@ class TrainingRun:
                                                                                    self.device)
         self.raw_model = model
 
-    def train_loader(self, epoch: int, skip: int):
-        """This process's micro-batches of one epoch, the first `skip` left out (a resume mid-epoch)."""
+    def train_loader(self, epoch: int, skip: int, skip_samples: int = 0):
+        """This process's micro-batches of one epoch, the first `skip` left out (a resume mid-epoch), or with
+        `skip_samples` the first images of the epoch's order (a resume mid-epoch at another batch size)."""
         from vitlab.data import make_loader
 
         order = self.stream_order or {}  # streamed shards: the run's own workers and buffer decide the order
         return make_loader(self.data.train, self.micro, shuffle=True, seed=self.cfg.seed, epoch=epoch,
                            skip_batches=skip, drop_last=True, rank=self.info.rank, world_size=self.info.world_size,
-                           num_workers=order.get("workers"), buffer=order.get("buffer"))
+                           num_workers=order.get("workers"), buffer=order.get("buffer"), skip_samples=skip_samples)
 
     def setup_batches(self) -> None:
         """Batch arithmetic: global batch = micro x processes x accumulation; steps of an epoch and of the run."""
@@ -446,6 +456,8 @@ class TrainingRun:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_state(state)
+        self.progress.step_shift = self.step_shift
+        self.go_on_at_new_batch()
         if self.stream_order is not None and state.get("stream_order"):  # as threads: the run's, not this machine's
             self.stream_order = dict(state["stream_order"])
         restore_rng(state["rng"], self.info.rank)
@@ -465,7 +477,7 @@ class TrainingRun:
                   "config.yaml is written again", file=sys.stderr, flush=True)
             self.run.save_config(dataclasses.replace(self.cfg, resume=None))
         record_changes(self.run, self.cfg, self.changes, step)
-        note = batch_change_note(self.changes, step, self.progress.step_in_epoch, self.plan.total_steps,
+        note = batch_change_note(self.changes, step, self.progress, self.plan.total_steps,
                                  streamed=self.stream_order is not None)
         if note and self.main:
             print(note, file=sys.stderr, flush=True)
@@ -475,6 +487,48 @@ class TrainingRun:
             before, now = self.changes["optimizer"]
             print(f"vitlab: optimizer {before} -> {now}: its state (moments, momentum) starts afresh at step {step}",
                   file=sys.stderr, flush=True)
+
+    def epoch_left_at_new_batch(self, p: Progress) -> tuple[int, int]:
+        """For a resume that changed the batch size (`--allow-change batch_size`): (images of the current epoch's
+        order trained on, steps of the new batch left in it). The rest of the epoch goes on from its first image
+        not yet trained on, so that none comes twice or is left out. Streamed shards cut their stream by the batch
+        size, so their order changes with it: they go on by the step count (batch_change_note says so)."""
+        plan = self.plan
+        before = int(self.changes["batch_size"][0])
+        done = p.images_done_in_epoch(before)
+        if self.stream_order is not None:
+            return done, max(0, plan.steps_per_epoch - p.step_in_epoch)
+        world = self.info.world_size
+        padded = -(-len(self.data.train) // world) * world  # as batch_indices pads the order for the ranks
+        return done, max(0, padded - done) // world // plan.micro // plan.accum
+
+    def plan_after_batch_change(self, p: Progress) -> BatchPlan:
+        """The resumed run's plan where its batch size changed, now or at an earlier resume: a run of --epochs
+        trains the steps left in the current epoch at the new batch and then the later epochs' (it went on to the
+        new batch's step count from step 0, so a smaller batch trained past the last epoch and a larger one
+        stopped short). The difference is kept in the checkpoints (`Progress.step_shift`) for later resumes. A run
+        of --steps keeps its steps."""
+        plan, shift = self.plan, p.step_shift
+        if self.cfg.steps > 0:
+            shift = 0
+        elif "batch_size" in self.changes:
+            left = self.epoch_left_at_new_batch(p)[1]
+            later = max(0, plan.total_steps - (p.epoch + 1) * plan.steps_per_epoch)
+            shift = p.global_step + left + later - plan.total_steps
+        self.step_shift = shift  # the resumed progress takes it (restore)
+        if not shift:
+            return plan
+        total = max(1, plan.total_steps + shift)
+        return dataclasses.replace(plan, total_steps=total, warmup=min(plan.warmup, total))
+
+    def go_on_at_new_batch(self) -> None:
+        """Re-express the resumed epoch's position at the new batch size (epoch_left_at_new_batch)."""
+        p = self.progress
+        if "batch_size" not in self.changes or self.stream_order is not None:
+            return
+        done, left = self.epoch_left_at_new_batch(p)
+        if done:
+            p.go_on_at_batch(done, global_batch(self.plan), self.plan.steps_per_epoch, left)
 
     def keep_best_of(self, state: dict[str, Any]) -> None:
         """best.pt was set aside (written after the resumed step): where the resumed checkpoint is itself the epoch
@@ -601,7 +655,10 @@ class TrainingRun:
     def run_epoch(self) -> None:
         """The steps left in this epoch (all of them, or those after a mid-epoch resume)."""
         p, plan, cfg = self.progress, self.plan, self.cfg
-        loader = iter(self.train_loader(p.epoch, p.step_in_epoch * plan.accum))
+        if p.epoch_offset:  # the batch size changed in this epoch: go on from the image where it stopped
+            loader = iter(self.train_loader(p.epoch, 0, p.images_done_in_epoch(global_batch(plan))))
+        else:
+            loader = iter(self.train_loader(p.epoch, p.step_in_epoch * plan.accum))
         while p.step_in_epoch < plan.steps_per_epoch and p.global_step < plan.total_steps:
             t0 = time.perf_counter()
             out = self.step(loader)

@@ -295,29 +295,24 @@ def record_changes(run: RunDir, cfg: TrainConfig, changes: dict[str, tuple[Any, 
               "will not match an uninterrupted one", file=sys.stderr, flush=True)
 
 
-def batch_change_note(changes: dict[str, tuple[Any, Any]], step: int, step_in_epoch: int, total_steps: int,
+def batch_change_note(changes: dict[str, tuple[Any, Any]], step: int, progress, total_steps: int,
                       streamed: bool) -> str | None:
     """What an allowed batch-size change does to the run, in one line (None without one): the schedule follows the
-    step count, so the run's length in steps is the new batch's; and a resume in the middle of an epoch goes on at
-    the old step count of the epoch, counted in the new batch, so images of that epoch come twice or not at all."""
+    step count, so the run's length in steps is the new batch's; a resume in the middle of an epoch goes on from
+    the epoch's first image not yet trained on (TrainingRun.go_on_at_new_batch), except with streamed shards,
+    whose order is cut by the batch size: there images of that epoch come twice or not at all."""
     if "batch_size" not in changes:
         return None
     before, now = changes["batch_size"]
     line = (f"vitlab: batch_size {before} -> {now} from step {step}: the run now has {total_steps} steps at the new "
             "batch, and the learning-rate schedule follows the step count")
-    if step_in_epoch and before != now:
-        seen, restart = step_in_epoch * before, step_in_epoch * now
-        if streamed:
-            what = "the rest of this epoch streams its shards in another order, so some of its images come twice " \
-                   "and others not at all"
-        elif now < before:
-            what = (f"the rest of this epoch starts at image {restart} of its order, so {seen - restart} images "
-                    "already seen in it come again")
-        else:
-            what = (f"the rest of this epoch starts at image {restart} of its order, so {restart - seen} of its "
-                    "images are left out")
-        line += (f"; resumed in the middle of an epoch ({step_in_epoch} steps of {before} images done), {what} "
-                 "(resuming from an epoch's last checkpoint avoids this)")
+    if streamed and progress.step_in_epoch and before != now:
+        line += ("; resumed in the middle of an epoch of streamed shards, whose order follows the batch size, the "
+                 "rest of the epoch is drawn in another order, so some of its images come twice and others not at "
+                 "all (resuming from an epoch's last checkpoint avoids this)")
+    elif progress.step_in_epoch or progress.epoch_offset:
+        done = progress.images_done_in_epoch(now)
+        line += f"; this epoch goes on from image {done} of its order, where it stopped"
     return line
 
 

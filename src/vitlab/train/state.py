@@ -23,6 +23,12 @@ class Progress:
     global_step: int = 0
     epoch: int = 0
     step_in_epoch: int = 0
+    # images of this epoch's order done before its step 0 at the current batch size, beyond step_in_epoch x batch:
+    # nonzero only after a resume that changed the batch size in the middle of the epoch (TrainingRun.restore)
+    epoch_offset: int = 0
+    # the run's steps minus what its --epochs come to at the current batch size from step 0: nonzero after a resume
+    # that changed the batch size (TrainingRun.plan_after_batch_change), kept so that later resumes plan alike
+    step_shift: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     best_val: float | None = None
     epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss x n, correct, n (this process)
@@ -43,13 +49,17 @@ class Progress:
                 cpu_prev=state.get("cpu_time_s", 0.0))  # and their processes' CPU time
         if "epoch_sums" in state:
             p.epoch_sums = list(state["epoch_sums"])
+        p.epoch_offset = int(state.get("epoch_offset", 0))
+        p.step_shift = int(state.get("step_shift", 0))
         return p
 
     def to_state(self) -> dict[str, Any]:
         """The checkpoint's progress entries (the wall time is added by the caller, who knows the clock)."""
         return {"global_step": self.global_step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                 "history": self.history, "best_val": self.best_val, "epoch_sums": list(self.epoch_sums),
-                "train_time_s": self.total_train_time, "train_images": self.total_images}
+                "train_time_s": self.total_train_time, "train_images": self.total_images,
+                **({"epoch_offset": self.epoch_offset} if self.epoch_offset else {}),
+                **({"step_shift": self.step_shift} if self.step_shift else {})}
 
     def add_step(self, loss: float, correct: float, seen: float, seconds: float) -> None:
         """Count one optimizer step (the all-reduced sums of every process)."""
@@ -61,6 +71,17 @@ class Progress:
         self.train_time += seconds
         self.train_images += int(seen)
 
+    def images_done_in_epoch(self, batch_size: int) -> int:
+        """How many images of this epoch's order the run has trained on (`batch_size`: the global batch)."""
+        return self.epoch_offset + self.step_in_epoch * batch_size
+
+    def go_on_at_batch(self, done: int, batch_size: int, steps_per_epoch: int, steps_left: int) -> None:
+        """Go on in this epoch at another batch size, `done` images of its order trained on, `steps_left` steps of
+        `batch_size` left in it: the epoch's step count is re-expressed so that the loop runs those steps and the
+        loader starts at image `done` (`images_done_in_epoch`)."""
+        self.step_in_epoch = max(0, steps_per_epoch - steps_left)
+        self.epoch_offset = done - self.step_in_epoch * batch_size
+
     def epoch_means(self) -> tuple[float | None, float | None]:
         loss, correct, n = self.epoch_sums
         return (loss / max(n, 1), correct / max(n, 1)) if n else (None, None)
@@ -68,6 +89,7 @@ class Progress:
     def next_epoch(self) -> None:
         self.epoch += 1
         self.step_in_epoch = 0
+        self.epoch_offset = 0
         self.epoch_sums = [0.0, 0.0, 0.0]
 
     def improves(self, metric: float | None) -> bool:
