@@ -297,10 +297,10 @@ def record_changes(run: RunDir, cfg: TrainConfig, changes: dict[str, tuple[Any, 
 
 def batch_change_note(changes: dict[str, tuple[Any, Any]], step: int, progress, total_steps: int,
                       streamed: bool) -> str | None:
-    """What an allowed batch-size change does to the run, in one line (None without one): the schedule follows the
-    step count, so the run's length in steps is the new batch's; a resume in the middle of an epoch goes on from
-    the epoch's first image not yet trained on (TrainingRun.go_on_at_new_batch), except with streamed shards,
-    whose order is cut by the batch size: there images of that epoch come twice or not at all."""
+    """What an allowed batch-size change does to the run, in one line (None without one): its length in steps at
+    the new batch (`total_steps`), which the learning-rate schedule follows; where the epoch goes on from (its first
+    image not yet trained on: TrainingRun.go_on_at_new_batch), or, for streamed shards, whose order is cut by the
+    batch size, that images of that epoch come twice or not at all."""
     if "batch_size" not in changes:
         return None
     before, now = changes["batch_size"]
