@@ -423,11 +423,15 @@ def test_copies_do_not_share_or_carry_the_plan(tmp_path):
         assert shallow.__dict__["_direct"].model is shallow and model.__dict__["_direct"].model is model
 
 
-def test_threads_calling_a_fresh_model_at_once_get_the_module_routes_logits(monkeypatch):
-    """A threaded server's first requests build the plan concurrently: each call sees a whole plan or none. (Only
-    `model(x)` here: the engine's one-thread rule for small calls sets MKL's thread count, which is process-wide,
-    so calls in other threads during it may round differently in the last bits, with or without the plan.)"""
+@pytest.mark.parametrize("caller", ["model(x)", "engine"])
+def test_threads_calling_a_fresh_model_at_once_get_the_module_routes_logits(monkeypatch, caller, two_threads):
+    """A threaded server's first requests build the plan concurrently: each call sees a whole plan or none. Small
+    calls run on one thread, each on its own OS thread's count (models/threads.py), so the others keep theirs; the
+    engine's rule once set torch's process-wide count, and calls in other threads meanwhile could round differently
+    in the last bits."""
     import threading
+
+    from vitlab.engine.torch_engines import TorchEngine
 
     model, x = perturbed(), images()
     monkeypatch.setattr(vit_direct, "DIRECT_INFERENCE", False)
@@ -441,7 +445,8 @@ def test_threads_calling_a_fresh_model_at_once_get_the_module_routes_logits(monk
         with torch.inference_mode():
             results.extend(fn(x) for _ in range(5))
 
-    threads = [threading.Thread(target=call, args=(model,)) for _ in range(6)]
+    fn = model if caller == "model(x)" else TorchEngine(model)
+    threads = [threading.Thread(target=call, args=(fn,)) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:

@@ -43,7 +43,7 @@ def make_session(path: str | Path, threads: int):
 # Fashion-MNIST ViT's fused graph at batch 1 (24 MFLOP) ran 1.17-1.88x faster on one thread back to back (0.85-1.10x
 # after a 50 ms pause); at batch 2 (47 MFLOP) one thread was level back to back (0.90-1.15x) and 1.02-1.14x after the
 # pause; at batch 4 (94 MFLOP) 0.76-0.78x back to back, at ViT-Ti/16 batch 1 (2.5 GFLOP) 0.63-0.65x. The int8 graphs
-# alike, and the logits the same to the bit. So the bound is the torch engine's (torch_engines.ONE_THREAD_MAX_FLOPS),
+# alike, and the logits the same to the bit. So the bound is the torch engine's (models/threads.ONE_THREAD_MAX_FLOPS),
 # measured apart. By shape alone, as every route choice here.
 ONE_THREAD_MAX_FLOPS = 64e6
 

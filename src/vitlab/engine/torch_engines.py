@@ -10,41 +10,13 @@ import torch
 import torch.nn as nn
 
 from vitlab.errors import VitlabError
-from vitlab.models.attention_core import route_threads_pinned
 from vitlab.models.fast_linear import PackedWeights, packing_fits
 from vitlab.models.registry import forward_flops
+from vitlab.models.threads import ONE_THREAD_MAX_FLOPS, one_thread
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.vit_direct import DirectInference
 
-# A ViT call with up to this much arithmetic (forward FLOPs of all its images: 2 x registry.analytic_macs x images)
-# runs on one thread. It is many small operators, and after a pause a second thread only adds waiting: its worker
-# has gone to sleep, every parallel region waits for it, and on the VMs measured it comes back slowly, for
-# milliseconds in all. Back to back, such calls run about as fast on one thread as on two; from about 94 MFLOP on
-# two are faster there. The rule depends on the input's shape alone, so a call's logits never depend on how long
-# the engine sat idle. Measured with `python benchmarks/overhead.py --small-calls`
-# (docs/results/overhead_small_calls*.txt; docs/benchmarks.md, "Small calls on one thread").
-ONE_THREAD_MAX_FLOPS = 64e6
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """torch's operators on one thread in this block. The attention route stays the caller's
-    (attention_core.route_threads_pinned): with it, the models measured give the caller's logits to the last bit
-    wherever the route is the explicit one (up to 80 tokens; tests/test_engine_small_calls.py). torch's fused
-    attention kernel may round differently on one thread, in the last bits. torch keeps a thread count per OS
-    thread once that thread has used it (OpenMP's), so other threads' calls keep theirs; only a thread that first
-    runs torch while this block is open starts with one."""
-    threads = torch.get_num_threads()
-    if threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        with route_threads_pinned(threads):
-            yield
-    finally:
-        torch.set_num_threads(threads)
-
+__all__ = ["ONE_THREAD_MAX_FLOPS", "TorchEngine", "one_thread"]  # the rule's bound and switch live in models/threads.py
 
 class TorchEngine:
     """Eager PyTorch under `inference_mode`: the exact reference every other engine is checked against. On the

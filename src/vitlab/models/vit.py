@@ -28,6 +28,7 @@ from vitlab.models.surface import (
     tokens_to_maps,
     update_preprocess_size,
 )
+from vitlab.models.threads import one_thread
 
 # The logits of a class-token ViT read only the class token, so the last block computes that token alone: its
 # attention, MLP and the final LayerNorm for 1 row instead of N, the same numbers for that row (every token still
@@ -462,6 +463,9 @@ class VisionTransformer(TimmSurface, nn.Module):
             from vitlab.models.vit_direct import DirectInference  # vit_direct imports this module
 
             direct = self.__dict__["_direct"] = DirectInference(self, held_by_model=True)
+        if direct.small_call(x):  # little arithmetic: on one thread, this OS thread's alone (models/threads.py)
+            with one_thread(process_wide_fallback=False):
+                return direct(x)
         return direct(x)
 
     def _training_products(self, x: torch.Tensor) -> None:

@@ -23,6 +23,7 @@ and position embeddings, final LayerNorm, head) runs through the model's own mod
 
 from __future__ import annotations
 
+import math
 import operator
 import weakref
 from itertools import chain, repeat, starmap
@@ -33,9 +34,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vitlab.errors import VitlabError
-from vitlab.models import fast_linear, gelu
+from vitlab.models import attention_core, fast_linear, gelu, threads
 from vitlab.models.attention_core import inference_attention
 from vitlab.models.fast_linear import PackedWeights
+from vitlab.models.registry import forward_flops
 from vitlab.models.vit import Attention, Block, DropPath, Mlp, VisionTransformer
 
 DIRECT_INFERENCE = True  # tests and benchmarks flip it to compare with the module route
@@ -177,6 +179,8 @@ class DirectInference:
         self.packs = packs
         self._built = _Built()  # replaced whole when the plan is built anew, so a concurrent call sees one or the other
         self._guarded = False  # keep_packed_only freed the plain weights and put its guard on the model
+        self._small_call_sizes: dict[tuple[int, int], tuple[float, int]] = {}  # image size -> (FLOPs, tokens)
+        self._sized_config = None  # the model config those were counted for
 
     @property
     def model(self) -> VisionTransformer:
@@ -198,6 +202,21 @@ class DirectInference:
         for i, block in enumerate(plan):
             x = _block(x, block, 1 if class_token_only and i == last else None, fused_gelu)
         return model.forward_head(model.norm(x))
+
+    def small_call(self, images: torch.Tensor) -> bool:
+        """Whether `model(x)` runs this call on one thread (models/threads.py): at most ONE_THREAD_MAX_FLOPS, and
+        few enough tokens that the attention route is the explicit one (attention_core.EXPLICIT_MAX_TOKENS), on one
+        thread as on the caller's, so that the logits are the caller's to the last bit. Decided by the shape."""
+        if images.dim() != 4 or images.device.type != "cpu" or torch.get_num_threads() == 1:
+            return False
+        config, size = self.model.config, tuple(images.shape[-2:])
+        if config is not self._sized_config:  # set_input_size and the like replace it: counted anew
+            self._small_call_sizes, self._sized_config = {}, config
+        per_image = self._small_call_sizes.get(size)
+        if per_image is None:
+            per_image = self._small_call_sizes[size] = _flops_and_tokens(config, size)
+        flops, tokens = per_image
+        return images.shape[0] * flops <= threads.ONE_THREAD_MAX_FLOPS and tokens <= attention_core.EXPLICIT_MAX_TOKENS
 
     def applies(self, images: torch.Tensor) -> bool:
         """CPU fp32 eager inference (no autograd) of a ViT in eval mode whose forward no hook watches and whose
@@ -295,6 +314,16 @@ class DirectInference:
             weight(attn.proj, later), attn.proj.bias, _norm(norm2), weight(mlp.fc1, later), mlp.fc1.bias,
             mlp.act.approximate, weight(mlp.fc2, later), mlp.fc2.bias,
         )
+
+
+def _flops_and_tokens(config, size: tuple[int, int]) -> tuple[float, int]:
+    """(forward FLOPs, tokens) of one image of this size; infinite FLOPs for a size the model does not take (the
+    call then fails in the model's own words, on the caller's threads)."""
+    try:
+        grid = config.grid_for(size)
+        return forward_flops(config, size), grid[0] * grid[1] + config.num_prefix_tokens
+    except VitlabError:
+        return math.inf, 0
 
 
 def _refuse_freed_weights(model: nn.Module, _args) -> None:
