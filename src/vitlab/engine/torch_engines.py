@@ -18,6 +18,7 @@ from vitlab.models.vit_direct import DirectInference
 
 __all__ = ["ONE_THREAD_MAX_FLOPS", "TorchEngine", "one_thread"]  # the rule's bound and switch live in models/threads.py
 
+
 class TorchEngine:
     """Eager PyTorch under `inference_mode`: the exact reference every other engine is checked against. On the
     CPU its linear layers read weights packed once into oneDNN's layout (`PackedWeights`: same logits, faster),
