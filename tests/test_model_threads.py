@@ -157,3 +157,12 @@ def test_switches_that_do_not_act_on_torchs_count_are_not_taken(monkeypatch):
             assert not here
     finally:
         threads._setters.cache_clear()
+
+
+@linux_wheel
+def test_the_count_follows_a_changed_model(two_threads, monkeypatch):
+    """The FLOPs are counted per image size and config: pruning blocks (the config's depth follows) counts anew."""
+    model, images = fmnist_vit(), torch.randn(3, 1, 28, 28)  # 3 images: 71 MFLOP, past the bound
+    assert threads_of_blocks(model, images, monkeypatch) == [2] * 6
+    model.prune_intermediate_layers([2])  # blocks 0-2 kept: 35 MFLOP
+    assert threads_of_blocks(model, images, monkeypatch) == [1] * 3

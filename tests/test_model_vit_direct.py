@@ -276,6 +276,26 @@ def test_a_changed_model_gives_the_changed_logits(change, monkeypatch):
     assert eng.direct.direct_calls == 2
 
 
+@pytest.mark.parametrize("change", ["pruned", "a new block list"])
+@pytest.mark.parametrize("caller", ["model(x)", "engine"])
+def test_a_new_list_of_blocks_is_seen(change, caller, monkeypatch):
+    """`prune_intermediate_layers` (timm's) slices the blocks into a new list: the plan of the old list, whose own
+    dict did not change, ran every old block before (the features of three blocks came out of all of them)."""
+    model, x = perturbed(), images()
+    run = model if caller == "model(x)" else engine(model)
+    with torch.inference_mode():
+        before = run(x)
+        if change == "pruned":
+            model.prune_intermediate_layers([1], prune_head=False)
+        else:
+            model.blocks = nn.ModuleList(list(model.blocks)[::-1])
+        after = run(x)
+        monkeypatch.setattr(vit_direct, "DIRECT_INFERENCE", False)
+        expected = model(x)
+    assert (after - before).abs().max() > 1e-4
+    assert torch.equal(after, expected)
+
+
 def test_not_for_training_autograd_or_other_dtypes():
     model, x = perturbed(), images()
     direct = Counting(model, None)

@@ -276,7 +276,9 @@ class DirectInference:
     def _build(self, x: torch.Tensor, class_token_only: bool) -> _Built:
         blocks = self.model.blocks
         built = _Built()
-        built.dicts.append(blocks._modules)
+        # the model's own layers too: `model.blocks = ...` (prune_intermediate_layers slices it into a new list)
+        # leaves the old list's dict as it was, and the plan would go on running the old blocks
+        built.dicts.extend([self.model._modules, blocks._modules])
         plans = []
         # a weight is packed for the rows of the product it first serves, as the module route packs it: B x N, and B
         # for the products after the attention of a class-token-only last block
