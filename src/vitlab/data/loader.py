@@ -26,6 +26,11 @@ def epoch_order(n: int, shuffle: bool, seed: int = 0, epoch: int = 0) -> torch.T
     return torch.randperm(n, generator=g)
 
 
+def padded_epoch_length(n: int, world_size: int) -> int:
+    """Images in an epoch's order once padded for `world_size` processes (each rank gets as many)."""
+    return math.ceil(n / world_size) * world_size
+
+
 def batch_indices(n: int, batch_size: int, *, shuffle: bool, seed: int = 0, epoch: int = 0, skip_batches: int = 0,
                   drop_last: bool = False, rank: int = 0, world_size: int = 1,
                   skip_samples: int = 0) -> list[torch.Tensor]:
@@ -43,7 +48,7 @@ def batch_indices(n: int, batch_size: int, *, shuffle: bool, seed: int = 0, epoc
         raise ValueError(f"rank {rank} outside world_size {world_size}")
     order = epoch_order(n, shuffle, seed, epoch)
     if world_size > 1 and n:
-        total = math.ceil(n / world_size) * world_size
+        total = padded_epoch_length(n, world_size)
         if total > n:
             order = torch.cat([order, order[: total - n]])
     order = order[max(0, int(skip_samples)):]

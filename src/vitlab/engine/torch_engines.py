@@ -9,9 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from vitlab.errors import VitlabError
 from vitlab.models.fast_linear import PackedWeights, packing_fits
-from vitlab.models.registry import forward_flops
 from vitlab.models.threads import ONE_THREAD_MAX_FLOPS, one_thread
 from vitlab.models.vit import VisionTransformer
 from vitlab.models.vit_direct import DirectInference
@@ -37,7 +35,6 @@ class TorchEngine:
         self.small_calls_on_one_thread = small_calls_on_one_thread
         self.packed = PackedWeights() if packing_fits(model) else None  # else oneDNN reorders on every call
         self.direct = DirectInference(model, self.packed) if isinstance(model, VisionTransformer) else None
-        self._flops: dict[tuple[int, int], float] = {}  # image size -> forward FLOPs per image
         self._free_plain_after_call = False  # keep_packed_only was asked for and waits for a call that packs
 
     def __call__(self, images: torch.Tensor, **kwargs):
@@ -72,17 +69,12 @@ class TorchEngine:
         if not (self.small_calls_on_one_thread and isinstance(self.model, VisionTransformer)
                 and images.device.type == "cpu" and images.dim() == 4):
             return False
-        try:
-            return self.flops(images) <= ONE_THREAD_MAX_FLOPS
-        except VitlabError:  # a size the model does not take: the model says so, in its own words
-            return False
+        return self.flops(images) <= ONE_THREAD_MAX_FLOPS  # infinite for a size the model does not take
 
     def flops(self, images: torch.Tensor) -> float:
-        """Forward FLOPs of the model on `images` (twice its multiply-accumulates at their size)."""
-        size = tuple(images.shape[-2:])
-        if size not in self._flops:
-            self._flops[size] = forward_flops(self.model.config, size)
-        return images.shape[0] * self._flops[size]
+        """Forward FLOPs of the ViT on `images` (twice its multiply-accumulates at their size), counted once per
+        size and model config as `model(x)` counts them (DirectInference.per_image)."""
+        return images.shape[0] * self.direct.per_image(tuple(images.shape[-2:]))[0]
 
 
 @contextlib.contextmanager

@@ -209,14 +209,20 @@ class DirectInference:
         thread as on the caller's, so that the logits are the caller's to the last bit. Decided by the shape."""
         if images.dim() != 4 or images.device.type != "cpu" or torch.get_num_threads() == 1:
             return False
-        config, size = self.model.config, tuple(images.shape[-2:])
-        if config is not self._sized_config:  # set_input_size and the like replace it: counted anew
+        flops, tokens = self.per_image(tuple(images.shape[-2:]))
+        return images.shape[0] * flops <= threads.ONE_THREAD_MAX_FLOPS and tokens <= attention_core.EXPLICIT_MAX_TOKENS
+
+    def per_image(self, size: tuple[int, int]) -> tuple[float, int]:
+        """(forward FLOPs, tokens) of one image of this size for the model as it is now (`_flops_and_tokens`),
+        counted once per size and model config: prune_intermediate_layers, set_input_size and the like replace
+        the config, and the count is made anew."""
+        config = self.model.config
+        if config is not self._sized_config:
             self._small_call_sizes, self._sized_config = {}, config
         per_image = self._small_call_sizes.get(size)
         if per_image is None:
             per_image = self._small_call_sizes[size] = _flops_and_tokens(config, size)
-        flops, tokens = per_image
-        return images.shape[0] * flops <= threads.ONE_THREAD_MAX_FLOPS and tokens <= attention_core.EXPLICIT_MAX_TOKENS
+        return per_image
 
     def applies(self, images: torch.Tensor) -> bool:
         """CPU fp32 eager inference (no autograd) of a ViT in eval mode whose forward no hook watches and whose

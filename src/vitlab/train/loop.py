@@ -498,8 +498,10 @@ class TrainingRun:
         done = p.images_done_in_epoch(before)
         if self.stream_order is not None:
             return done, max(0, plan.steps_per_epoch - p.step_in_epoch)
+        from vitlab.data.loader import padded_epoch_length
+
         world = self.info.world_size
-        padded = -(-len(self.data.train) // world) * world  # as batch_indices pads the order for the ranks
+        padded = padded_epoch_length(len(self.data.train), world)  # the order batch_indices splits among the ranks
         return done, max(0, padded - done) // world // plan.micro // plan.accum
 
     def plan_after_batch_change(self, p: Progress) -> BatchPlan:
